@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# Installs what a fresh Debian machine lacks to build and test nvfp4moe (by package name only).
+set -euo pipefail
+need=()
+for pkg in cmake g++ make nlohmann-json3-dev libcli11-dev libgtest-dev googletest libomp-dev clang libclang-rt-14-dev; do
+  dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
+done
+if [ ${#need[@]} -gt 0 ]; then
+  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO=sudo
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need[@]}"
+fi

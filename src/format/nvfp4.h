@@ -1,0 +1,181 @@
+// NVFP4 numerics: e2m1 / e4m3 / bf16 codecs and the weight and activation quantizers, exactly as
+// ../shared/docs/nvfp4-format.md (sections 2-4) defines them. Header-only and __host__ __device__ so the CPU
+// reference and the CUDA kernels run the very same code; every function is bit-exact and branch-light.
+//
+// Non-finite policy (tested in tests/format):
+//   e4m3_encode: NaN -> 0x7F (the e4m3fn NaN, sign kept); +-Inf and |x| >= 448 saturate to +-448 (0x7E / 0xFE).
+//   e2m1_encode: +-Inf and |x| > 5 saturate to +-6; NaN -> 0x7 (+6, as PTX cvt.satfinite does for NaN into a
+//                format without NaN). Weight quantization refuses non-finite weights at the API level instead.
+//   bf16_from_float: NaN -> quiet NaN with the sign kept; Inf stays Inf.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+#include <cmath>
+
+#if defined(__CUDACC__)
+#define NVFP4_HD __host__ __device__ __forceinline__
+#else
+#define NVFP4_HD inline
+#endif
+
+namespace nvfp4moe::fmt {
+
+inline constexpr int kBlock = 16;             // elements per block scale
+inline constexpr float kE2m1Max = 6.0f;
+inline constexpr float kE4m3Max = 448.0f;
+inline constexpr float kWeightScaleDenom = 6.0f * 448.0f;  // amax / 2688 = weight_scale_2, input_scale
+
+NVFP4_HD uint32_t float_bits(float f) {
+#if defined(__CUDA_ARCH__)
+  return __float_as_uint(f);
+#else
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+#endif
+}
+NVFP4_HD float bits_float(uint32_t u) {
+#if defined(__CUDA_ARCH__)
+  return __uint_as_float(u);
+#else
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+#endif
+}
+
+// ---------------------------------------------------------------- e2m1 (4-bit: sign, 2 exponent, 1 mantissa)
+// Magnitude of code & 7: 0, 0.5, 1, 1.5, 2, 3, 4, 6.
+NVFP4_HD float e2m1_decode(uint8_t code) {
+  const uint32_t mag = code & 7u;
+  // (mag < 2) ? mag * 0.5 : (1 + (mag & 1) * 0.5) * 2^((mag >> 1) - 1); written branch-free via bits:
+  // bit pattern of a normal value: exponent 127 + (mag>>1) - 1, mantissa (mag & 1) << 22.
+  float v = (mag < 2u) ? 0.5f * static_cast<float>(mag)
+                       : bits_float(((126u + (mag >> 1)) << 23) | ((mag & 1u) << 22));
+  return (code & 8u) ? -v : v;
+}
+
+// Round to nearest even with saturation; the thresholds are nvfp4-format.md section 3 step 4.
+// Sign bit set only for x < 0 (so -0.1 -> 0x8, -0.0 -> 0x0).
+NVFP4_HD uint8_t e2m1_encode(float x) {
+  if (x != x) return 0x7;  // NaN policy, see the file comment
+  const float a = fabsf(x);
+  uint8_t m;
+  if (a <= 0.25f) m = 0;
+  else if (a < 0.75f) m = 1;
+  else if (a <= 1.25f) m = 2;
+  else if (a < 1.75f) m = 3;
+  else if (a <= 2.5f) m = 4;
+  else if (a < 3.5f) m = 5;
+  else if (a <= 5.0f) m = 6;
+  else m = 7;
+  return static_cast<uint8_t>(m | (x < 0.0f ? 8u : 0u));
+}
+
+// ---------------------------------------------------------------- e4m3fn (bias 7, max 448, NaN 0x7F/0xFF)
+NVFP4_HD float e4m3_decode(uint8_t code) {
+  const uint32_t e = (code >> 3) & 0xFu, m = code & 7u;
+  float v;
+  if ((code & 0x7Fu) == 0x7Fu) v = bits_float(0x7FC00000u);           // NaN
+  else if (e == 0) v = static_cast<float>(m) * 0.001953125f;            // subnormal: m * 2^-9
+  else v = bits_float(((e + 120u) << 23) | (m << 20));                  // (1 + m/8) * 2^(e-7)
+  return (code & 0x80u) ? -v : v;
+}
+
+// Round to nearest even, saturating to +-448 (satfinite), NaN -> 0x7F. Integer-only on the fp32 bits.
+NVFP4_HD uint8_t e4m3_encode(float x) {
+  const uint32_t u = float_bits(x);
+  const uint8_t sign = static_cast<uint8_t>((u >> 24) & 0x80u);
+  const uint32_t a = u & 0x7FFFFFFFu;
+  if (a > 0x7F800000u) return static_cast<uint8_t>(0x7Fu | sign);
+  if (a >= 0x43E00000u) return static_cast<uint8_t>(0x7Eu | sign);  // >= 448 (and Inf)
+  uint32_t code;
+  if (a < 0x3C800000u) {
+    // Below 2^-6: subnormal grid of step 2^-9. Shift the 24-bit significand so that the integer part
+    // counts 2^-9 units, then round to nearest even on the bits shifted out.
+    const uint32_t exp = a >> 23;
+    if (exp < 110u) return sign;  // < 2^-17: far below half of 2^-9 (and keeps the shift < 32)
+    const uint32_t sig = (a & 0x7FFFFFu) | 0x800000u;   // value = sig * 2^(exp-150)
+    const uint32_t shift = 150u - 9u - exp;              // units of 2^-9: sig >> (141 - exp)
+    const uint32_t q = sig >> shift;
+    const uint32_t rem = sig & ((1u << shift) - 1u);
+    const uint32_t half = 1u << (shift - 1u);
+    code = q + ((rem > half || (rem == half && (q & 1u))) ? 1u : 0u);  // 8 == 2^-6, the first normal
+  } else {
+    const uint32_t exp = (a >> 23) - 127u + 7u;  // 1..15
+    const uint32_t mant = a & 0x7FFFFFu;
+    uint32_t keep = mant >> 20;
+    const uint32_t rem = mant & 0xFFFFFu;
+    if (rem > 0x80000u || (rem == 0x80000u && (keep & 1u))) ++keep;  // carry may roll into the exponent
+    code = (exp << 3) + keep;
+    if (code > 0x7Eu) code = 0x7Eu;
+  }
+  return static_cast<uint8_t>(code | sign);
+}
+
+// ---------------------------------------------------------------- bf16
+NVFP4_HD uint16_t bf16_from_float(float f) {
+  const uint32_t u = float_bits(f);
+  if ((u & 0x7FFFFFFFu) > 0x7F800000u) return static_cast<uint16_t>((u >> 16) | 0x40u);
+  return static_cast<uint16_t>((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+}
+NVFP4_HD float bf16_to_float(uint16_t h) { return bits_float(static_cast<uint32_t>(h) << 16); }
+NVFP4_HD float bf16_round(float f) { return bf16_to_float(bf16_from_float(f)); }
+
+// ---------------------------------------------------------------- packing (element 2i in the low nibble)
+NVFP4_HD uint8_t pack_e2m1x2(uint8_t even, uint8_t odd) {
+  return static_cast<uint8_t>(((odd & 0xFu) << 4) | (even & 0xFu));
+}
+NVFP4_HD uint8_t unpack_e2m1(const uint8_t* packed, int64_t k) {
+  return static_cast<uint8_t>((packed[k >> 1] >> ((k & 1) * 4)) & 0xFu);
+}
+
+// ---------------------------------------------------------------- weight quantizer (section 3)
+// weight_scale_2 from the tensor amax. An all-zero tensor gets 1.0 (policy: any positive value decodes the
+// zero codes to zero; 1.0 keeps the block-scale arithmetic finite).
+NVFP4_HD float weight_global_scale(float amax) { return amax > 0.0f ? amax / kWeightScaleDenom : 1.0f; }
+
+// Block scale code for one block of weights with max |w| = block_amax.
+NVFP4_HD uint8_t weight_block_scale(float block_amax, float weight_scale_2) {
+  float s = block_amax / (6.0f * weight_scale_2);
+  if (s == 0.0f) s = 1.0f;
+  return e4m3_encode(s);
+}
+
+// Quantizes one block of (up to) 16 weights; codes[i] for i < n. Returns the block scale code.
+NVFP4_HD uint8_t quantize_weight_block(const float* w, int n, float weight_scale_2, uint8_t* codes) {
+  float amax = 0.0f;
+  for (int i = 0; i < n; ++i) amax = fmaxf(amax, fabsf(w[i]));
+  const uint8_t s8 = weight_block_scale(amax, weight_scale_2);
+  const float denom = e4m3_decode(s8) * weight_scale_2;
+  for (int i = 0; i < n; ++i) codes[i] = e2m1_encode(w[i] / denom);
+  return s8;
+}
+
+// ---------------------------------------------------------------- activation quantizer (section 4)
+// Fixed global scale gs = 1 / input_scale. Exact division, in the order nvfp4-format.md writes it.
+NVFP4_HD float activation_global_scale(float input_scale) { return 1.0f / input_scale; }
+
+NVFP4_HD uint8_t activation_block_scale(float block_vmax, float gs) { return e4m3_encode((gs * block_vmax) / 6.0f); }
+
+NVFP4_HD float activation_block_output_scale(uint8_t sf, float gs) {
+  const float sff = e4m3_decode(sf);
+  return sff != 0.0f ? 1.0f / (sff / gs) : 0.0f;
+}
+
+// Quantizes one block of n <= 16 activations. Returns the block scale code; codes[i] for i < n.
+NVFP4_HD uint8_t quantize_activation_block(const float* x, int n, float gs, uint8_t* codes) {
+  float vmax = 0.0f;
+  for (int i = 0; i < n; ++i) vmax = fmaxf(vmax, fabsf(x[i]));
+  const uint8_t sf = activation_block_scale(vmax, gs);
+  const float os = activation_block_output_scale(sf, gs);
+  for (int i = 0; i < n; ++i) codes[i] = e2m1_encode(x[i] * os);
+  return sf;
+}
+
+// The GEMM operand an NVFP4 element becomes on Hopper: code * block scale, exact in bf16 (2 x 4 significant
+// bits). The per-tensor factor (weight_scale_2, input_scale) is applied in fp32 after the K reduction.
+NVFP4_HD float dequant_operand(uint8_t code, uint8_t scale_code) { return e2m1_decode(code) * e4m3_decode(scale_code); }
+
+}  // namespace nvfp4moe::fmt
