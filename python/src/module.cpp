@@ -1,0 +1,428 @@
+// nvfp4moe._core: the nanobind extension behind the nvfp4moe Python package.
+//
+// A thin layer over the C++ API (include/nvfp4moe/*.h). Tensors come in through DLPack (nb::ndarray: NumPy,
+// CuPy, JAX, ...) or, for torch.Tensor, through a fast path that reads data_ptr/shape/stride/dtype/device
+// straight off the tensor object (torch's __dlpack__ is a Python method that costs microseconds per tensor,
+// which would dominate a T=1 decode call). Nothing is copied: every TensorRef points at the caller's memory.
+//
+// Errors: nvfp4moe::ArgumentError -> ValueError, nvfp4moe::FormatError -> nvfp4moe.FormatError (a ValueError
+// subclass), other nvfp4moe::Error -> RuntimeError, dtype problems found here -> TypeError.
+
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include <cstdint>
+#include <initializer_list>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "nvfp4moe/checkpoint.h"
+#include "nvfp4moe/error.h"
+#include "nvfp4moe/moe.h"
+#include "nvfp4moe/spec.h"
+#include "nvfp4moe/tensor.h"
+
+#if __has_include("model/synthetic.h")
+#include "model/synthetic.h"
+#define NVFP4MOE_PY_HAVE_SYNTHETIC 1
+#endif
+
+namespace nb = nanobind;
+using namespace nb::literals;
+using nvfp4moe::DeviceType;
+using nvfp4moe::DType;
+using nvfp4moe::TensorRef;
+
+namespace {
+
+PyObject* g_format_error = nullptr;  // nvfp4moe.FormatError (subclass of ValueError)
+
+[[noreturn]] void raise_type_error(const std::string& msg) { throw nb::type_error(msg.c_str()); }
+[[noreturn]] void raise_value_error(const std::string& msg) { throw nb::value_error(msg.c_str()); }
+
+// ------------------------------------------------------------------------------------------- torch fast path
+// Looked up lazily, once torch has been imported by someone (this module never imports torch itself).
+struct TorchCache {
+  bool ready = false;
+  PyTypeObject* tensor_type = nullptr;
+  std::vector<std::pair<PyObject*, DType>> dtypes;  // torch.dtype objects (immortal for the process)
+  nb::object raw_stream;                            // torch._C._cuda_getCurrentRawStream (or None)
+};
+TorchCache g_torch;
+
+bool torch_tensor_type_ready() {
+  if (g_torch.ready) return true;
+  PyObject* modules = PyImport_GetModuleDict();  // borrowed
+  PyObject* torch = PyDict_GetItemString(modules, "torch");  // borrowed; null while torch is not imported
+  if (!torch) return false;
+  nb::handle t(torch);
+  if (!nb::hasattr(t, "Tensor") || !nb::hasattr(t, "bfloat16")) return false;  // torch is mid-import
+  nb::object tensor = t.attr("Tensor");
+  g_torch.tensor_type = reinterpret_cast<PyTypeObject*>(tensor.release().ptr());
+  const std::pair<const char*, DType> names[] = {
+      {"bfloat16", DType::BF16}, {"float32", DType::F32}, {"float16", DType::F16}, {"int32", DType::I32},
+      {"int64", DType::I64},     {"uint8", DType::U8},    {"int8", DType::I8},     {"bool", DType::BOOL},
+      {"float8_e4m3fn", DType::F8_E4M3}, {"float8_e5m2", DType::F8_E5M2}};
+  for (const auto& [name, dt] : names)
+    if (nb::hasattr(t, name)) g_torch.dtypes.emplace_back(nb::object(t.attr(name)).release().ptr(), dt);
+  nb::object cmod = t.attr("_C");
+  g_torch.raw_stream = nb::hasattr(cmod, "_cuda_getCurrentRawStream") ? cmod.attr("_cuda_getCurrentRawStream")
+                                                                       : nb::none();
+  g_torch.ready = true;
+  return true;
+}
+
+bool is_torch_tensor(nb::handle o) {
+  return torch_tensor_type_ready() && PyObject_TypeCheck(o.ptr(), g_torch.tensor_type);
+}
+
+std::string pytype_name(nb::handle o) { return nb::cast<std::string>(nb::type_name(o.type())); }
+
+void int_tuple(nb::handle tup, std::vector<int64_t>& v) {
+  const Py_ssize_t n = PyTuple_Size(tup.ptr());
+  if (n < 0) throw nb::python_error();
+  v.resize(static_cast<size_t>(n));
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    const long long x = PyLong_AsLongLong(PyTuple_GET_ITEM(tup.ptr(), i));
+    if (x == -1 && PyErr_Occurred()) throw nb::python_error();
+    v[static_cast<size_t>(i)] = x;
+  }
+}
+
+void torch_ref(nb::handle t, const char* name, TensorRef& ref) {
+  nb::object dt = t.attr("dtype");
+  bool found = false;
+  for (const auto& [obj, d] : g_torch.dtypes)
+    if (obj == dt.ptr()) { ref.dtype = d; found = true; break; }
+  if (!found)
+    raise_type_error(nvfp4moe::detail::cat(name, ": unsupported torch dtype ", nb::cast<std::string>(nb::str(dt))));
+  if (nb::cast<bool>(t.attr("is_cuda"))) {
+    ref.device = DeviceType::CUDA;
+    ref.device_id = nb::cast<int>(t.attr("get_device")());
+  } else if (nb::cast<bool>(t.attr("is_cpu"))) {
+    ref.device = DeviceType::CPU;
+    ref.device_id = 0;
+  } else {
+    raise_value_error(nvfp4moe::detail::cat(name, ": expected a cpu or cuda tensor, got a tensor on ",
+                                            nb::cast<std::string>(nb::str(t.attr("device")))));
+  }
+  int_tuple(t.attr("shape"), ref.shape);
+  int_tuple(t.attr("stride")(), ref.strides);
+  ref.data = reinterpret_cast<void*>(nb::cast<uintptr_t>(t.attr("data_ptr")()));
+}
+
+// ------------------------------------------------------------------------------------------- DLPack path
+bool dlpack_dtype(const nb::dlpack::dtype& d, DType* out) {
+  using code = nb::dlpack::dtype_code;
+  if (d.lanes != 1) return false;
+  switch (static_cast<code>(d.code)) {
+    case code::Int:
+      if (d.bits == 8) { *out = DType::I8; return true; }
+      if (d.bits == 32) { *out = DType::I32; return true; }
+      if (d.bits == 64) { *out = DType::I64; return true; }
+      return false;
+    case code::UInt:
+      if (d.bits == 8) { *out = DType::U8; return true; }
+      return false;
+    case code::Float:
+      if (d.bits == 16) { *out = DType::F16; return true; }
+      if (d.bits == 32) { *out = DType::F32; return true; }
+      return false;
+    case code::Bfloat:
+      if (d.bits == 16) { *out = DType::BF16; return true; }
+      return false;
+    case code::Bool:
+      *out = DType::BOOL;
+      return true;
+    default:
+      return false;
+  }
+}
+
+// Fills ref from any tensor object. keep holds the imported ndarray alive until the call returns.
+// Returns true for a torch.Tensor.
+bool to_ref(nb::handle o, const char* name, TensorRef& ref, nb::ndarray<>& keep) {
+  if (is_torch_tensor(o)) {
+    torch_ref(o, name, ref);
+    return true;
+  }
+  if (!nb::try_cast<nb::ndarray<>>(o, keep, false))
+    raise_type_error(nvfp4moe::detail::cat(name, ": expected a tensor (torch, NumPy, CuPy, JAX or any DLPack "
+                                           "array), got ", pytype_name(o)));
+  if (!dlpack_dtype(keep.dtype(), &ref.dtype))
+    raise_type_error(nvfp4moe::detail::cat(name, ": unsupported dtype (DLPack code ", int(keep.dtype().code),
+                                           ", ", int(keep.dtype().bits), " bits) from ", pytype_name(o)));
+  const int dev = keep.device_type();
+  if (dev == nb::device::cpu::value) {
+    ref.device = DeviceType::CPU;
+    ref.device_id = 0;
+  } else if (dev == nb::device::cuda::value || dev == nb::device::cuda_managed::value) {
+    ref.device = DeviceType::CUDA;
+    ref.device_id = keep.device_id();
+  } else {
+    raise_value_error(nvfp4moe::detail::cat(name, ": expected a cpu or cuda array, got DLPack device type ", dev,
+                                            " from ", pytype_name(o)));
+  }
+  const size_t nd = keep.ndim();
+  ref.shape.resize(nd);
+  ref.strides.resize(nd);
+  for (size_t i = 0; i < nd; ++i) {
+    ref.shape[i] = static_cast<int64_t>(keep.shape(i));
+    ref.strides[i] = static_cast<int64_t>(keep.stride(i));
+  }
+  ref.data = keep.data();
+  return false;
+}
+
+void expect_dtype(const char* name, const TensorRef& ref, std::initializer_list<DType> allowed) {
+  for (DType d : allowed)
+    if (ref.dtype == d) return;
+  std::string want;
+  for (DType d : allowed) want += (want.empty() ? "" : " or ") + std::string(nvfp4moe::dtype_name(d));
+  raise_type_error(nvfp4moe::detail::cat(name, ": expected dtype ", want, ", got ", nvfp4moe::dtype_name(ref.dtype),
+                                         " (", ref.describe(), ")"));
+}
+
+// ------------------------------------------------------------------------------------------- Checkpoint
+nb::dict spec_dict(const nvfp4moe::MoeSpec& s) {
+  nb::dict d;
+  d["layer"] = s.layer;
+  d["hidden"] = s.hidden;
+  d["intermediate"] = s.intermediate;
+  d["num_experts"] = s.num_experts;
+  d["top_k"] = s.top_k;
+  d["activation"] = nvfp4moe::activation_name(s.activation);
+  d["routing"] = nvfp4moe::routing_name(s.routing);
+  d["norm_topk_prob"] = s.norm_topk_prob;
+  d["n_group"] = s.n_group;
+  d["topk_group"] = s.topk_group;
+  d["routed_scaling_factor"] = s.routed_scaling_factor;
+  d["has_router_bias"] = s.has_router_bias;
+  d["shared_intermediate"] = s.shared_intermediate;
+  d["shared_expert_gated"] = s.shared_expert_gated;
+  return d;
+}
+
+class PyCheckpoint {
+ public:
+  explicit PyCheckpoint(const std::string& path) : path_(path) {
+    nb::gil_scoped_release nogil;
+    ckpt_ = nvfp4moe::Checkpoint::open(path);
+  }
+  const nvfp4moe::Checkpoint& get() const {
+    if (!ckpt_) raise_value_error("nvfp4moe.Checkpoint('" + path_ + "') is closed");
+    return *ckpt_;
+  }
+  const std::string& path() const { return path_; }
+  bool closed() const { return !ckpt_; }
+  void close() { ckpt_.reset(); }
+  std::vector<int> moe_layers() const { return get().moe_layers(); }
+  nb::list layers() const {
+    nb::list out;
+    for (const auto& l : get().layers()) {
+      nb::dict d;
+      d["layer"] = l.layer;
+      d["is_moe"] = l.is_moe;
+      d["prefix"] = l.prefix;
+      d["experts_found"] = l.experts_found;
+      out.append(d);
+    }
+    return out;
+  }
+  nb::dict spec(int layer) const { return spec_dict(get().spec(layer)); }
+  std::string inspect() const { return get().inspect(); }
+  std::vector<std::string> exclude_modules() const { return get().exclude_modules(); }
+  std::string format() const {
+    return get().format() == nvfp4moe::CheckpointFormat::ModelOpt ? "modelopt" : "compressed-tensors";
+  }
+
+ private:
+  std::string path_;
+  std::shared_ptr<nvfp4moe::Checkpoint> ckpt_;
+};
+
+// ------------------------------------------------------------------------------------------- MoeLayer
+nb::object g_out_allocator;  // Python fallback for out=None with non-torch inputs (set by __init__.py)
+
+void parse_device(const std::string& device, nvfp4moe::MoeLayerOptions& o) {
+  if (device == "cpu") {
+    o.backend = nvfp4moe::Backend::Cpu;
+    o.device = 0;
+    return;
+  }
+  if (device.rfind("cuda", 0) == 0) {
+    o.backend = nvfp4moe::Backend::Cuda;
+    o.device = 0;
+    if (device.size() > 4) {
+      size_t pos = 0;
+      int id = -1;
+      try {
+        if (device[4] == ':') id = std::stoi(device.substr(5), &pos);
+      } catch (const std::exception&) {
+        id = -1;
+      }
+      if (id < 0 || pos != device.size() - 5)
+        raise_value_error("device: expected \"cpu\", \"cuda\" or \"cuda:N\", got \"" + device + "\"");
+      o.device = id;
+    }
+    return;
+  }
+  raise_value_error("device: expected \"cpu\", \"cuda\" or \"cuda:N\", got \"" + device + "\"");
+}
+
+class PyMoeLayer {
+ public:
+  PyMoeLayer(const PyCheckpoint& ckpt, int layer, const std::string& mode, int64_t max_tokens,
+             const std::string& device, bool shared_max_input_scale) {
+    nvfp4moe::MoeLayerOptions o;
+    if (!nvfp4moe::mode_from_name(mode, &o.mode))
+      raise_value_error("mode: expected \"w4a16\" or \"w4a4\", got \"" + mode + "\"");
+    if (max_tokens <= 0)
+      raise_value_error(nvfp4moe::detail::cat("max_tokens: expected a positive integer, got ", max_tokens));
+    o.max_tokens = max_tokens;
+    parse_device(device, o);
+    o.shared_max_input_scale = shared_max_input_scale;
+    const nvfp4moe::Checkpoint& c = ckpt.get();
+    nb::gil_scoped_release nogil;
+    layer_ = nvfp4moe::MoeLayer::create(c, layer, o);
+  }
+
+  nb::object forward(nb::handle hidden, nb::handle router_logits, nb::handle topk_ids, nb::handle topk_weights,
+                     nb::handle out, nb::handle stream) {
+    nb::ndarray<> keep[5];
+    TensorRef h, l, ids, w, o;
+    const bool torch_in = to_ref(hidden, "hidden", h, keep[0]);
+    expect_dtype("hidden", h, {DType::BF16, DType::F32});
+    nvfp4moe::RoutingArgs r;
+    if (!router_logits.is_none()) {
+      to_ref(router_logits, "router_logits", l, keep[1]);
+      expect_dtype("router_logits", l, {DType::F32});
+      r.router_logits = &l;
+    }
+    if (!topk_ids.is_none()) {
+      to_ref(topk_ids, "topk_ids", ids, keep[2]);
+      expect_dtype("topk_ids", ids, {DType::I32});
+      r.topk_ids = &ids;
+    }
+    if (!topk_weights.is_none()) {
+      to_ref(topk_weights, "topk_weights", w, keep[3]);
+      expect_dtype("topk_weights", w, {DType::F32});
+      r.topk_weights = &w;
+    }
+    nb::object out_obj;
+    if (out.is_none()) {
+      const int64_t T = h.shape.empty() ? 0 : h.shape[0];
+      nb::tuple shape = nb::make_tuple(T, layer_->spec().hidden);
+      if (torch_in)
+        out_obj = hidden.attr("new_empty")(shape);
+      else if (g_out_allocator.is_valid() && !g_out_allocator.is_none())
+        out_obj = g_out_allocator(hidden, shape);
+      else
+        raise_type_error("out: pass an output array for inputs of type " + pytype_name(hidden));
+    } else {
+      out_obj = nb::borrow(out);
+    }
+    to_ref(out_obj, "out", o, keep[4]);
+    expect_dtype("out", o, {DType::BF16, DType::F32});
+
+    void* s = nullptr;
+    if (!stream.is_none()) {
+      s = reinterpret_cast<void*>(nb::cast<uintptr_t>(stream));
+    } else if (torch_in && h.device == DeviceType::CUDA && !g_torch.raw_stream.is_none()) {
+      s = reinterpret_cast<void*>(nb::cast<uintptr_t>(g_torch.raw_stream(h.device_id)));
+    }
+    {
+      nb::gil_scoped_release nogil;
+      layer_->forward(h, r, o, s);
+    }
+    return out_obj;
+  }
+
+  nvfp4moe::MoeLayer& get() { return *layer_; }
+  nb::dict spec() const { return spec_dict(layer_->spec()); }
+  std::string mode() const { return nvfp4moe::mode_name(layer_->options().mode); }
+  std::string device() const {
+    const auto& o = layer_->options();
+    return o.backend == nvfp4moe::Backend::Cpu ? std::string("cpu") : "cuda:" + std::to_string(o.device);
+  }
+  int64_t max_tokens() const { return layer_->options().max_tokens; }
+  int64_t hidden_size() const { return layer_->spec().hidden; }
+
+ private:
+  std::unique_ptr<nvfp4moe::MoeLayer> layer_;
+};
+
+}  // namespace
+
+NB_MODULE(_core, m) {
+  m.doc() = "nvfp4moe C++ core (nanobind); use the nvfp4moe package, not this module directly";
+
+  g_format_error = PyErr_NewExceptionWithDoc(
+      "nvfp4moe.FormatError", "A malformed or unsupported checkpoint file (nvfp4moe::FormatError).",
+      PyExc_ValueError, nullptr);
+  m.attr("FormatError") = nb::handle(g_format_error);
+  nb::register_exception_translator(
+      [](const std::exception_ptr& p, void*) {
+        try {
+          std::rethrow_exception(p);
+        } catch (const nvfp4moe::FormatError& e) {
+          PyErr_SetString(g_format_error, e.what());
+        } catch (const nvfp4moe::ArgumentError& e) {
+          PyErr_SetString(PyExc_ValueError, e.what());
+        } catch (const nvfp4moe::Error& e) {
+          PyErr_SetString(PyExc_RuntimeError, e.what());
+        }
+      });
+
+#ifdef NVFP4MOE_WITH_CUDA
+  m.attr("built_with_cuda") = true;
+#else
+  m.attr("built_with_cuda") = false;
+#endif
+  m.def("cuda_available", &nvfp4moe::cuda_backend_available,
+        "True when the extension was built with the CUDA backend and a CUDA device is present.");
+  m.def("_set_out_allocator", [](nb::object fn) { g_out_allocator = std::move(fn); });
+  // Drop the Python references this module holds before the interpreter tears down.
+  nb::module_::import_("atexit").attr("register")(nb::cpp_function([]() {
+    g_out_allocator = nb::object();
+    g_torch.raw_stream = nb::object();
+  }));
+
+  nb::class_<PyCheckpoint>(m, "Checkpoint")
+      .def(nb::init<const std::string&>(), "path"_a)
+      .def_prop_ro("path", &PyCheckpoint::path)
+      .def_prop_ro("closed", &PyCheckpoint::closed)
+      .def_prop_ro("moe_layers", &PyCheckpoint::moe_layers)
+      .def_prop_ro("layers", &PyCheckpoint::layers)
+      .def_prop_ro("format", &PyCheckpoint::format)
+      .def_prop_ro("exclude_modules", &PyCheckpoint::exclude_modules)
+      .def("spec", &PyCheckpoint::spec, "layer"_a)
+      .def("inspect", &PyCheckpoint::inspect)
+      .def("close", &PyCheckpoint::close);
+
+  nb::class_<PyMoeLayer>(m, "MoeLayer")
+      .def(nb::init<const PyCheckpoint&, int, const std::string&, int64_t, const std::string&, bool>(),
+           "checkpoint"_a, "layer"_a, "mode"_a, "max_tokens"_a, "device"_a, "shared_max_input_scale"_a)
+      .def("forward", &PyMoeLayer::forward, "hidden"_a, "router_logits"_a.none() = nb::none(),
+           "topk_ids"_a.none() = nb::none(), "topk_weights"_a.none() = nb::none(), "out"_a.none() = nb::none(),
+           "stream"_a.none() = nb::none())
+      .def_prop_ro("spec", &PyMoeLayer::spec)
+      .def_prop_ro("mode", &PyMoeLayer::mode)
+      .def_prop_ro("device", &PyMoeLayer::device)
+      .def_prop_ro("max_tokens", &PyMoeLayer::max_tokens)
+      .def_prop_ro("hidden_size", &PyMoeLayer::hidden_size)
+      .def_prop_ro("weight_bytes", [](PyMoeLayer& l) { return l.get().weight_bytes(); })
+      .def_prop_ro("workspace_bytes", [](PyMoeLayer& l) { return l.get().workspace_bytes(); })
+      .def("begin_calibration", [](PyMoeLayer& l) { l.get().begin_calibration(); })
+      .def("end_calibration", [](PyMoeLayer& l) { l.get().end_calibration(); });
+
+#ifdef NVFP4MOE_PY_HAVE_SYNTHETIC
+  m.attr("have_generator") = true;
+#else
+  m.attr("have_generator") = false;
+#endif
+}
