@@ -13,6 +13,7 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
+#include <chrono>
 #include <cstdint>
 #include <initializer_list>
 #include <memory>
@@ -292,7 +293,7 @@ class PyMoeLayer {
   }
 
   nb::object forward(nb::handle hidden, nb::handle router_logits, nb::handle topk_ids, nb::handle topk_weights,
-                     nb::handle out, nb::handle stream) {
+                     nb::handle out, nb::handle stream, int bench_iters = 0, double* bench_seconds = nullptr) {
     nb::ndarray<> keep[5];
     TensorRef h, l, ids, w, o;
     const bool torch_in = to_ref(hidden, "hidden", h, keep[0]);
@@ -335,11 +336,23 @@ class PyMoeLayer {
     } else if (torch_in && h.device == DeviceType::CUDA && !g_torch.raw_stream.is_none()) {
       s = reinterpret_cast<void*>(nb::cast<uintptr_t>(g_torch.raw_stream(h.device_id)));
     }
-    {
+    if (bench_iters <= 0) {
       nb::gil_scoped_release nogil;
       layer_->forward(h, r, o, s);
+    } else {  // timing of the C++ call alone (the Python overhead test compares against it)
+      nb::gil_scoped_release nogil;
+      const auto t0 = std::chrono::steady_clock::now();
+      for (int i = 0; i < bench_iters; ++i) layer_->forward(h, r, o, s);
+      *bench_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     }
     return out_obj;
+  }
+
+  double bench(nb::handle hidden, nb::handle router_logits, nb::handle topk_ids, nb::handle topk_weights,
+               nb::handle out, nb::handle stream, int iters) {
+    double seconds = 0;
+    forward(hidden, router_logits, topk_ids, topk_weights, out, stream, iters < 1 ? 1 : iters, &seconds);
+    return seconds;
   }
 
   nvfp4moe::MoeLayer& get() { return *layer_; }
@@ -407,9 +420,15 @@ NB_MODULE(_core, m) {
   nb::class_<PyMoeLayer>(m, "MoeLayer")
       .def(nb::init<const PyCheckpoint&, int, const std::string&, int64_t, const std::string&, bool>(),
            "checkpoint"_a, "layer"_a, "mode"_a, "max_tokens"_a, "device"_a, "shared_max_input_scale"_a)
-      .def("forward", &PyMoeLayer::forward, "hidden"_a, "router_logits"_a.none() = nb::none(),
+      .def("forward",
+           [](PyMoeLayer& l, nb::handle hidden, nb::handle logits, nb::handle ids, nb::handle w, nb::handle out,
+              nb::handle stream) { return l.forward(hidden, logits, ids, w, out, stream); },
+           "hidden"_a, "router_logits"_a.none() = nb::none(),
            "topk_ids"_a.none() = nb::none(), "topk_weights"_a.none() = nb::none(), "out"_a.none() = nb::none(),
            "stream"_a.none() = nb::none())
+      .def("_bench_forward", &PyMoeLayer::bench, "hidden"_a, "router_logits"_a.none(), "topk_ids"_a.none(),
+           "topk_weights"_a.none(), "out"_a.none(), "stream"_a.none(), "iters"_a,
+           "Runs the C++ forward `iters` times after one argument conversion; returns the seconds it took.")
       .def_prop_ro("spec", &PyMoeLayer::spec)
       .def_prop_ro("mode", &PyMoeLayer::mode)
       .def_prop_ro("device", &PyMoeLayer::device)
