@@ -24,6 +24,7 @@ __all__ = [
     "built_with_cuda",
     "cuda_available",
     "generate_checkpoint",
+    "synthetic_presets",
     "__version__",
 ]
 __version__ = "0.1.0"
@@ -145,12 +146,26 @@ def _alloc_out(hidden: Any, shape: tuple) -> Any:
 _core._set_out_allocator(_alloc_out)
 
 
-def generate_checkpoint(path: str, **kwargs: Any) -> str:
-    """Writes a small synthetic NVFP4 ModelOpt checkpoint to ``path`` (for tests and demos); returns path.
+def generate_checkpoint(path: str, **options: Any) -> str:
+    """Writes a small synthetic NVFP4 checkpoint to ``path`` (for tests and demos) and returns the path.
 
-    Keyword arguments are the generator's options (see docs/python.md), e.g. hidden=256, intermediate=128,
-    num_experts=8, top_k=2, num_layers=2, seed=0.
+    Random weights quantized exactly as ModelOpt does, written in a real model family's layout, so
+    ``Checkpoint(path)`` reads it like the real thing. Options (all keyword): preset (one of
+    synthetic_presets(), "" for explicit shapes), style ("qwen3_moe", "deepseek_v3", "qwen2_moe", "mixtral",
+    "gpt_oss", "nemotron_h"), hidden, intermediate, experts, top_k, routing ("softmax_topk" or
+    "sigmoid_grouped_topk"), activation ("swiglu" or "relu2"), norm_topk_prob, shared_intermediate, n_group,
+    topk_group, routed_scaling_factor, router_bias, layers (1), first_dense_layers (0), seed (1),
+    max_shard_bytes, overwrite (False). Without a preset the shape defaults to hidden=256, intermediate=128,
+    experts=8, top_k=2.
     """
     if not getattr(_core, "have_generator", False):
         raise RuntimeError("this build of nvfp4moe has no synthetic checkpoint generator")
-    return _core.generate_checkpoint(str(path), **kwargs)
+    if not options.get("preset"):
+        for k, v in (("hidden", 256), ("intermediate", 128), ("experts", 8), ("top_k", 2)):
+            options.setdefault(k, v)
+    return _core.generate_checkpoint(str(path), **options)
+
+
+def synthetic_presets() -> List[str]:
+    """Names of the generator's presets (real models' MoE shapes)."""
+    return list(_core.synthetic_presets()) if getattr(_core, "have_generator", False) else []

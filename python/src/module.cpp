@@ -10,6 +10,7 @@
 
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
+#include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
@@ -441,6 +442,59 @@ NB_MODULE(_core, m) {
 
 #ifdef NVFP4MOE_PY_HAVE_SYNTHETIC
   m.attr("have_generator") = true;
+  m.def("synthetic_presets", &nvfp4moe::model::synthetic_presets);
+  m.def(
+      "generate_checkpoint",
+      [](const std::string& dir, const std::string& preset, std::optional<std::string> style,
+         std::optional<int64_t> hidden, std::optional<int64_t> intermediate, std::optional<int64_t> experts,
+         std::optional<int64_t> top_k, std::optional<std::string> routing, std::optional<std::string> activation,
+         std::optional<bool> norm_topk_prob, std::optional<int64_t> shared_intermediate,
+         std::optional<int64_t> n_group, std::optional<int64_t> topk_group,
+         std::optional<float> routed_scaling_factor, std::optional<bool> router_bias, int layers,
+         int first_dense_layers, uint64_t seed, std::optional<size_t> max_shard_bytes, bool overwrite) {
+        namespace md = nvfp4moe::model;
+        md::SyntheticOptions o;
+        o.preset = preset;
+        if (style) {
+          md::ModelStyle st;
+          if (!md::style_from_name(*style, &st)) raise_value_error("style: unknown model style \"" + *style + "\"");
+          o.style = st;
+        }
+        o.hidden = hidden;
+        o.intermediate = intermediate;
+        o.experts = experts;
+        o.top_k = top_k;
+        if (routing) {
+          if (*routing == "softmax_topk") o.routing = nvfp4moe::Routing::SoftmaxTopK;
+          else if (*routing == "sigmoid_grouped_topk") o.routing = nvfp4moe::Routing::SigmoidGroupedTopK;
+          else raise_value_error("routing: expected \"softmax_topk\" or \"sigmoid_grouped_topk\", got \"" + *routing + "\"");
+        }
+        if (activation) {
+          if (*activation == "swiglu") o.activation = nvfp4moe::Activation::SwiGLU;
+          else if (*activation == "relu2") o.activation = nvfp4moe::Activation::Relu2;
+          else raise_value_error("activation: expected \"swiglu\" or \"relu2\", got \"" + *activation + "\"");
+        }
+        o.norm_topk_prob = norm_topk_prob;
+        o.shared_intermediate = shared_intermediate;
+        o.n_group = n_group;
+        o.topk_group = topk_group;
+        o.routed_scaling_factor = routed_scaling_factor;
+        o.router_bias = router_bias;
+        o.layers = layers;
+        o.first_dense_layers = first_dense_layers;
+        o.seed = seed;
+        if (max_shard_bytes) o.max_shard_bytes = *max_shard_bytes;
+        o.overwrite = overwrite;
+        nb::gil_scoped_release nogil;
+        return md::generate_synthetic_checkpoint(dir, o).dir;
+      },
+      "dir"_a, nb::kw_only(), "preset"_a = "", "style"_a = nb::none(), "hidden"_a = nb::none(),
+      "intermediate"_a = nb::none(), "experts"_a = nb::none(), "top_k"_a = nb::none(), "routing"_a = nb::none(),
+      "activation"_a = nb::none(), "norm_topk_prob"_a = nb::none(), "shared_intermediate"_a = nb::none(),
+      "n_group"_a = nb::none(), "topk_group"_a = nb::none(), "routed_scaling_factor"_a = nb::none(),
+      "router_bias"_a = nb::none(), "layers"_a = 1, "first_dense_layers"_a = 0, "seed"_a = 1,
+      "max_shard_bytes"_a = nb::none(), "overwrite"_a = false,
+      "Writes a synthetic NVFP4 checkpoint (src/model/synthetic.h) into dir; returns dir.");
 #else
   m.attr("have_generator") = false;
 #endif
