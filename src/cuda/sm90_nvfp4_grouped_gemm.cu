@@ -1,0 +1,175 @@
+// Launchers of the sm_90a NVFP4 grouped GEMM and the explicit list of instantiated configurations.
+#include "cuda/sm90_nvfp4_grouped_gemm.h"
+
+#include <cuda.h>
+
+#include <cstdio>
+#include <mutex>
+
+#include "cuda/sm90_nvfp4_grouped_gemm.cuh"
+
+namespace nvfp4moe::cuda {
+namespace {
+
+thread_local std::string g_last_error;
+
+cudaError_t fail(const std::string& msg) {
+  g_last_error = msg;
+  return cudaErrorInvalidValue;
+}
+
+// The one explicit list: X(block_t, stages). Every entry is instantiated for every epilogue and tested.
+#define NVFP4MOE_SM90_GEMM_CONFIGS(X) \
+  X(16, 14)  /* decode: 1..16 rows per expert; deep pipeline, bytes in flight */ \
+  X(32, 12)  /* 17..32 rows per expert */                                        \
+  X(64, 10)  /* 33..64 rows per expert */                                        \
+  X(128, 8)  /* prefill: > 64 rows per expert */
+
+constexpr int kConsumerWGs = 2;
+
+using EncodeTiledFn = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
+                                   const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
+                                   CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+
+EncodeTiledFn encode_fn() {
+  static EncodeTiledFn fn = [] {
+    void* p = nullptr;
+    cudaDriverEntryPointQueryResult q{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &q) != cudaSuccess ||
+        q != cudaDriverEntryPointSuccess)
+      p = nullptr;
+    return reinterpret_cast<EncodeTiledFn>(p);
+  }();
+  return fn;
+}
+
+template <int BT, int STAGES, sm90::Epilogue EPI>
+cudaError_t launch(const CUtensorMap& map, const sm90::GemmParams& p, int grid, cudaStream_t stream) {
+  using Tr = sm90::KernelTraits<BT, kConsumerWGs, STAGES, EPI>;
+  auto kernel = sm90::sm90_nvfp4_grouped_gemm_kernel<BT, kConsumerWGs, STAGES, EPI>;
+  static cudaError_t attr = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes);
+  if (attr != cudaSuccess) return attr;
+  kernel<<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(map, p);
+  return cudaGetLastError();
+}
+
+template <int BT, int STAGES>
+cudaError_t launch_epi(Sm90GemmEpilogue epi, const CUtensorMap& map, const sm90::GemmParams& p, int grid,
+                       cudaStream_t stream) {
+  switch (epi) {
+    case Sm90GemmEpilogue::kF32: return launch<BT, STAGES, sm90::Epilogue::kF32>(map, p, grid, stream);
+    case Sm90GemmEpilogue::kSwiGLU: return launch<BT, STAGES, sm90::Epilogue::kSwiGLU>(map, p, grid, stream);
+    case Sm90GemmEpilogue::kRelu2: return launch<BT, STAGES, sm90::Epilogue::kRelu2>(map, p, grid, stream);
+  }
+  return fail("sm90_nvfp4_grouped_gemm: unknown epilogue");
+}
+
+}  // namespace
+
+const char* sm90_gemm_last_error_message() { return g_last_error.c_str(); }
+
+Sm90PreparedShape sm90_prepared_shape(int num_experts, int n, int k, bool gated) {
+  Sm90PreparedShape s;
+  s.num_experts = num_experts;
+  s.n = n;
+  s.k = k;
+  s.gated = gated;
+  s.units = gated ? (n / 2 + 63) / 64 : (n + 127) / 128;
+  s.k_tiles = (k + sm90::kBlockK - 1) / sm90::kBlockK;
+  s.bytes = static_cast<size_t>(num_experts) * s.units * s.k_tiles * sm90::kUnitBytes;
+  return s;
+}
+
+cudaError_t sm90_prepare_weights(const uint8_t* packed, const uint8_t* scales, const Sm90PreparedShape& s,
+                                 uint8_t* out, cudaStream_t stream) {
+  if (packed == nullptr || scales == nullptr || out == nullptr)
+    return fail("sm90_prepare_weights: null pointer (packed, scales or out)");
+  if (s.num_experts <= 0 || s.n <= 0 || s.k <= 0 || s.k % 16 != 0 || s.n % (s.gated ? 32 : 16) != 0)
+    return fail("sm90_prepare_weights: need E > 0, K % 16 == 0 and N % 16 == 0 (gated: N/2 % 16 == 0); got E=" +
+                std::to_string(s.num_experts) + " N=" + std::to_string(s.n) + " K=" + std::to_string(s.k));
+  const int64_t total = static_cast<int64_t>(s.num_experts) * s.units * s.k_tiles * 256;
+  const int threads = 256;
+  const int64_t blocks = std::min<int64_t>((total + threads - 1) / threads, 1 << 20);
+  sm90::sm90_prepare_weights_kernel<<<static_cast<int>(blocks), threads, 0, stream>>>(
+      packed, scales, out, s.num_experts, s.n, s.k, s.units, s.k_tiles, s.gated ? 1 : 0);
+  return cudaGetLastError();
+}
+
+const std::vector<Sm90GemmConfig>& sm90_gemm_configs() {
+  static const std::vector<Sm90GemmConfig> list = {
+#define NVFP4MOE_X(bt, st) Sm90GemmConfig{bt, st, kConsumerWGs},
+      NVFP4MOE_SM90_GEMM_CONFIGS(NVFP4MOE_X)
+#undef NVFP4MOE_X
+  };
+  return list;
+}
+
+std::string to_string(const Sm90GemmConfig& c) {
+  return "bt" + std::to_string(c.block_t) + "_s" + std::to_string(c.stages) + "_wg" +
+         std::to_string(c.consumer_warpgroups);
+}
+
+Sm90GemmConfig sm90_pick_config(double rows_per_expert, int /*n*/, int /*k*/) {
+  // The smallest token tile that holds the expected rows of one expert: weight bytes are read once per token
+  // tile, so a tile that fits the expert's rows reads each weight once; larger tiles only waste MMA columns.
+  for (const auto& c : sm90_gemm_configs())
+    if (rows_per_expert <= c.block_t) return c;
+  return sm90_gemm_configs().back();
+}
+
+cudaError_t sm90_nvfp4_grouped_gemm(const Sm90GemmArgs& args, const Sm90GemmConfig& config, cudaStream_t stream,
+                                    int num_sms) {
+  const Sm90PreparedShape& s = args.shape;
+  if (args.a == nullptr || args.w == nullptr || args.offsets == nullptr || args.alpha0 == nullptr ||
+      args.out == nullptr || (args.epilogue == Sm90GemmEpilogue::kSwiGLU && args.alpha1 == nullptr))
+    return fail("sm90_nvfp4_grouped_gemm: null pointer among a, w, offsets, alpha0, alpha1 (SwiGLU), out");
+  if (s.k % 16 != 0 || s.n % 16 != 0 || s.units <= 0 || s.k_tiles <= 0)
+    return fail("sm90_nvfp4_grouped_gemm: shape needs K % 16 == 0, N % 16 == 0; got N=" + std::to_string(s.n) +
+                " K=" + std::to_string(s.k));
+  if ((args.epilogue == Sm90GemmEpilogue::kSwiGLU) != s.gated)
+    return fail("sm90_nvfp4_grouped_gemm: the SwiGLU epilogue needs gated prepared weights and the others not");
+  if (args.a_rows_capacity <= 0 || args.a_rows_capacity > (int64_t(1) << 31) - 1)
+    return fail("sm90_nvfp4_grouped_gemm: a_rows_capacity must be in [1, 2^31); got " +
+                std::to_string(args.a_rows_capacity));
+  if ((reinterpret_cast<uintptr_t>(args.a) & 15) != 0 || (reinterpret_cast<uintptr_t>(args.w) & 15) != 0)
+    return fail("sm90_nvfp4_grouped_gemm: a and w must be 16-byte aligned");
+  EncodeTiledFn encode = encode_fn();
+  if (encode == nullptr) return fail("sm90_nvfp4_grouped_gemm: cuTensorMapEncodeTiled not available");
+
+  CUtensorMap map;
+  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(s.k), static_cast<cuuint64_t>(args.a_rows_capacity)};
+  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(s.k) * 2};
+  const cuuint32_t box[2] = {static_cast<cuuint32_t>(sm90::kBlockK), static_cast<cuuint32_t>(config.block_t)};
+  const cuuint32_t estr[2] = {1, 1};
+  const CUresult r = encode(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<uint16_t*>(args.a), dims, strides,
+                            box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS) return fail("sm90_nvfp4_grouped_gemm: cuTensorMapEncodeTiled failed: " + std::to_string(r));
+
+  sm90::GemmParams p;
+  p.w = args.w;
+  p.offsets = args.offsets;
+  p.alpha0 = args.alpha0;
+  p.alpha1 = args.alpha1;
+  p.gs = args.epilogue == Sm90GemmEpilogue::kF32 ? nullptr : args.gs;
+  p.out = args.out;
+  p.num_experts = s.num_experts;
+  p.units = s.units;
+  p.k_tiles = s.k_tiles;
+  p.n_out = s.gated ? s.n / 2 : s.n;
+
+  if (num_sms <= 0) {
+    int dev = 0;
+    cudaError_t e = cudaGetDevice(&dev);
+    if (e == cudaSuccess) e = cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, dev);
+    if (e != cudaSuccess) return e;
+  }
+#define NVFP4MOE_X(bt, st) \
+  if (config.block_t == bt && config.stages == st && config.consumer_warpgroups == kConsumerWGs) \
+    return launch_epi<bt, st>(args.epilogue, map, p, num_sms, stream);
+  NVFP4MOE_SM90_GEMM_CONFIGS(NVFP4MOE_X)
+#undef NVFP4MOE_X
+  return fail("sm90_nvfp4_grouped_gemm: config " + to_string(config) + " is not in the instantiated list");
+}
+
+}  // namespace nvfp4moe::cuda

@@ -1,0 +1,485 @@
+// sm90_nvfp4_grouped_gemm.cuh: the Hopper (sm_90a) grouped GEMM over MoE experts with NVFP4 weights.
+// Device code only, framework-free (CUDA runtime types, no library headers but src/format/nvfp4.h).
+//
+//   C[r, n] = alpha(e, half(n)) * sum_k A[r, k] * Wdq[e][n][k]      for the rows r of expert e,
+//   r in [offsets[e], offsets[e+1]) (offsets read from device memory), Wdq = e2m1(code) * e4m3(block scale).
+//
+// Swap A/B: the weight is the wgmma A operand (M = 64 weight rows per instruction), dequantized from FP4 in
+// registers; the expert's token rows are the wgmma N dimension (BT = 16..128), read by TMA from shared memory
+// (128-byte swizzle). One CTA = 1 producer warpgroup (one thread issues the TMA and bulk copies) + WGS consumer
+// warpgroups; each consumer owns one "unit" = two 64-row weight blocks (gate j / up j for the gated epilogue,
+// two consecutive 64-column blocks otherwise), so the gate and up values of one output element sit in the same
+// thread. The K reduction runs over k-tiles of 64 in order, with no split: a row's bits never depend on the
+// other rows of the batch (design.md rule 3).
+//
+// Prepared weight layout (sm90_prepare_weights writes it; lossless: the checkpoint's bits, reordered):
+//   bytes [E][units][k_tiles][2 blocks][2304]; one 2304-byte chunk = 64 weight rows x 64 k:
+//     [0, 2048): FP4 codes, 16 bytes per consumer thread tid (warp w = tid/32, g = (tid%32)/4, t = tid%4);
+//                32-bit word j (k16 step j) holds, for wgmma A register i (0..3), its low element at nibble i
+//                and its high element at nibble i + 4. Register i covers row r0 = 16w + g (i even) or r0 + 8
+//                (i odd), k = 16j + 2t + 8 * (i / 2) (low) and k + 1 (high): the m64k16 A fragment.
+//     [2048, 2304): e4m3 block scales, 8 bytes per row pair (w * 8 + g): byte 2j + h = scale of row r0 + 8h,
+//                k16 block j of the tile (the 4 threads t of one row pair read the same bytes).
+//   Rows past N and k past K are zero codes with zero scales (contribute exactly 0).
+#pragma once
+
+#include <cuda.h>
+#include <cuda_runtime.h>
+#include <cstdint>
+
+#include "format/nvfp4.h"
+
+namespace nvfp4moe::cuda::sm90 {
+
+inline constexpr int kBlockK = 64;           // k per tile: 64 bf16 = one 128-byte swizzle row of A
+inline constexpr int kChunkBytes = 2304;     // one 64x64 weight block: 2048 code bytes + 256 scale bytes
+inline constexpr int kCodeBytes = 2048;
+inline constexpr int kUnitBytes = 2 * kChunkBytes;  // one consumer warpgroup's share of one k-tile
+// Dequantized weights carry a factor 2^-26 (see dequant below); the epilogue multiplies it back exactly.
+inline constexpr float kWeightUnscale = 67108864.0f;  // 2^26
+
+enum class Epilogue : int {
+  kF32 = 0,     // out f32 [rows, n_out] = alpha0[e] * acc                          (GEMM2)
+  kSwiGLU = 1,  // out bf16 [rows, n_out]: silu(alpha0[e] * gate) * (alpha1[e] * up)  (GEMM1, gated)
+  kRelu2 = 2,   // out bf16 [rows, n_out]: max(alpha0[e] * acc, 0)^2                  (GEMM1, non-gated)
+};
+
+struct GemmParams {
+  const uint8_t* w;         // prepared weights, layout above
+  const int32_t* offsets;   // [E + 1] row offsets of the experts (device)
+  const float* alpha0;      // [E]: the alpha (kF32, kRelu2) or the gate's (kSwiGLU)
+  const float* alpha1;      // [E]: the up half's alpha (kSwiGLU), else unused
+  const float* gs;          // [E] or nullptr: NVFP4-quantize the bf16 output per 16 columns with gs[e]
+  void* out;                // f32 or bf16 (uint16 bits) [rows, n_out], row-major
+  int num_experts;
+  int units;                // weight units per expert (128 prepared rows each)
+  int k_tiles;              // ceil(K / 64)
+  int n_out;                // output columns: N (kF32, kRelu2) or N / 2 (kSwiGLU)
+};
+
+// ------------------------------------------------------------------------------------------- PTX helpers
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+  asm volatile(
+      "{\n.reg .pred p;\n"
+      "WAIT_%=:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+      "@!p bra WAIT_%=;\n}\n" ::"r"(bar),
+      "r"(parity)
+      : "memory");
+}
+// 2D tile of A (x = k element, y = row) into swizzled shared memory; completes on bar.
+__device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap* map, int x, int y, uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];" ::"r"(
+          dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(x), "r"(y), "r"(bar)
+      : "memory");
+}
+// Contiguous bytes (multiple of 16) global -> shared; completes on bar.
+__device__ __forceinline__ void bulk_load(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(dst),
+               "l"(src), "r"(bytes), "r"(bar)
+               : "memory");
+}
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
+}
+// Keeps the compiler from moving accumulator reads/writes across the asynchronous wgmma boundary.
+__device__ __forceinline__ void reg_fence(float& x) { asm volatile("" : "+f"(x)::"memory"); }
+
+// wgmma B descriptor: K-major tile of rows x 64 bf16 (128 bytes a row), 128-byte swizzle, 8-row groups 1024 B
+// apart. The k16 step j inside the tile adds 32 * j bytes to the start address (field in 16-byte units).
+__device__ __forceinline__ uint64_t make_b_desc(uint32_t smem_addr) {
+  uint64_t d = static_cast<uint64_t>((smem_addr & 0x3FFFF) >> 4);
+  d |= static_cast<uint64_t>(1) << 16;           // leading byte offset (unused with swizzled K-major)
+  d |= static_cast<uint64_t>(1024 >> 4) << 32;   // stride byte offset: 8 rows x 128 B
+  d |= static_cast<uint64_t>(1) << 62;           // swizzle mode: 128 B
+  return d;
+}
+
+template <int N>
+struct Wgmma;
+// m64nNk16, f32 += bf16 (A: 4 registers, the m64k16 fragment) * bf16 (B: shared-memory descriptor).
+template <> struct Wgmma<16> {
+  static __device__ __forceinline__ void mma(float (&d)[8], const uint32_t (&a)[4], uint64_t desc) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %13, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7}, {%8,%9,%10,%11}, %12, p, 1, 1, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
+  }
+};
+template <> struct Wgmma<32> {
+  static __device__ __forceinline__ void mma(float (&d)[16], const uint32_t (&a)[4], uint64_t desc) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}, {%16,%17,%18,%19}, %20, p, 1, 1, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
+  }
+};
+template <> struct Wgmma<64> {
+  static __device__ __forceinline__ void mma(float (&d)[32], const uint32_t (&a)[4], uint64_t desc) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, {%32,%33,%34,%35}, %36, p, 1, 1, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
+  }
+};
+template <> struct Wgmma<128> {
+  static __device__ __forceinline__ void mma(float (&d)[64], const uint32_t (&a)[4], uint64_t desc) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, {%64,%65,%66,%67}, %68, p, 1, 1, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
+  }
+};
+
+// ------------------------------------------------------------------------------------------- dequantization
+// FP4 register i of a prepared word -> bf16x2 "tiny" values: the 3 magnitude bits go to bf16 bits 8..6
+// (exponent low bits + top mantissa bit) and the sign to bit 15. That reads as e2m1 * 2^-126 for every code,
+// 0.5 included (it becomes the bf16 subnormal 2^-127). 4 integer ops, no table.
+template <int I>
+__device__ __forceinline__ uint32_t fp4x2_tiny(uint32_t w) {
+  constexpr int s1 = 6 - 4 * I, s2 = 12 - 4 * I;
+  const uint32_t t1 = s1 >= 0 ? (w << (s1 >= 0 ? s1 : 0)) : (w >> (s1 < 0 ? -s1 : 0));
+  const uint32_t t2 = w << s2;
+  return (t1 & 0x01C001C0u) | (t2 & 0x80008000u);
+}
+__device__ __forceinline__ uint32_t bf16x2_mul(uint32_t a, uint32_t b) {
+  uint32_t d;
+  asm("mul.rn.bf16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+  return d;
+}
+// Two e4m3 block scales (bytes lo, hi of s16) -> bf16x2 {lo, lo} and {hi, hi} times 2^100: e4m3 -> f16 (exact,
+// cvt.rn.f16x2.e4m3x2) -> f32 -> * 2^100 -> bf16 (exact: 4 significant bits, exponent in range).
+// tiny(e2m1) * (s * 2^100) = e2m1 * s * 2^-26: a normal bf16 for every nonzero product (>= 2^-36), exact.
+__device__ __forceinline__ void scale_pair(uint32_t s16, uint32_t& lo, uint32_t& hi) {
+  uint32_t h2;
+  asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h2) : "h"(static_cast<uint16_t>(s16)));
+  float f0, f1;
+  asm("cvt.f32.f16 %0, %1;" : "=f"(f0) : "h"(static_cast<uint16_t>(h2 & 0xFFFF)));
+  asm("cvt.f32.f16 %0, %1;" : "=f"(f1) : "h"(static_cast<uint16_t>(h2 >> 16)));
+  f0 *= 1.2676506002282294e30f;  // 2^100
+  f1 *= 1.2676506002282294e30f;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %1;" : "=r"(lo) : "f"(f0));
+  asm("cvt.rn.bf16x2.f32 %0, %1, %1;" : "=r"(hi) : "f"(f1));
+}
+// One 64x64 block for this thread: 16 bytes of codes + 8 bytes of scales -> 16 bf16x2 A registers
+// (a[4j + i]: k16 step j, fragment register i), each exact e2m1 * e4m3 * 2^-26.
+__device__ __forceinline__ void dequant_block(const uint4 codes, const uint2 sc, uint32_t (&a)[16]) {
+  const uint32_t words[4] = {codes.x, codes.y, codes.z, codes.w};
+  const uint32_t sw[2] = {sc.x, sc.y};
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    uint32_t s0, s1;  // rows r0 and r0 + 8
+    scale_pair((sw[j >> 1] >> ((j & 1) * 16)) & 0xFFFFu, s0, s1);
+    const uint32_t w = words[j];
+    a[4 * j + 0] = bf16x2_mul(fp4x2_tiny<0>(w), s0);
+    a[4 * j + 1] = bf16x2_mul(fp4x2_tiny<1>(w), s1);
+    a[4 * j + 2] = bf16x2_mul(fp4x2_tiny<2>(w), s0);
+    a[4 * j + 3] = bf16x2_mul(fp4x2_tiny<3>(w), s1);
+  }
+}
+
+// ------------------------------------------------------------------------------------------- scheduler
+// Persistent tiles in the order (expert, n-tile, token-tile), token tiles fastest so that CTAs running at the
+// same time share a weight tile through L2. Every role walks the same sequence; indices only grow, so the
+// expert cursor only moves forward (one pass over offsets per CTA).
+template <int BT>
+struct TileCursor {
+  int e = -1, first = 0, count = 0, ttiles = 1, row_begin = 0, rows = 0;
+  __device__ __forceinline__ bool seek(const GemmParams& p, int n_ctiles, int idx) {
+    while (idx >= first + count) {
+      first += count;
+      if (++e >= p.num_experts) return false;
+      row_begin = __ldg(p.offsets + e);
+      rows = __ldg(p.offsets + e + 1) - row_begin;
+      ttiles = rows > 0 ? (rows + BT - 1) / BT : 0;
+      count = ttiles * n_ctiles;
+    }
+    return true;
+  }
+};
+
+// ------------------------------------------------------------------------------------------- epilogue helpers
+__device__ __forceinline__ float silu_f32(float v) { return v / (1.0f + expf(-v)); }
+
+// NVFP4 quantization (fmt::quantize_activation_block semantics) of the bf16 value x whose 16-column group is
+// spread over this thread's pair partner (x2, the same token 8 rows down) and the 8 lanes with the same lane%4.
+// Returns the bf16 bits of the operand value e2m1(q) * sf for x and x2.
+__device__ __forceinline__ void quantize_pair(float x, float x2, float gs, uint16_t& q0, uint16_t& q1) {
+  float vmax = fmaxf(fabsf(x), fabsf(x2));
+  vmax = fmaxf(vmax, __shfl_xor_sync(0xFFFFFFFFu, vmax, 4));
+  vmax = fmaxf(vmax, __shfl_xor_sync(0xFFFFFFFFu, vmax, 8));
+  vmax = fmaxf(vmax, __shfl_xor_sync(0xFFFFFFFFu, vmax, 16));
+  const uint8_t sf = fmt::activation_block_scale(vmax, gs);
+  const float os = fmt::activation_block_output_scale(sf, gs);
+  const float sff = fmt::e4m3_decode(sf);
+  q0 = fmt::bf16_from_float(fmt::e2m1_decode(fmt::e2m1_encode(x * os)) * sff);
+  q1 = fmt::bf16_from_float(fmt::e2m1_decode(fmt::e2m1_encode(x2 * os)) * sff);
+}
+
+// ------------------------------------------------------------------------------------------- the kernel
+// BT: token rows per tile (wgmma N); WGS: consumer warpgroups (units per CTA tile); STAGES: pipeline depth.
+template <int BT, int WGS, int STAGES, Epilogue EPI>
+struct KernelTraits {
+  static_assert(BT % 16 == 0 && BT >= 16 && BT <= 128, "BT: wgmma N in 16..128, two m64 blocks per thread");
+  static constexpr int kThreads = (WGS + 1) * 128;
+  static constexpr int kABytes = BT * 128;                  // one stage of A: BT rows x 64 bf16, swizzled
+  static constexpr int kWBytes = WGS * kUnitBytes;          // one stage of weights
+  static constexpr int kStageBytes = kABytes + kWBytes;
+  static constexpr int kSmemBytes = 1024 /*align*/ + STAGES * kStageBytes + STAGES * 16 /*barriers*/;
+  static_assert(kABytes % 1024 == 0, "A stages must stay 1024-byte aligned for the 128B swizzle");
+  static_assert(kSmemBytes <= 232448, "shared memory per block");
+};
+
+template <int BT, int WGS, int STAGES, Epilogue EPI>
+__global__ void __launch_bounds__((WGS + 1) * 128, 1)
+    sm90_nvfp4_grouped_gemm_kernel(const __grid_constant__ CUtensorMap tmap_a, const GemmParams p) {
+  using Tr = KernelTraits<BT, WGS, STAGES, EPI>;
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  uint8_t* smem_a = smem;                                    // [STAGES][BT][128 B] swizzled
+  uint8_t* smem_w = smem + STAGES * Tr::kABytes;             // [STAGES][WGS][kUnitBytes]
+  uint64_t* bars = reinterpret_cast<uint64_t*>(smem_w + STAGES * Tr::kWBytes);  // full[STAGES], empty[STAGES]
+  const uint32_t full0 = smem_u32(bars), empty0 = smem_u32(bars + STAGES);
+
+  const int wg = threadIdx.x / 128;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < STAGES; ++s) {
+      mbar_init(full0 + 8 * s, 1);
+      mbar_init(empty0 + 8 * s, WGS);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+
+  const int n_ctiles = (p.units + WGS - 1) / WGS;
+
+  if (wg == 0) {
+    // ---------------------------------------------------------------- producer
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
+    if (threadIdx.x != 0) return;
+    asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&tmap_a)) : "memory");
+    int s = 0;
+    uint32_t phase = 0;
+    TileCursor<BT> cur;
+    for (int idx = blockIdx.x; cur.seek(p, n_ctiles, idx); idx += gridDim.x) {
+      const int local = idx - cur.first;
+      const int n_idx = local / cur.ttiles, t_idx = local - n_idx * cur.ttiles;
+      const int row0 = cur.row_begin + t_idx * BT;
+      const uint8_t* wsrc[WGS];
+#pragma unroll
+      for (int c = 0; c < WGS; ++c) {
+        const int unit = min(n_idx * WGS + c, p.units - 1);  // a consumer past the last unit computes a copy
+        wsrc[c] = p.w + (static_cast<size_t>(cur.e) * p.units + unit) * p.k_tiles * kUnitBytes;
+      }
+      for (int kt = 0; kt < p.k_tiles; ++kt) {
+        mbar_wait(empty0 + 8 * s, phase ^ 1);
+        const uint32_t full = full0 + 8 * s;
+        mbar_expect_tx(full, Tr::kStageBytes);
+        tma_load_2d(smem_u32(smem_a + s * Tr::kABytes), &tmap_a, kt * kBlockK, row0, full);
+#pragma unroll
+        for (int c = 0; c < WGS; ++c)
+          bulk_load(smem_u32(smem_w + s * Tr::kWBytes + c * kUnitBytes), wsrc[c] + static_cast<size_t>(kt) * kUnitBytes,
+                    kUnitBytes, full);
+        if (++s == STAGES) { s = 0; phase ^= 1; }
+      }
+    }
+  } else {
+    // ---------------------------------------------------------------- consumers
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
+    const int c = wg - 1;
+    const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
+    int s = 0;
+    uint32_t phase = 0;
+    TileCursor<BT> cur;
+    for (int idx = blockIdx.x; cur.seek(p, n_ctiles, idx); idx += gridDim.x) {
+      const int local = idx - cur.first;
+      const int n_idx = local / cur.ttiles, t_idx = local - n_idx * cur.ttiles;
+      const int unit = n_idx * WGS + c;
+      float acc[2][BT / 2];
+#pragma unroll
+      for (int b = 0; b < 2; ++b)
+#pragma unroll
+        for (int i = 0; i < BT / 2; ++i) acc[b][i] = 0.0f;
+
+      for (int kt = 0; kt < p.k_tiles; ++kt) {
+        mbar_wait(full0 + 8 * s, phase);
+        const uint8_t* wsm = smem_w + s * Tr::kWBytes + c * kUnitBytes;
+        uint32_t a[2][16];
+#pragma unroll
+        for (int b = 0; b < 2; ++b) {
+          const uint4 codes = *reinterpret_cast<const uint4*>(wsm + b * kChunkBytes + tid * 16);
+          const uint2 sc = *reinterpret_cast<const uint2*>(wsm + b * kChunkBytes + kCodeBytes + (warp * 8 + g) * 8);
+          dequant_block(codes, sc, a[b]);
+        }
+        const uint64_t desc = make_b_desc(smem_u32(smem_a + s * Tr::kABytes));
+#pragma unroll
+        for (int b = 0; b < 2; ++b)
+#pragma unroll
+          for (int i = 0; i < BT / 2; ++i) reg_fence(acc[b][i]);
+        wgmma_fence();
+#pragma unroll
+        for (int b = 0; b < 2; ++b)
+#pragma unroll
+          for (int j = 0; j < 4; ++j) {
+            const uint32_t af[4] = {a[b][4 * j], a[b][4 * j + 1], a[b][4 * j + 2], a[b][4 * j + 3]};
+            Wgmma<BT>::mma(acc[b], af, desc + 2 * j);
+          }
+        wgmma_commit();
+        wgmma_wait<0>();
+#pragma unroll
+        for (int b = 0; b < 2; ++b)
+#pragma unroll
+          for (int i = 0; i < BT / 2; ++i) reg_fence(acc[b][i]);
+        if (tid == 0) mbar_arrive(empty0 + 8 * s);
+        if (++s == STAGES) { s = 0; phase ^= 1; }
+      }
+
+      // ---------------------------------------------------------------- epilogue
+      // acc[b][i]: weight row 16*warp + g + 8*((i>>1)&1) of block b, token 8*(i>>2) + 2t + (i&1) of the tile.
+      const int e = cur.e;
+      const int tok0 = t_idx * BT, rows_valid = min(BT, cur.rows - tok0);
+      const int64_t row_base = cur.row_begin + tok0;
+      const bool unit_ok = unit < p.units;
+      const float gsv = p.gs != nullptr ? __ldg(p.gs + e) : 0.0f;
+      if constexpr (EPI == Epilogue::kF32) {
+        const float al = __ldg(p.alpha0 + e) * kWeightUnscale;
+        float* out = static_cast<float*>(p.out);
+#pragma unroll
+        for (int b = 0; b < 2; ++b)
+#pragma unroll
+          for (int i = 0; i < BT / 2; ++i) {
+            const int col = unit * 128 + b * 64 + 16 * warp + g + 8 * ((i >> 1) & 1);
+            const int tok = 8 * (i >> 2) + 2 * t + (i & 1);
+            if (unit_ok && tok < rows_valid && col < p.n_out) out[(row_base + tok) * p.n_out + col] = acc[b][i] * al;
+          }
+      } else {
+        uint16_t* out = static_cast<uint16_t*>(p.out);
+        const float al0 = __ldg(p.alpha0 + e) * kWeightUnscale;
+        const float al1 = EPI == Epilogue::kSwiGLU ? __ldg(p.alpha1 + e) * kWeightUnscale : 0.0f;
+        constexpr int kBlocksOut = EPI == Epilogue::kSwiGLU ? 1 : 2;  // output 64-column blocks per unit
+#pragma unroll
+        for (int b = 0; b < kBlocksOut; ++b)
+#pragma unroll
+          for (int i0 = 0; i0 < BT / 2; i0 += 4)
+#pragma unroll
+            for (int ip = 0; ip < 2; ++ip) {
+              // i0 + ip (row r0) and i0 + ip + 2 (row r0 + 8): same token, one 16-column quantization group.
+              float v[2];
+#pragma unroll
+              for (int h = 0; h < 2; ++h) {
+                const int i = i0 + ip + 2 * h;
+                float x;
+                if constexpr (EPI == Epilogue::kSwiGLU) {
+                  x = silu_f32(acc[0][i] * al0) * (acc[1][i] * al1);
+                } else {
+                  const float y = fmaxf(acc[b][i] * al0, 0.0f);
+                  x = y * y;
+                }
+                v[h] = fmt::bf16_round(x);
+              }
+              uint16_t o[2];
+              if (p.gs != nullptr) {
+                quantize_pair(v[0], v[1], gsv, o[0], o[1]);
+              } else {
+                o[0] = fmt::bf16_from_float(v[0]);
+                o[1] = fmt::bf16_from_float(v[1]);
+              }
+              const int tok = 8 * (i0 >> 2) + 2 * t + ip;
+              const int colb = (EPI == Epilogue::kSwiGLU ? unit * 64 : unit * 128 + b * 64) + 16 * warp + g;
+              if (unit_ok && tok < rows_valid) {
+                if (colb < p.n_out) out[(row_base + tok) * p.n_out + colb] = o[0];
+                if (colb + 8 < p.n_out) out[(row_base + tok) * p.n_out + colb + 8] = o[1];
+              }
+            }
+      }
+    }
+  }
+}
+
+// ------------------------------------------------------------------------------------------- prepare
+// One thread per (expert, unit, k-tile, block, consumer thread): gathers its 32 codes and (t == 0) its row
+// pair's 8 scales from the checkpoint layout (packed [E][N][K/2], scales [E][N][K/16]).
+// gated: N = 2I, block 0 of unit u = gate rows [64u, 64u + 64), block 1 = the up rows I + [64u, 64u + 64).
+// (A template only so that the header can be included by several translation units.)
+template <int kLayoutVersion = 1>
+__global__ void sm90_prepare_weights_kernel(const uint8_t* __restrict__ packed, const uint8_t* __restrict__ scales,
+                                            uint8_t* __restrict__ out, int num_experts, int n, int k, int units,
+                                            int k_tiles, int gated) {
+  const int64_t total = static_cast<int64_t>(num_experts) * units * k_tiles * 2 * 128;
+  for (int64_t id = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; id < total;
+       id += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int tid = static_cast<int>(id % 128);
+    int64_t rest = id / 128;
+    const int b = static_cast<int>(rest % 2);
+    rest /= 2;
+    const int kt = static_cast<int>(rest % k_tiles);
+    rest /= k_tiles;
+    const int u = static_cast<int>(rest % units);
+    const int e = static_cast<int>(rest / units);
+    const int warp = tid / 32, g = (tid % 32) / 4, t = tid % 4;
+    const int half_n = n / 2;
+    auto src_row = [&](int r) -> int {  // checkpoint row of block row r, or -1 for padding
+      if (gated) {
+        const int j = 64 * u + r;
+        return j < half_n ? (b == 0 ? j : half_n + j) : -1;
+      }
+      const int row = 128 * u + 64 * b + r;
+      return row < n ? row : -1;
+    };
+    const int rows[2] = {src_row(16 * warp + g), src_row(16 * warp + g + 8)};
+    const int64_t kb = k / 2, ks = k / 16;
+    auto code = [&](int row, int kk) -> uint32_t {
+      if (row < 0 || kk >= k) return 0;
+      const uint8_t byte = packed[(static_cast<int64_t>(e) * n + row) * kb + kk / 2];
+      return (byte >> ((kk & 1) * 4)) & 0xFu;
+    };
+    uint32_t words[4];
+    for (int j = 0; j < 4; ++j) {
+      uint32_t w = 0;
+      for (int i = 0; i < 4; ++i) {
+        const int row = rows[i & 1];
+        const int kk = kt * 64 + 16 * j + 2 * t + 8 * (i / 2);
+        w |= code(row, kk) << (4 * i);
+        w |= code(row, kk + 1) << (4 * (i + 4));
+      }
+      words[j] = w;
+    }
+    uint8_t* chunk = out + ((static_cast<int64_t>(e) * units + u) * k_tiles + kt) * kUnitBytes + b * kChunkBytes;
+    *reinterpret_cast<uint4*>(chunk + tid * 16) = make_uint4(words[0], words[1], words[2], words[3]);
+    if (t == 0) {
+      uint8_t sb[8];
+      for (int j = 0; j < 4; ++j)
+        for (int h = 0; h < 2; ++h) {
+          const int row = rows[h], blk = kt * 4 + j;
+          sb[2 * j + h] = (row >= 0 && blk * 16 < k) ? scales[(static_cast<int64_t>(e) * n + row) * ks + blk] : 0;
+        }
+      uint2 v;
+      v.x = sb[0] | (sb[1] << 8) | (sb[2] << 16) | (static_cast<uint32_t>(sb[3]) << 24);
+      v.y = sb[4] | (sb[5] << 8) | (sb[6] << 16) | (static_cast<uint32_t>(sb[7]) << 24);
+      *reinterpret_cast<uint2*>(chunk + kCodeBytes + (warp * 8 + g) * 8) = v;
+    }
+  }
+}
+
+}  // namespace nvfp4moe::cuda::sm90

@@ -1,0 +1,75 @@
+// Host API of the sm_90a NVFP4 grouped GEMM (device code: sm90_nvfp4_grouped_gemm.cuh). Launchers return
+// cudaError_t (cudaErrorInvalidValue for bad arguments, with the reason in sm90_gemm_last_error_message());
+// the runner turns them into nvfp4moe::Error at its boundary. Nothing here synchronizes, allocates, or reads
+// device memory on the host: the launch never depends on the routing (offsets stay on the device).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace nvfp4moe::cuda {
+
+enum class Sm90GemmEpilogue : int {
+  kF32 = 0,     // out f32 [rows, N] = alpha0[e] * acc (GEMM2, w2)
+  kSwiGLU = 1,  // out bf16 [rows, N/2] = bf16(silu(alpha0[e] * gate) * (alpha1[e] * up)); w13 rows [gate; up]
+  kRelu2 = 2,   // out bf16 [rows, N] = bf16(max(alpha0[e] * acc, 0)^2)  (non-gated GEMM1, up_proj only)
+};
+
+// Prepared-weight geometry. Layout (the contract; details in sm90_nvfp4_grouped_gemm.cuh):
+//   uint8 [E][units][k_tiles][2][2304]; k_tiles = ceil(K / 64); units = ceil(I / 64) for gated (N = 2I,
+//   unit u = gate rows [64u, 64u+64) + up rows [64u, 64u+64)), ceil(N / 128) otherwise (unit u = rows
+//   [128u, 128u+128)). Each 2304-byte block = 64 rows x 64 k: 2048 bytes of codes in the wgmma register-A
+//   fragment order, then 256 bytes of e4m3 block scales. Lossless: the checkpoint's code and scale bits,
+//   reordered, zero-padded past N and K. Size = E * units * k_tiles * 4608 bytes (= 1.125 x the checkpoint's
+//   E * N * (K/2 + K/16) when N, K are multiples of 128, 64).
+struct Sm90PreparedShape {
+  int num_experts = 0, n = 0, k = 0;
+  bool gated = false;
+  int units = 0, k_tiles = 0;
+  size_t bytes = 0;
+};
+Sm90PreparedShape sm90_prepared_shape(int num_experts, int n, int k, bool gated);
+
+// Re-lays out packed [E][N][K/2] codes + [E][N][K/16] e4m3 scales (checkpoint layout, device pointers) into
+// out (device, shape.bytes). gated: N = 2I with gate rows [0, I) and up rows [I, 2I). N % 16 == 0 (gated:
+// I % 16 == 0), K % 16 == 0.
+cudaError_t sm90_prepare_weights(const uint8_t* packed, const uint8_t* scales, const Sm90PreparedShape& shape,
+                                 uint8_t* out, cudaStream_t stream);
+
+// One tile configuration (the explicit list is sm90_gemm_configs()).
+struct Sm90GemmConfig {
+  int block_t;   // token rows per tile = wgmma N
+  int stages;    // shared-memory pipeline depth
+  int consumer_warpgroups;  // weight units (128 rows) per CTA tile
+};
+const std::vector<Sm90GemmConfig>& sm90_gemm_configs();
+std::string to_string(const Sm90GemmConfig& c);
+// Heuristic: the config for an expected rows-per-expert load (T * top_k / E, a host-side number that does not
+// depend on the routing), N and K.
+Sm90GemmConfig sm90_pick_config(double rows_per_expert, int n, int k);
+
+struct Sm90GemmArgs {
+  const uint16_t* a = nullptr;     // bf16 bits [a_rows_capacity, K] row-major, rows in expert order
+  int64_t a_rows_capacity = 0;     // rows allocated in a (>= offsets[E]); bounds the TMA reads
+  const uint8_t* w = nullptr;      // prepared weights (sm90_prepare_weights)
+  Sm90PreparedShape shape;         // geometry of w (E, N, K, gated)
+  const int32_t* offsets = nullptr;  // [E + 1] device, non-decreasing, offsets[0] = 0, offsets[E] <= capacity
+  const float* alpha0 = nullptr;   // [E] device: alpha (kF32, kRelu2) or gate alpha (kSwiGLU)
+  const float* alpha1 = nullptr;   // [E] device: up alpha (kSwiGLU)
+  const float* gs = nullptr;       // [E] device or nullptr: NVFP4-quantize the bf16 output (operand values)
+  void* out = nullptr;             // f32 [capacity, N] (kF32) / bf16 [capacity, N or N/2]
+  Sm90GemmEpilogue epilogue = Sm90GemmEpilogue::kF32;
+};
+
+// Launches the persistent grouped GEMM with config (one of sm90_gemm_configs()). Rows of out past offsets[E]
+// are not written. num_sms <= 0: the device's multiprocessor count.
+cudaError_t sm90_nvfp4_grouped_gemm(const Sm90GemmArgs& args, const Sm90GemmConfig& config, cudaStream_t stream,
+                                    int num_sms = 0);
+
+const char* sm90_gemm_last_error_message();
+
+}  // namespace nvfp4moe::cuda

@@ -1,0 +1,412 @@
+// GPU tests of the sm_90a NVFP4 grouped GEMM (src/cuda/sm90_nvfp4_grouped_gemm.*): every instantiated config
+// and epilogue against a straightforward CPU reference (dequantize, fp32 accumulate), adversarial expert
+// offsets, the real model shapes with small E, bitwise determinism, and batch invariance.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "cuda/sm90_nvfp4_grouped_gemm.cuh"
+#include "cuda/sm90_nvfp4_grouped_gemm.h"
+#include "format/nvfp4.h"
+
+namespace nvfp4moe::cuda {
+namespace {
+
+#define CUDA_OK(x)                                                                               \
+  do {                                                                                           \
+    cudaError_t err_ = (x);                                                                      \
+    ASSERT_EQ(err_, cudaSuccess) << #x << ": " << cudaGetErrorString(err_) << " "                \
+                                 << sm90_gemm_last_error_message();                              \
+  } while (0)
+
+template <typename T>
+struct DevBuf {
+  T* p = nullptr;
+  size_t n = 0;
+  explicit DevBuf(size_t count) : n(count) {
+    if (cudaMalloc(&p, std::max<size_t>(count, 1) * sizeof(T)) != cudaSuccess) p = nullptr;
+  }
+  DevBuf(const std::vector<T>& h) : DevBuf(h.size()) {
+    if (p && !h.empty()) cudaMemcpy(p, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice);
+  }
+  ~DevBuf() { cudaFree(p); }
+  std::vector<T> get() const {
+    std::vector<T> h(n);
+    cudaMemcpy(h.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost);
+    return h;
+  }
+};
+
+template <typename F>
+void parallel_for(int64_t n, F f) {
+  const int nt = std::max(1u, std::min(16u, std::thread::hardware_concurrency()));
+  std::vector<std::thread> th;
+  for (int w = 0; w < nt; ++w)
+    th.emplace_back([&, w] {
+      for (int64_t i = w; i < n; i += nt) f(i);
+    });
+  for (auto& t : th) t.join();
+}
+
+// ------------------------------------------------------------------------------------ problem + reference
+struct Problem {
+  int E, N, K;
+  bool gated;
+  std::vector<uint8_t> packed, scales;  // [E][N][K/2], [E][N][K/16]
+  std::vector<uint16_t> a;              // [cap][K]
+  std::vector<int32_t> offsets;         // [E+1]
+  std::vector<float> alpha0, alpha1, gs;
+  int64_t cap;
+};
+
+uint8_t random_scale(std::mt19937& rng) {
+  const int r = rng() % 64;
+  if (r == 0) return 0x00;                       // zero block
+  if (r < 3) return static_cast<uint8_t>(1 + rng() % 7);  // e4m3 subnormals
+  return static_cast<uint8_t>(0x28 + rng() % 0x30);     // ~2^-2 .. 2^4
+}
+
+Problem make_problem(int E, int N, int K, bool gated, const std::vector<int>& counts, uint32_t seed,
+                     int64_t extra_rows = 5) {
+  std::mt19937 rng(seed);
+  Problem p{E, N, K, gated, {}, {}, {}, {}, {}, {}, {}, 0};
+  p.packed.resize(static_cast<size_t>(E) * N * K / 2);
+  p.scales.resize(static_cast<size_t>(E) * N * K / 16);
+  for (auto& b : p.packed) b = static_cast<uint8_t>(rng());
+  for (auto& s : p.scales) s = random_scale(rng);
+  p.offsets.assign(E + 1, 0);
+  for (int e = 0; e < E; ++e) p.offsets[e + 1] = p.offsets[e] + counts[e];
+  p.cap = p.offsets[E] + extra_rows;
+  p.a.resize(static_cast<size_t>(p.cap) * K);
+  std::uniform_real_distribution<float> ud(-2.0f, 2.0f);
+  for (auto& x : p.a) x = fmt::bf16_from_float(ud(rng));
+  for (int e = 0; e < E; ++e) {
+    p.alpha0.push_back(std::ldexp(1.0f + (rng() % 100) / 100.0f, -9));
+    p.alpha1.push_back(std::ldexp(1.0f + (rng() % 100) / 100.0f, -9));
+    p.gs.push_back(1.0f / std::ldexp(1.0f + (rng() % 100) / 100.0f, -4));
+  }
+  return p;
+}
+
+// h[row][n] in fp32 (before the epilogue, alpha applied per half), n over all N prepared-logical rows.
+std::vector<float> reference_h(const Problem& p) {
+  const int64_t rows = p.offsets[p.E];
+  std::vector<float> h(static_cast<size_t>(rows) * p.N);
+  for (int e = 0; e < p.E; ++e) {
+    if (p.offsets[e + 1] == p.offsets[e]) continue;
+    std::vector<float> wdq(static_cast<size_t>(p.N) * p.K);
+    parallel_for(p.N, [&](int64_t n) {
+      for (int k = 0; k < p.K; ++k) {
+        const size_t row = static_cast<size_t>(e) * p.N + n;
+        wdq[n * p.K + k] = fmt::dequant_operand(fmt::unpack_e2m1(&p.packed[row * (p.K / 2)], k),
+                                                p.scales[row * (p.K / 16) + k / 16]);
+      }
+    });
+    parallel_for(p.offsets[e + 1] - p.offsets[e], [&](int64_t i) {
+      const int64_t r = p.offsets[e] + i;
+      std::vector<float> x(p.K);
+      for (int k = 0; k < p.K; ++k) x[k] = fmt::bf16_to_float(p.a[r * p.K + k]);
+      for (int n = 0; n < p.N; ++n) {
+        float s = 0.0f;
+        const float* w = &wdq[static_cast<size_t>(n) * p.K];
+        for (int k = 0; k < p.K; ++k) s += x[k] * w[k];
+        const float al = (p.gated && n >= p.N / 2) ? p.alpha1[e] : p.alpha0[e];
+        h[r * p.N + n] = s * al;
+      }
+    });
+  }
+  return h;
+}
+
+int expert_of(const Problem& p, int64_t r) {
+  int e = 0;
+  while (p.offsets[e + 1] <= r) ++e;
+  return e;
+}
+
+void quantize_row_inplace(float* x, int n, float gs) {
+  for (int c = 0; c < n; c += 16) {
+    uint8_t q[16];
+    const uint8_t sf = fmt::quantize_activation_block(x + c, 16, gs, q);
+    for (int i = 0; i < 16; ++i) x[c + i] = fmt::e2m1_decode(q[i]) * fmt::e4m3_decode(sf);
+  }
+}
+
+// Reference output (f32 values; bf16 epilogues rounded to bf16, and quantized when quant).
+std::vector<float> reference_out(const Problem& p, Sm90GemmEpilogue epi, bool quant, const std::vector<float>& h) {
+  const int64_t rows = p.offsets[p.E];
+  const int n_out = epi == Sm90GemmEpilogue::kSwiGLU ? p.N / 2 : p.N;
+  std::vector<float> out(static_cast<size_t>(rows) * n_out);
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int n = 0; n < n_out; ++n) {
+      float v;
+      if (epi == Sm90GemmEpilogue::kF32) {
+        v = h[r * p.N + n];
+      } else if (epi == Sm90GemmEpilogue::kSwiGLU) {
+        const float g = h[r * p.N + n], u = h[r * p.N + n_out + n];
+        v = fmt::bf16_round(g / (1.0f + std::exp(-g)) * u);
+      } else {
+        const float y = std::max(h[r * p.N + n], 0.0f);
+        v = fmt::bf16_round(y * y);
+      }
+      out[r * n_out + n] = v;
+    }
+    if (quant && epi != Sm90GemmEpilogue::kF32) quantize_row_inplace(&out[r * n_out], n_out, p.gs[expert_of(p, r)]);
+  }
+  return out;
+}
+
+
+struct GpuRun {
+  std::vector<float> out;     // as f32 values
+  std::vector<uint32_t> bits; // raw bits (f32) or bf16 bits, for bitwise comparisons
+  int64_t unwritten = 0;      // poisoned elements left inside [0, offsets[E]) rows
+  int64_t overwritten = 0;    // elements written past offsets[E]
+};
+
+// Prepares the weights and runs one config; out poisoned with 0xFF bytes first.
+void run_gpu(const Problem& p, Sm90GemmEpilogue epi, bool quant, const Sm90GemmConfig& cfg, GpuRun& res,
+             int repeats = 1) {
+  const Sm90PreparedShape shape = sm90_prepared_shape(p.E, p.N, p.K, p.gated);
+  DevBuf<uint8_t> packed(p.packed), scales(p.scales), w(shape.bytes);
+  DevBuf<uint16_t> a(p.a);
+  DevBuf<int32_t> off(p.offsets);
+  DevBuf<float> al0(p.alpha0), al1(p.alpha1), gs(p.gs);
+  const int n_out = epi == Sm90GemmEpilogue::kSwiGLU ? p.N / 2 : p.N;
+  const size_t esz = epi == Sm90GemmEpilogue::kF32 ? 4 : 2;
+  DevBuf<uint8_t> out(static_cast<size_t>(p.cap) * n_out * esz);
+  ASSERT_TRUE(packed.p && scales.p && w.p && a.p && off.p && out.p);
+  CUDA_OK(cudaMemset(w.p, 0xAB, shape.bytes));  // prepare must write every byte it owns
+  CUDA_OK(sm90_prepare_weights(packed.p, scales.p, shape, w.p, nullptr));
+  Sm90GemmArgs args;
+  args.a = a.p;
+  args.a_rows_capacity = p.cap;
+  args.w = w.p;
+  args.shape = shape;
+  args.offsets = off.p;
+  args.alpha0 = al0.p;
+  args.alpha1 = al1.p;
+  args.gs = quant ? gs.p : nullptr;
+  args.out = out.p;
+  args.epilogue = epi;
+  std::vector<uint8_t> first;
+  for (int rep = 0; rep < repeats; ++rep) {
+    CUDA_OK(cudaMemset(out.p, 0xFF, out.n));
+    CUDA_OK(sm90_nvfp4_grouped_gemm(args, cfg, nullptr));
+    CUDA_OK(cudaDeviceSynchronize());
+    std::vector<uint8_t> h = out.get();
+    if (rep == 0) first = h;
+    else ASSERT_EQ(0, std::memcmp(first.data(), h.data(), h.size())) << "run " << rep << " differs bitwise";
+  }
+  const int64_t rows = p.offsets[p.E];
+  res.out.assign(static_cast<size_t>(rows) * n_out, 0.0f);
+  res.bits.assign(static_cast<size_t>(rows) * n_out, 0u);
+  res.unwritten = res.overwritten = 0;
+  for (int64_t i = 0; i < p.cap * n_out; ++i) {
+    uint32_t b;
+    float v;
+    if (esz == 4) {
+      std::memcpy(&b, &first[i * 4], 4);
+      v = fmt::bits_float(b);
+    } else {
+      uint16_t hb;
+      std::memcpy(&hb, &first[i * 2], 2);
+      b = hb;
+      v = fmt::bf16_to_float(hb);
+    }
+    const bool poison = esz == 4 ? b == 0xFFFFFFFFu : b == 0xFFFFu;
+    if (i < rows * n_out) {
+      res.out[i] = v;
+      res.bits[i] = b;
+      if (poison) ++res.unwritten;
+    } else if (!poison) {
+      ++res.overwritten;
+    }
+  }
+}
+
+double rel_l2(const std::vector<float>& x, const std::vector<float>& ref, int64_t* nonfinite) {
+  double num = 0, den = 0;
+  *nonfinite = 0;
+  for (size_t i = 0; i < x.size(); ++i) {
+    if (!std::isfinite(x[i])) ++*nonfinite;
+    num += (double(x[i]) - ref[i]) * (double(x[i]) - ref[i]);
+    den += double(ref[i]) * ref[i];
+  }
+  return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+}
+
+const char* epi_name(Sm90GemmEpilogue e) {
+  return e == Sm90GemmEpilogue::kF32 ? "f32" : e == Sm90GemmEpilogue::kSwiGLU ? "swiglu" : "relu2";
+}
+
+// Checks one problem for one config/epilogue against the reference; quant also bitwise against the CPU
+// quantization of the GPU's own unquantized output (the quantizer itself must be exact).
+void check(const Problem& p, Sm90GemmEpilogue epi, const Sm90GemmConfig& cfg, const std::vector<float>& h,
+           bool also_quant, int repeats = 1) {
+  SCOPED_TRACE(::testing::Message() << "E=" << p.E << " N=" << p.N << " K=" << p.K << " rows=" << p.offsets[p.E]
+                                    << " epi=" << epi_name(epi) << " cfg=" << to_string(cfg));
+  GpuRun r;
+  run_gpu(p, epi, false, cfg, r, repeats);
+  if (::testing::Test::HasFatalFailure()) return;
+  EXPECT_EQ(r.unwritten, 0);
+  EXPECT_EQ(r.overwritten, 0);
+  const std::vector<float> ref = reference_out(p, epi, false, h);
+  int64_t nonfinite = 0;
+  const double err = rel_l2(r.out, ref, &nonfinite);
+  EXPECT_EQ(nonfinite, 0);
+  EXPECT_LE(err, epi == Sm90GemmEpilogue::kF32 ? 1e-5 : 4e-3) << "relative L2 error";
+  if (also_quant && epi != Sm90GemmEpilogue::kF32) {
+    GpuRun q;
+    run_gpu(p, epi, true, cfg, q);
+    if (::testing::Test::HasFatalFailure()) return;
+    EXPECT_EQ(q.unwritten, 0);
+    const int n_out = epi == Sm90GemmEpilogue::kSwiGLU ? p.N / 2 : p.N;
+    std::vector<float> expect = r.out;
+    int64_t mism = 0;
+    for (int64_t row = 0; row < p.offsets[p.E]; ++row) {
+      quantize_row_inplace(&expect[row * n_out], n_out, p.gs[expert_of(p, row)]);
+      for (int n = 0; n < n_out; ++n)
+        if (fmt::bf16_from_float(expect[row * n_out + n]) != q.bits[row * n_out + n]) ++mism;
+    }
+    EXPECT_EQ(mism, 0) << "fused NVFP4 quantization differs from fmt::quantize_activation_block";
+    const std::vector<float> refq = reference_out(p, epi, true, h);
+    EXPECT_LE(rel_l2(q.out, refq, &nonfinite), 0.1) << "quantized output far from the quantized reference";
+  }
+}
+
+// ------------------------------------------------------------------------------------ tests
+// The register dequantization: every (code, scale) pair equals fmt::dequant_operand * 2^-26 exactly.
+__global__ void dequant_all_kernel(uint16_t* out) {
+  const int s = blockIdx.x;   // scale code 0..255
+  const int c = threadIdx.x;  // code 0..15
+  uint4 codes;
+  const uint32_t word = c | (c << 16);  // register 0: low nibble 0, high nibble 4
+  codes.x = codes.y = codes.z = codes.w = word;
+  const uint32_t sc = s | (s << 8);
+  uint2 scs = make_uint2(sc | (sc << 16), sc | (sc << 16));
+  uint32_t a[16];
+  sm90::dequant_block(codes, scs, a);
+  out[s * 16 + c] = static_cast<uint16_t>(a[0] & 0xFFFF);
+}
+
+TEST(Sm90GroupedGemm, DequantIsExactForEveryCodeAndScale) {
+  DevBuf<uint16_t> out(256 * 16);
+  dequant_all_kernel<<<256, 16>>>(out.p);
+  CUDA_OK(cudaGetLastError());
+  CUDA_OK(cudaDeviceSynchronize());
+  const std::vector<uint16_t> h = out.get();
+  int bad = 0;
+  for (int s = 0; s < 256; ++s) {
+    if ((s & 0x7F) == 0x7F) continue;  // NaN scales: NaN either way
+    for (int c = 0; c < 16; ++c) {
+      const float want = fmt::dequant_operand(static_cast<uint8_t>(c), static_cast<uint8_t>(s)) / sm90::kWeightUnscale;
+      const float got = fmt::bf16_to_float(h[s * 16 + c]);
+      if (!(want == got)) {
+        if (++bad < 10) ADD_FAILURE() << "code " << c << " scale 0x" << std::hex << s << std::dec << ": got " << got
+                                      << " want " << want;
+      }
+    }
+  }
+  EXPECT_EQ(bad, 0);
+}
+
+TEST(Sm90GroupedGemm, EveryConfigEveryEpilogueRandomOffsets) {
+  std::mt19937 rng(7);
+  for (const auto& cfg : sm90_gemm_configs()) {
+    // E=5 with an empty expert, N not a multiple of the tile, K not a multiple of 64.
+    std::vector<int> counts = {static_cast<int>(rng() % 40), 0, cfg.block_t + 3, static_cast<int>(1 + rng() % 7),
+                               2 * cfg.block_t + 1};
+    {
+      Problem p = make_problem(5, 320, 208, false, counts, 11 + cfg.block_t);
+      const auto h = reference_h(p);
+      check(p, Sm90GemmEpilogue::kF32, cfg, h, false);
+      check(p, Sm90GemmEpilogue::kRelu2, cfg, h, true);
+    }
+    {
+      Problem p = make_problem(5, 2 * 208, 272, true, counts, 21 + cfg.block_t);  // I = 208: masked unit
+      const auto h = reference_h(p);
+      check(p, Sm90GemmEpilogue::kSwiGLU, cfg, h, true);
+    }
+  }
+}
+
+TEST(Sm90GroupedGemm, AdversarialOffsets) {
+  const std::vector<std::vector<int>> cases = {
+      {0, 0, 0, 0},        // no rows at all
+      {0, 0, 301, 0},      // one expert with everything
+      {1, 0, 0, 0},        // a single row
+      {0, 4097, 0, 2},     // 4097 rows in one expert
+  };
+  for (const auto& counts : cases) {
+    Problem p = make_problem(4, 256, 128, true, counts, 99);
+    const auto h = reference_h(p);
+    for (const auto& cfg : sm90_gemm_configs()) check(p, Sm90GemmEpilogue::kSwiGLU, cfg, h, false);
+    Problem q = make_problem(4, 192, 192, false, counts, 98);
+    const auto hq = reference_h(q);
+    for (const auto& cfg : sm90_gemm_configs()) check(q, Sm90GemmEpilogue::kF32, cfg, hq, false);
+  }
+}
+
+// The model shapes (nvfp4-format.md section 8) with E = 2 and a few rows: GEMM1 (N = 2I, K = H) and GEMM2
+// (N = H, K = I), K in {7168, 2048, 4096, 1536, 768, 2880, 2688, 1856}; three runs must agree bitwise.
+TEST(Sm90GroupedGemm, RealShapesDeterministic) {
+  struct S { int h, i; bool gated; };
+  const S shapes[] = {{7168, 2048, true}, {2048, 768, true}, {4096, 1536, true}, {2880, 2880, true},
+                      {2688, 1856, false}};
+  for (const S& s : shapes) {
+    const std::vector<int> counts = {13, 20};
+    const Sm90GemmConfig cfg = sm90_pick_config(16.5, 0, 0);
+    Problem g1 = make_problem(2, s.gated ? 2 * s.i : s.i, s.h, s.gated, counts, 5);
+    const auto h1 = reference_h(g1);
+    check(g1, s.gated ? Sm90GemmEpilogue::kSwiGLU : Sm90GemmEpilogue::kRelu2, cfg, h1, false, 3);
+    Problem g2 = make_problem(2, s.h, s.i, false, counts, 6);
+    const auto h2 = reference_h(g2);
+    check(g2, Sm90GemmEpilogue::kF32, cfg, h2, false, 3);
+  }
+}
+
+// A row alone (one expert, one row) and the same row among many, in every config, gives identical bits.
+TEST(Sm90GroupedGemm, BatchInvariance) {
+  for (const Sm90GemmEpilogue epi : {Sm90GemmEpilogue::kF32, Sm90GemmEpilogue::kSwiGLU}) {
+    const bool gated = epi == Sm90GemmEpilogue::kSwiGLU;
+    Problem big = make_problem(3, 512, 1536, gated, {37, 150, 9}, 1234);
+    // The probe row: row 37 + 77 of expert 1.
+    const int64_t probe = 37 + 77;
+    Problem alone = big;
+    alone.offsets = {0, 0, 1, 1};
+    alone.cap = 1;
+    alone.a.assign(big.a.begin() + probe * big.K, big.a.begin() + (probe + 1) * big.K);
+    std::vector<uint32_t> ref_bits;
+    for (const auto& cfg : sm90_gemm_configs()) {
+      for (const Problem* p : {&alone, &big}) {
+        GpuRun r;
+        run_gpu(*p, epi, false, cfg, r);
+        if (HasFatalFailure()) return;
+        const int n_out = gated ? p->N / 2 : p->N;
+        const int64_t row = p == &alone ? 0 : probe;
+        std::vector<uint32_t> bits(r.bits.begin() + row * n_out, r.bits.begin() + (row + 1) * n_out);
+        if (ref_bits.empty()) ref_bits = bits;
+        EXPECT_EQ(bits, ref_bits) << "cfg " << to_string(cfg) << (p == &alone ? " alone" : " in batch");
+      }
+    }
+  }
+}
+
+TEST(Sm90GroupedGemm, RefusesBadArguments) {
+  Sm90GemmArgs args;
+  EXPECT_EQ(sm90_nvfp4_grouped_gemm(args, sm90_gemm_configs()[0], nullptr), cudaErrorInvalidValue);
+  EXPECT_NE(std::string(sm90_gemm_last_error_message()).find("null"), std::string::npos);
+  const Sm90PreparedShape bad = sm90_prepared_shape(2, 100, 64, false);
+  uint8_t* dummy = reinterpret_cast<uint8_t*>(16);
+  EXPECT_EQ(sm90_prepare_weights(dummy, dummy, bad, dummy, nullptr), cudaErrorInvalidValue);
+}
+
+}  // namespace
+}  // namespace nvfp4moe::cuda
