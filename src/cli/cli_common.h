@@ -1,0 +1,102 @@
+// Shared pieces of the `nvfp4moe` command: the subcommand table, load progress, accuracy metrics, timing and
+// the one-layer runner that both `run` and `demo` use.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "nvfp4moe/checkpoint.h"
+#include "nvfp4moe/moe.h"
+#include "nvfp4moe/spec.h"
+
+namespace CLI {
+class App;
+}
+
+namespace nvfp4moe::cli {
+
+// One subcommand: its CLI11 node and what to do when it was selected (options are bound at registration).
+struct Command {
+  CLI::App* app = nullptr;
+  std::function<void()> run;
+};
+
+Command add_gen_command(CLI::App& parent);
+Command add_inspect_command(CLI::App& parent);
+Command add_run_command(CLI::App& parent);
+Command add_demo_command(CLI::App& parent);
+
+// ------------------------------------------------------------------ small helpers (cli_common.cpp)
+double now_seconds();                      // monotonic clock
+std::string format_bytes(size_t bytes);    // "12.3 MiB"
+std::string format_seconds(double s);      // "1.23 s" / "45.6 ms"
+
+// A ProgressFn that draws "label: 42% (1.2 GiB / 2.9 GiB)" on stderr (in place on a terminal, every 10%
+// otherwise) and ends its line when destroyed or finish()ed. The loader only calls it after one second.
+class LoadProgress {
+ public:
+  explicit LoadProgress(std::string label);
+  ~LoadProgress();
+  ProgressFn fn();
+  void finish();
+
+ private:
+  std::string label_;
+  bool tty_ = false;
+  bool drawn_ = false;
+  int last_decile_ = -1;
+};
+
+// Accuracy of `got` against the fp32 reference `ref` (n values).
+struct Accuracy {
+  double cosine = 0;     // <got, ref> / (|got| |ref|); 1 when both are zero
+  double rel_l2 = 0;     // |got - ref| / |ref|
+  double max_abs = 0;    // max |got - ref|
+  double rms_ratio = 0;  // rms(got) / rms(ref): catches a scale error a cosine cannot see
+};
+Accuracy compare(const float* got, const float* ref, size_t n);
+std::string describe(const Accuracy& a);
+
+// ------------------------------------------------------------------ one layer, end to end (cmd_run.cpp)
+enum class RoutingSource { Auto, RouterWeight, RandomLogits };
+
+struct LayerRunRequest {
+  int layer = 0;
+  Mode mode = Mode::W4A16;
+  Backend backend = Backend::Cpu;
+  std::string input_path;        // empty: random input
+  std::string output_path;       // empty: no output file
+  int64_t tokens = 16;           // random input only
+  uint64_t seed = 1;             // random input only
+  RoutingSource routing_source = RoutingSource::Auto;
+  bool reference = true;         // compare against the unquantized fp32 layer
+  bool quiet_load = false;       // no "loaded ..." line (demo prints its own)
+};
+
+struct LayerRunResult {
+  MoeSpec spec;
+  int64_t tokens = 0;
+  double load_seconds = 0;
+  double forward_seconds = 0;
+  size_t weight_bytes = 0;
+  std::string input_desc;        // "random hidden (seed 1), router logits = hidden . router^T"
+  std::optional<Accuracy> accuracy;
+  std::vector<float> out;        // [T, H]
+};
+
+// Validates the request and the input file against the checkpoint's layer, loads the layer, runs it once
+// on the requested backend, and (when asked) writes `out` atomically. Throws nvfp4moe::Error on any problem;
+// no output file exists unless the whole run succeeded.
+LayerRunResult run_layer(const Checkpoint& checkpoint, const LayerRunRequest& request);
+
+// Copies host buffers to a CUDA device and back for the cuda backend (cuda_buffers.cpp). Throws a clear
+// Error when the binary was built without CUDA or no device is present.
+void forward_on_cuda(MoeLayer& layer, const std::vector<uint16_t>& hidden_bf16, int64_t tokens, int64_t hidden,
+                     const std::vector<int32_t>& topk_ids, const std::vector<float>& topk_weights, int64_t top_k,
+                     std::vector<float>& out, double* seconds);
+
+}  // namespace nvfp4moe::cli
