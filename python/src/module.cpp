@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <initializer_list>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
@@ -291,6 +292,7 @@ class PyMoeLayer {
     const nvfp4moe::Checkpoint& c = ckpt.get();
     nb::gil_scoped_release nogil;
     layer_ = nvfp4moe::MoeLayer::create(c, layer, o);
+    cpu_ = o.backend == nvfp4moe::Backend::Cpu;
   }
 
   nb::object forward(nb::handle hidden, nb::handle router_logits, nb::handle topk_ids, nb::handle topk_weights,
@@ -339,6 +341,11 @@ class PyMoeLayer {
     }
     if (bench_iters <= 0) {
       nb::gil_scoped_release nogil;
+      // The CPU backend's workspace is per layer: serialize Python threads sharing one layer (taken after the
+      // GIL is released, so a waiting thread never blocks the interpreter). A CUDA layer orders its calls by
+      // stream; one layer per concurrent stream.
+      std::unique_lock<std::mutex> lock(mutex_, std::defer_lock);
+      if (cpu_) lock.lock();
       layer_->forward(h, r, o, s);
     } else {  // timing of the C++ call alone (the Python overhead test compares against it)
       nb::gil_scoped_release nogil;
@@ -368,6 +375,8 @@ class PyMoeLayer {
 
  private:
   std::unique_ptr<nvfp4moe::MoeLayer> layer_;
+  bool cpu_ = true;
+  std::mutex mutex_;
 };
 
 }  // namespace
