@@ -25,20 +25,22 @@ namespace {
 namespace fs = std::filesystem;
 using model::SyntheticOptions;
 
-fs::path temp_root() {
-  static const fs::path root = [] {
-    fs::path p = fs::temp_directory_path() / ("nvfp4moe_test_model_" + std::to_string(::getpid()));
-    fs::remove_all(p);
-    fs::create_directories(p);
-    return p;
-  }();
-  return root;
-}
-
-struct Cleanup {
-  ~Cleanup() { std::error_code ec; fs::remove_all(temp_root(), ec); }
+// A per-process scratch directory, removed at exit (the object owns its path, so destruction order is safe).
+struct TempRoot {
+  fs::path path;
+  TempRoot() : path(fs::temp_directory_path() / ("nvfp4moe_test_model_" + std::to_string(::getpid()))) {
+    fs::remove_all(path);
+    fs::create_directories(path);
+  }
+  ~TempRoot() {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
 };
-Cleanup g_cleanup;
+const fs::path& temp_root() {
+  static TempRoot root;
+  return root.path;
+}
 
 std::string fresh_dir(const std::string& name) {
   const fs::path p = temp_root() / name;
