@@ -112,11 +112,14 @@ __device__ __forceinline__ uint64_t make_b_desc(uint32_t smem_addr) {
   return d;
 }
 
+template <int V>
+struct IntC { static constexpr int value = V; };
 template <int N>
 struct Wgmma;
 // m64nNk16, f32 += bf16 (A: 4 registers, the m64k16 fragment) * bf16 (B: shared-memory descriptor).
+// d: the first N/2 accumulators of the thread (indices are compile-time after inlining: registers).
 template <> struct Wgmma<16> {
-  static __device__ __forceinline__ void mma(float (&d)[8], const uint32_t (&a)[4], uint64_t desc) {
+  static __device__ __forceinline__ void mma(float* d, const uint32_t (&a)[4], uint64_t desc) {
     asm volatile(
         "{\n.reg .pred p;\nsetp.ne.b32 p, %13, 0;\n"
         "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7}, {%8,%9,%10,%11}, %12, p, 1, 1, 0;\n}\n"
@@ -125,7 +128,7 @@ template <> struct Wgmma<16> {
   }
 };
 template <> struct Wgmma<32> {
-  static __device__ __forceinline__ void mma(float (&d)[16], const uint32_t (&a)[4], uint64_t desc) {
+  static __device__ __forceinline__ void mma(float* d, const uint32_t (&a)[4], uint64_t desc) {
     asm volatile(
         "{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
         "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}, {%16,%17,%18,%19}, %20, p, 1, 1, 0;\n}\n"
@@ -134,7 +137,7 @@ template <> struct Wgmma<32> {
   }
 };
 template <> struct Wgmma<64> {
-  static __device__ __forceinline__ void mma(float (&d)[32], const uint32_t (&a)[4], uint64_t desc) {
+  static __device__ __forceinline__ void mma(float* d, const uint32_t (&a)[4], uint64_t desc) {
     asm volatile(
         "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
         "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, {%32,%33,%34,%35}, %36, p, 1, 1, 0;\n}\n"
@@ -143,7 +146,7 @@ template <> struct Wgmma<64> {
   }
 };
 template <> struct Wgmma<128> {
-  static __device__ __forceinline__ void mma(float (&d)[64], const uint32_t (&a)[4], uint64_t desc) {
+  static __device__ __forceinline__ void mma(float* d, const uint32_t (&a)[4], uint64_t desc) {
     asm volatile(
         "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
         "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, {%64,%65,%66,%67}, %68, p, 1, 1, 0;\n}\n"
@@ -322,37 +325,72 @@ __global__ void __launch_bounds__((WGS + 1) * 128, 1)
 #pragma unroll
         for (int i = 0; i < BT / 2; ++i) acc[b][i] = 0.0f;
 
-      for (int kt = 0; kt < p.k_tiles; ++kt) {
-        mbar_wait(full0 + 8 * s, phase);
-        const uint8_t* wsm = smem_w + s * Tr::kWBytes + c * kUnitBytes;
-        uint32_t a[2][16];
+      // wgmma N for this tile: the smallest of 16/32/64/128 (<= BT) that holds its rows, so the last, partial
+      // token tile of an expert does not pay for BT columns.
+      const int tile_rows = min(BT, cur.rows - t_idx * BT);
+      const int n_mma = tile_rows <= 16 ? 16 : tile_rows <= 32 ? 32 : tile_rows <= 64 ? 64 : 128;
+
+      // Software pipeline: the dequantization of k-tile kt+1 runs while the wgmmas of k-tile kt execute.
+      auto load_dequant = [&](int stage, uint32_t (&a)[2][16]) {
+        const uint8_t* wsm = smem_w + stage * Tr::kWBytes + c * kUnitBytes;
 #pragma unroll
         for (int b = 0; b < 2; ++b) {
           const uint4 codes = *reinterpret_cast<const uint4*>(wsm + b * kChunkBytes + tid * 16);
           const uint2 sc = *reinterpret_cast<const uint2*>(wsm + b * kChunkBytes + kCodeBytes + (warp * 8 + g) * 8);
           dequant_block(codes, sc, a[b]);
         }
-        const uint64_t desc = make_b_desc(smem_u32(smem_a + s * Tr::kABytes));
+      };
+      auto issue = [&](int stage, const uint32_t (&a)[2][16]) {
+        const uint64_t desc = make_b_desc(smem_u32(smem_a + stage * Tr::kABytes));
 #pragma unroll
         for (int b = 0; b < 2; ++b)
 #pragma unroll
           for (int i = 0; i < BT / 2; ++i) reg_fence(acc[b][i]);
         wgmma_fence();
+        auto run = [&](auto n_const) {
+          constexpr int NM = decltype(n_const)::value;
 #pragma unroll
-        for (int b = 0; b < 2; ++b)
+          for (int b = 0; b < 2; ++b)
 #pragma unroll
-          for (int j = 0; j < 4; ++j) {
-            const uint32_t af[4] = {a[b][4 * j], a[b][4 * j + 1], a[b][4 * j + 2], a[b][4 * j + 3]};
-            Wgmma<BT>::mma(acc[b], af, desc + 2 * j);
-          }
+            for (int j = 0; j < 4; ++j) {
+              const uint32_t af[4] = {a[b][4 * j], a[b][4 * j + 1], a[b][4 * j + 2], a[b][4 * j + 3]};
+              Wgmma<NM>::mma(acc[b], af, desc + 2 * j);
+            }
+        };
+        if constexpr (BT >= 128) { if (n_mma == 128) { run(IntC<128>{}); wgmma_commit(); return; } }
+        if constexpr (BT >= 64) { if (n_mma >= 64) { run(IntC<(BT >= 64 ? 64 : 16)>{}); wgmma_commit(); return; } }
+        if constexpr (BT >= 32) { if (n_mma >= 32) { run(IntC<(BT >= 32 ? 32 : 16)>{}); wgmma_commit(); return; } }
+        run(IntC<16>{});
         wgmma_commit();
+      };
+      uint32_t a0[2][16], a1[2][16];
+      int kt = 0;
+      auto step = [&](const uint32_t (&cur_a)[2][16], uint32_t (&next_a)[2][16]) {
+        issue(s, cur_a);
+        int s_next = s + 1;
+        uint32_t ph_next = phase;
+        if (s_next == STAGES) { s_next = 0; ph_next ^= 1; }
+        if (kt + 1 < p.k_tiles) {
+          mbar_wait(full0 + 8 * s_next, ph_next);
+          load_dequant(s_next, next_a);
+        }
         wgmma_wait<0>();
 #pragma unroll
         for (int b = 0; b < 2; ++b)
 #pragma unroll
           for (int i = 0; i < BT / 2; ++i) reg_fence(acc[b][i]);
         if (tid == 0) mbar_arrive(empty0 + 8 * s);
-        if (++s == STAGES) { s = 0; phase ^= 1; }
+        s = s_next;
+        phase = ph_next;
+        ++kt;
+      };
+      mbar_wait(full0 + 8 * s, phase);
+      load_dequant(s, a0);
+      while (true) {
+        step(a0, a1);
+        if (kt >= p.k_tiles) break;
+        step(a1, a0);
+        if (kt >= p.k_tiles) break;
       }
 
       // ---------------------------------------------------------------- epilogue
