@@ -871,8 +871,9 @@ std::string Nvfp4Checkpoint::inspect() const {
   os << "scale statistics (routed experts):\n";
   for (int p = 0; p < 3; ++p) {
     if (ws2[p].v.empty() && in[p].v.empty()) continue;
-    os << "  " << pn[p] << " weight_scale_2: " << ws2[p].str() << "\n";
-    os << "  " << pn[p] << " input_scale:    " << in[p].str() << "\n";
+    const std::string name = std::string(pn[p]) + std::string(5 - std::strlen(pn[p]), ' ');
+    os << "  " << name << "weight_scale_2: " << ws2[p].str() << "\n";
+    os << "  " << name << "input_scale:    " << in[p].str() << "\n";
   }
   if (pairs) {
     os << "gate vs up weight_scale_2: " << mismatch_ws2 << " of " << pairs << " experts differ";

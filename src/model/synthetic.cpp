@@ -107,7 +107,11 @@ void weight_row(uint64_t key, int64_t n, int64_t k_dim, float* out) {
   }
 }
 
-float row_amax(uint64_t key, int64_t n_dim, int64_t k_dim) {
+constexpr int kMaxCalibrationTokens = 64;
+
+// Generates weight [N, K] into bf16 bits (one pass, threaded over rows); returns amax(|W|).
+float generate_weight(uint64_t key, int64_t n_dim, int64_t k_dim, std::vector<uint16_t>& out) {
+  out.resize(static_cast<size_t>(n_dim * k_dim));
   float amax = 0.0f;
 #pragma omp parallel
   {
@@ -116,7 +120,11 @@ float row_amax(uint64_t key, int64_t n_dim, int64_t k_dim) {
 #pragma omp for schedule(static)
     for (int64_t n = 0; n < n_dim; ++n) {
       weight_row(key, n, k_dim, row.data());
-      for (float v : row) local = std::max(local, std::fabs(v));
+      uint16_t* dst = out.data() + n * k_dim;
+      for (int64_t k = 0; k < k_dim; ++k) {
+        local = std::max(local, std::fabs(row[static_cast<size_t>(k)]));
+        dst[k] = static_cast<uint16_t>(fmt::float_bits(row[static_cast<size_t>(k)]) >> 16);  // exact: bf16 values
+      }
     }
 #pragma omp critical
     amax = std::max(amax, local);
@@ -124,10 +132,10 @@ float row_amax(uint64_t key, int64_t n_dim, int64_t k_dim) {
   return amax;
 }
 
-// Quantizes weight [N, K] with weight_scale_2 ws2 into p (section 3). When x != nullptr also computes
-// h[t, n] = sum_k x[t, k] * W[n, k] (the unquantized layer, for calibrating the next input scale).
-void quantize_proj(uint64_t key, int64_t n_dim, int64_t k_dim, float ws2, SyntheticProj& p, const float* x, int tokens,
-                   float* h) {
+// Quantizes weight w [N, K] (bf16 bits) with weight_scale_2 ws2 into p (section 3). When xt != nullptr (the
+// calibration tokens transposed, [K, T]) also computes h[t, n] = sum_k x[t, k] * W[n, k] in k order.
+void quantize_proj(const std::vector<uint16_t>& w, int64_t n_dim, int64_t k_dim, float ws2, SyntheticProj& p,
+                   const float* xt, int tokens, float* h) {
   p.n = n_dim;
   p.k = k_dim;
   p.weight_scale_2 = ws2;
@@ -135,26 +143,29 @@ void quantize_proj(uint64_t key, int64_t n_dim, int64_t k_dim, float ws2, Synthe
   p.scale.assign(static_cast<size_t>(n_dim * k_dim / fmt::kBlock), 0);
 #pragma omp parallel
   {
-    std::vector<float> row(static_cast<size_t>(k_dim));
+    float blk[fmt::kBlock];
     uint8_t codes[fmt::kBlock];
+    float acc[kMaxCalibrationTokens];  // a local array: no aliasing with xt, so the t loop vectorizes
 #pragma omp for schedule(static)
     for (int64_t n = 0; n < n_dim; ++n) {
-      weight_row(key, n, k_dim, row.data());
+      const uint16_t* row = w.data() + n * k_dim;
       uint8_t* packed = p.packed.data() + n * k_dim / 2;
       uint8_t* scale = p.scale.data() + n * k_dim / fmt::kBlock;
+      std::fill(acc, acc + kMaxCalibrationTokens, 0.0f);
       for (int64_t b = 0; b < k_dim / fmt::kBlock; ++b) {
-        scale[b] = fmt::quantize_weight_block(row.data() + b * fmt::kBlock, fmt::kBlock, ws2, codes);
+        for (int i = 0; i < fmt::kBlock; ++i) blk[i] = fmt::bf16_to_float(row[b * fmt::kBlock + i]);
+        scale[b] = fmt::quantize_weight_block(blk, fmt::kBlock, ws2, codes);
         for (int i = 0; i < fmt::kBlock; i += 2)
           packed[(b * fmt::kBlock + i) / 2] = fmt::pack_e2m1x2(codes[i], codes[i + 1]);
-      }
-      if (x) {
-        for (int t = 0; t < tokens; ++t) {
-          const float* xt = x + static_cast<int64_t>(t) * k_dim;
-          float acc = 0.0f;
-          for (int64_t k = 0; k < k_dim; ++k) acc += xt[k] * row[static_cast<size_t>(k)];
-          h[static_cast<int64_t>(t) * n_dim + n] = acc;
+        if (xt) {
+          for (int i = 0; i < fmt::kBlock; ++i) {
+            const float* xk = xt + (b * fmt::kBlock + i) * tokens;
+            for (int t = 0; t < tokens; ++t) acc[t] += xk[t] * blk[i];
+          }
         }
       }
+      if (xt)
+        for (int t = 0; t < tokens; ++t) h[static_cast<int64_t>(t) * n_dim + n] = acc[t];
     }
   }
 }
@@ -232,8 +243,8 @@ SyntheticModel resolve_synthetic(const SyntheticOptions& o) {
                  "first_dense_layers: expected 0..layers-1 = ", m.layers - 1, ", got ", m.first_dense_layers);
   NVFP4MOE_CHECK(m.dense_intermediate > 0 && m.dense_intermediate % 16 == 0, ArgumentError,
                  "dense_intermediate: expected a positive multiple of 16, got ", m.dense_intermediate);
-  NVFP4MOE_CHECK(m.calibration_tokens >= 1 && m.calibration_tokens <= 4096, ArgumentError,
-                 "calibration_tokens: expected 1..4096, got ", m.calibration_tokens);
+  NVFP4MOE_CHECK(m.calibration_tokens >= 1 && m.calibration_tokens <= kMaxCalibrationTokens, ArgumentError,
+                 "calibration_tokens: expected 1..", kMaxCalibrationTokens, ", got ", m.calibration_tokens);
   NVFP4MOE_CHECK(m.max_shard_bytes >= 1, ArgumentError, "max_shard_bytes: expected > 0");
   const bool no_extras = m.style == ModelStyle::Mixtral || m.style == ModelStyle::GptOss;
   NVFP4MOE_CHECK(!no_extras || (m.first_dense_layers == 0 && s.shared_intermediate == 0), ArgumentError, "style ",
@@ -281,8 +292,8 @@ SyntheticExpert synthesize_expert(const SyntheticModel& m, int layer, int expert
   const int64_t H = s.hidden, I = expert < 0 ? s.shared_intermediate : s.intermediate;
   const int T = m.calibration_tokens;
   const uint64_t ek = expert_key(m, layer, expert);
-  // Calibration tokens: bf16 hidden states with per-layer outlier channels.
-  std::vector<float> x(static_cast<size_t>(T * H));
+  // Calibration tokens: bf16 hidden states with per-layer outlier channels, stored transposed [H, T].
+  std::vector<float> xt(static_cast<size_t>(T * H));
   const uint64_t ck = mix(mix(m.seed, static_cast<uint64_t>(layer) + 1), kChannels);
   const uint64_t xk = mix(ek, kCalib);
   float x_amax = 0.0f;
@@ -290,25 +301,28 @@ SyntheticExpert synthesize_expert(const SyntheticModel& m, int layer, int expert
     const float ch = splitmix64(ck + static_cast<uint64_t>(k)) % 32 == 5 ? 4.0f : 1.0f;
     for (int t = 0; t < T; ++t) {
       const float v = fmt::bf16_round(ch * gauss(splitmix64(xk + static_cast<uint64_t>(t * H + k))));
-      x[static_cast<size_t>(t * H + k)] = v;
+      xt[static_cast<size_t>(k * T + t)] = v;
       x_amax = std::max(x_amax, std::fabs(v));
     }
   }
   SyntheticExpert out;
   std::vector<float> hg, hu(static_cast<size_t>(T * I));
   const uint64_t gk = mix(ek, kGate), uk = mix(ek, kUp), dk = mix(ek, kDown);
+  std::vector<uint16_t> wg, wu, wd;
   // Gate and up share one amax (what the exporter does), so their weight_scale_2 are equal.
-  float amax = row_amax(uk, I, H);
-  if (s.gated()) amax = std::max(amax, row_amax(gk, I, H));
+  float amax = generate_weight(uk, I, H, wu);
+  if (s.gated()) amax = std::max(amax, generate_weight(gk, I, H, wg));
   const float ws13 = fmt::weight_global_scale(amax);
   const float in13 = scale_from_amax(x_amax);
   if (s.gated()) {
     hg.resize(static_cast<size_t>(T * I));
-    quantize_proj(gk, I, H, ws13, out.gate, x.data(), T, hg.data());
+    quantize_proj(wg, I, H, ws13, out.gate, xt.data(), T, hg.data());
     out.gate.input_scale = in13;
+    wg = {};
   }
-  quantize_proj(uk, I, H, ws13, out.up, x.data(), T, hu.data());
+  quantize_proj(wu, I, H, ws13, out.up, xt.data(), T, hu.data());
   out.up.input_scale = in13;
+  wu = {};
   float a_amax = 0.0f;
   for (size_t j = 0; j < hu.size(); ++j) {
     float a;
@@ -321,7 +335,8 @@ SyntheticExpert synthesize_expert(const SyntheticModel& m, int layer, int expert
     }
     a_amax = std::max(a_amax, std::fabs(fmt::bf16_round(a)));
   }
-  quantize_proj(dk, H, I, fmt::weight_global_scale(row_amax(dk, H, I)), out.down, nullptr, 0, nullptr);
+  const float down_amax = generate_weight(dk, H, I, wd);
+  quantize_proj(wd, H, I, fmt::weight_global_scale(down_amax), out.down, nullptr, 0, nullptr);
   out.down.input_scale = scale_from_amax(a_amax);
   return out;
 }

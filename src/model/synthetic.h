@@ -53,7 +53,7 @@ struct SyntheticOptions {
   int64_t dense_intermediate = 64;       // width of the small dense MLPs
   uint64_t seed = 1;
   size_t max_shard_bytes = size_t(4) << 30;
-  int calibration_tokens = 8;            // random tokens per expert for the input_scale calibration
+  int calibration_tokens = 8;            // random tokens per expert for the input_scale calibration (1..64)
   bool overwrite = false;                // replace an existing non-empty directory
 };
 
