@@ -555,6 +555,9 @@ void Nvfp4Checkpoint::finish_layer(LayerInfo& li) {
                      " has shape ", shape_str(sd->shape), " (I = ", s.shared_intermediate, ")");
     s.shared_expert_gated = !m.shared_gate.empty();
   }
+  if (!m.router.empty())
+    if (const io::TensorInfo* r = files_.find(m.router); r && r->dtype == DType::F32)
+      li.notes.push_back(cat("router ", m.router, " is F32; MoeWeights.router_weight holds it rounded to bf16"));
   if (!m.router_bias.empty())
     li.notes.push_back(cat("router bias ", m.router_bias, " present (applies to logits; not part of MoeWeights)"));
   try {
@@ -676,8 +679,8 @@ MoeWeights Nvfp4Checkpoint::load_layer(int layer, const ProgressFn& progress) co
     shared_scalars = check_expert(shared_base, li.t.shared, lname + " shared expert", s.shared_intermediate);
   const io::TensorInfo* router = li.t.router.empty() ? nullptr : &need(li.t.router, lname + " router");
   if (router) {
-    NVFP4MOE_CHECK(router->dtype == DType::BF16, FormatError, dir_, ": ", lname, ": tensor ", router->name,
-                   ": expected dtype BF16, got ", dtype_name(router->dtype));
+    NVFP4MOE_CHECK(router->dtype == DType::BF16 || router->dtype == DType::F32, FormatError, dir_, ": ", lname,
+                   ": tensor ", router->name, ": expected dtype BF16 (or F32), got ", dtype_name(router->dtype));
     NVFP4MOE_CHECK(router->shape == (std::vector<int64_t>{E, H}), FormatError, dir_, ": ", lname, ": tensor ",
                    router->name, ": expected shape ", shape_str({E, H}), ", got ", shape_str(router->shape));
   }
@@ -759,7 +762,15 @@ MoeWeights Nvfp4Checkpoint::load_layer(int layer, const ProgressFn& progress) co
   }
   if (router) {
     w.router_weight.resize(static_cast<size_t>(E * H));
-    std::memcpy(w.router_weight.data(), router->data, router->nbytes());
+    if (router->dtype == DType::BF16) {
+      std::memcpy(w.router_weight.data(), router->data, router->nbytes());
+    } else {  // F32 router (kept in fp32 by some exports): MoeWeights holds bf16, rounded to nearest even
+      for (size_t i = 0; i < w.router_weight.size(); ++i) {
+        float f;
+        std::memcpy(&f, router->data + 4 * i, 4);
+        w.router_weight[i] = fmt::bf16_from_float(f);
+      }
+    }
   }
   if (bias) {
     w.router_bias.resize(static_cast<size_t>(E));

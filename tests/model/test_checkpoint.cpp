@@ -708,6 +708,30 @@ TEST_F(Crafted, RouterWrongShape) {
   expect_load_error(dir, {"mlp.gate.weight", "expected shape [3, 32]", "got [32, 3]"});
 }
 
+TEST_F(Crafted, F32RouterRoundedToBf16) {
+  const std::string dir = craft("router_f32", [](auto& ts) {
+    Tensor* t = find(ts, "model.layers.0.mlp.gate.weight");
+    std::vector<uint8_t> b;
+    for (size_t i = 0; i < t->bytes.size(); i += 2) {
+      uint16_t h;
+      std::memcpy(&h, t->bytes.data() + i, 2);
+      // a value between two bf16 neighbours that rounds back to h
+      const float f = fmt::bf16_to_float(h) * (1.0f + 1.0f / 1024.0f);
+      uint8_t q[4];
+      std::memcpy(q, &f, 4);
+      b.insert(b.end(), q, q + 4);
+    }
+    t->dtype = DType::F32;
+    t->bytes = b;
+  });
+  auto ck = Checkpoint::open(dir);
+  const MoeWeights w = ck->load_layer(0);
+  EXPECT_EQ(w.router_weight, model::synthesize_router(base_->model, 0));
+  EXPECT_NE(ck->inspect().find("is F32"), std::string::npos);
+  const std::string bad = craft("router_i8", [](auto& ts) { find(ts, "model.layers.0.mlp.gate.weight")->dtype = DType::F16; });
+  expect_load_error(bad, {"mlp.gate.weight", "expected dtype BF16", "F16"});
+}
+
 TEST_F(Crafted, NonMoeLayerAndBadIndex) {
   auto ck = Checkpoint::open(base_->dir);
   expect_error<ArgumentError>([&] { ck->spec(5); }, {"layer", "got 5"});
