@@ -1,0 +1,501 @@
+// The cuda backend's runner: upload (streamed through a bounded pinned staging buffer), workspace, and the
+// graph-safe forward() that enqueues route -> plan -> gather(+quant) -> GEMM1(+act+quant) -> GEMM2 -> combine.
+#include "cuda/cuda_layer.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <string>
+
+#include "cuda/cuda_backend.h"
+#include "cuda/moe_kernels.h"
+#include "format/nvfp4.h"
+#include "nvfp4moe/error.h"
+
+namespace nvfp4moe::cuda {
+namespace {
+
+void check_cuda(cudaError_t err, const char* what) {
+  NVFP4MOE_CHECK(err == cudaSuccess, Error, "cuda backend: ", what, " failed: ", cudaGetErrorName(err), " (",
+                 cudaGetErrorString(err), ")");
+}
+
+// A launch failure: the launcher's status, named.
+void check_launch(cudaError_t err, const char* launch) {
+  NVFP4MOE_CHECK(err == cudaSuccess, Error, "cuda backend: kernel launch '", launch, "' failed: ",
+                 cudaGetErrorName(err), " (", cudaGetErrorString(err), ")");
+}
+
+// Makes `device` current for the scope (and restores the caller's device).
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int device) {
+    check_cuda(cudaGetDevice(&prev_), "cudaGetDevice");
+    if (prev_ != device) check_cuda(cudaSetDevice(device), "cudaSetDevice");
+    restore_ = prev_ != device;
+  }
+  ~DeviceGuard() {
+    if (restore_) cudaSetDevice(prev_);
+  }
+
+ private:
+  int prev_ = 0;
+  bool restore_ = false;
+};
+
+constexpr size_t kAlign = 256;
+size_t align_up(size_t v) { return (v + kAlign - 1) / kAlign * kAlign; }
+
+// Bump layout over one allocation: pass 1 (base == nullptr) sizes it, pass 2 hands out the pointers.
+class Carver {
+ public:
+  explicit Carver(uint8_t* base) : base_(base) {}
+  template <typename T>
+  T* take(size_t count) {
+    T* p = base_ ? reinterpret_cast<T*>(base_ + used_) : nullptr;
+    used_ += align_up(count * sizeof(T));
+    return p;
+  }
+  size_t used() const { return used_; }
+
+ private:
+  uint8_t* base_;
+  size_t used_ = 0;
+};
+
+// Host -> device through two pinned buffers: fill one (parallel memcpy) while the other is in flight.
+class PinnedStager {
+ public:
+  static constexpr size_t kBufferBytes = size_t(32) << 20;  // x2 = 64 MB of pinned host memory in all
+
+  PinnedStager() {
+    check_cuda(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate (upload)");
+    for (int i = 0; i < 2; ++i) {
+      check_cuda(cudaHostAlloc(&buf_[i], kBufferBytes, cudaHostAllocDefault), "cudaHostAlloc (staging)");
+      check_cuda(cudaEventCreateWithFlags(&done_[i], cudaEventDisableTiming), "cudaEventCreate (staging)");
+    }
+  }
+  ~PinnedStager() {
+    cudaStreamSynchronize(stream_);
+    for (int i = 0; i < 2; ++i) {
+      if (done_[i]) cudaEventDestroy(done_[i]);
+      if (buf_[i]) cudaFreeHost(buf_[i]);
+    }
+    if (stream_) cudaStreamDestroy(stream_);
+  }
+  PinnedStager(const PinnedStager&) = delete;
+  PinnedStager& operator=(const PinnedStager&) = delete;
+
+  void copy(void* dst, const void* src, size_t bytes) {
+    const uint8_t* s = static_cast<const uint8_t*>(src);
+    uint8_t* d = static_cast<uint8_t*>(dst);
+    for (size_t off = 0; off < bytes; off += kBufferBytes) {
+      const size_t n = std::min(kBufferBytes, bytes - off);
+      check_cuda(cudaEventSynchronize(done_[cur_]), "cudaEventSynchronize (staging)");  // buffer free again
+      uint8_t* pinned = static_cast<uint8_t*>(buf_[cur_]);
+      constexpr size_t kPiece = size_t(1) << 20;
+      const int64_t pieces = static_cast<int64_t>((n + kPiece - 1) / kPiece);
+#pragma omp parallel for schedule(static)
+      for (int64_t i = 0; i < pieces; ++i) {
+        const size_t o = static_cast<size_t>(i) * kPiece;
+        std::memcpy(pinned + o, s + off + o, std::min(kPiece, n - o));
+      }
+      check_cuda(cudaMemcpyAsync(d + off, pinned, n, cudaMemcpyHostToDevice, stream_), "cudaMemcpyAsync (upload)");
+      check_cuda(cudaEventRecord(done_[cur_], stream_), "cudaEventRecord (staging)");
+      cur_ ^= 1;
+    }
+  }
+  void finish() { check_cuda(cudaStreamSynchronize(stream_), "cudaStreamSynchronize (upload)"); }
+
+ private:
+  cudaStream_t stream_ = nullptr;
+  void* buf_[2] = {nullptr, nullptr};
+  cudaEvent_t done_[2] = {nullptr, nullptr};
+  int cur_ = 0;
+};
+
+}  // namespace
+
+bool device_available() {
+  int n = 0;
+  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+}
+
+std::unique_ptr<MoeLayer> create_cuda_moe_layer(MoeWeights weights, const MoeLayerOptions& options) {
+  return std::make_unique<CudaMoeLayer>(std::move(weights), options);
+}
+
+CudaMoeLayer::CudaMoeLayer(MoeWeights w, const MoeLayerOptions& options) : spec_(w.spec), options_(options) {
+  w.validate();
+  NVFP4MOE_CHECK(options.backend == Backend::Cuda, ArgumentError, "MoeLayerOptions.backend: expected cuda, got ",
+                 backend_name(options.backend));
+  NVFP4MOE_CHECK(options.max_tokens >= 0, ArgumentError, "MoeLayerOptions.max_tokens: expected >= 0, got ",
+                 options.max_tokens);
+  NVFP4MOE_CHECK(spec_.num_experts <= kMaxExperts, ArgumentError, "MoeSpec.num_experts: the cuda backend supports <= ",
+                 kMaxExperts, ", got ", spec_.num_experts);
+  NVFP4MOE_CHECK(spec_.intermediate % 16 == 0 && spec_.shared_intermediate % 16 == 0 && spec_.hidden % 16 == 0,
+                 ArgumentError, "MoeSpec: the cuda backend needs hidden, intermediate and shared_intermediate % 16 == 0,"
+                 " got ", spec_.hidden, ", ", spec_.intermediate, ", ", spec_.shared_intermediate);
+  NVFP4MOE_CHECK(options.max_tokens * spec_.top_k < (int64_t(1) << 30), ArgumentError,
+                 "MoeLayerOptions.max_tokens * top_k: expected < 2^30 (int32 row indices), got ",
+                 options.max_tokens * spec_.top_k);
+  int count = 0;
+  check_cuda(cudaGetDeviceCount(&count), "cudaGetDeviceCount");
+  NVFP4MOE_CHECK(options.device >= 0 && options.device < count, ArgumentError,
+                 "MoeLayerOptions.device: expected 0..", count - 1, ", got ", options.device);
+  if (options.shared_max_input_scale) use_shared_max_input_scales(w);
+  DeviceGuard guard(options.device);
+  try {
+    upload(w);
+    layout_workspace(true);
+  } catch (...) {
+    if (weights_) cudaFree(weights_);
+    if (calib_) cudaFree(calib_);
+    if (workspace_) cudaFree(workspace_);
+    throw;
+  }
+}
+
+CudaMoeLayer::~CudaMoeLayer() {
+  int prev = 0;
+  cudaGetDevice(&prev);
+  cudaSetDevice(options_.device);
+  if (weights_) cudaFree(weights_);
+  if (calib_) cudaFree(calib_);
+  if (workspace_) cudaFree(workspace_);
+  cudaSetDevice(prev);
+}
+
+void CudaMoeLayer::upload(MoeWeights& w) {
+  auto describe = [](const StackedExperts& s, DeviceExperts& d) {
+    d.num_experts = s.num_experts;
+    d.hidden = s.hidden;
+    d.intermediate = s.intermediate;
+    d.gated = s.gated;
+    d.n1 = s.n1();
+    d.gate_scale2 = s.gated ? s.w13_gate_scale2 : s.w13_up_scale2;
+    d.up_scale2 = s.w13_up_scale2;
+    d.input_scale13 = s.w13_input_scale;
+    d.scale2 = s.w2_scale2;
+    d.input_scale2 = s.w2_input_scale;
+  };
+  describe(w.experts, routed_);
+  if (w.has_shared()) describe(w.shared, shared_);
+
+  // Pass 1 sizes the allocation, pass 2 carves it.
+  auto carve = [&](uint8_t* base) {
+    Carver c(base);
+    for (DeviceExperts* d : {&routed_, &shared_}) {
+      const StackedExperts& s = d == &routed_ ? w.experts : w.shared;
+      if (d->num_experts == 0) continue;
+      d->w13 = c.take<uint8_t>(s.w13.size());
+      d->w13_scale = c.take<uint8_t>(s.w13_scale.size());
+      d->w2 = c.take<uint8_t>(s.w2.size());
+      d->w2_scale = c.take<uint8_t>(s.w2_scale.size());
+      const size_t e = static_cast<size_t>(d->num_experts);
+      d->alpha13_gate = c.take<float>(e);
+      d->alpha13_up = c.take<float>(e);
+      d->alpha2 = c.take<float>(e);
+      d->gs13 = c.take<float>(e);
+      d->gs2 = c.take<float>(e);
+    }
+    router_bias_ = w.router_bias.empty() ? nullptr : c.take<float>(w.router_bias.size());
+    shared_gate_weight_ = (spec_.shared_expert_gated && !w.shared_gate_weight.empty())
+                              ? c.take<uint16_t>(w.shared_gate_weight.size())
+                              : nullptr;
+    return c.used();
+  };
+  weight_bytes_ = carve(nullptr);
+  check_cuda(cudaMalloc(&weights_, weight_bytes_), "cudaMalloc (weights)");
+  carve(weights_);
+  NVFP4MOE_CHECK(!spec_.shared_expert_gated || shared_gate_weight_, ArgumentError,
+                 "MoeWeights.shared_gate_weight: expected ", spec_.hidden, " values for a gated shared expert, got ",
+                 w.shared_gate_weight.size());
+
+  const size_t experts_total = static_cast<size_t>(routed_.num_experts + shared_.num_experts);
+  check_cuda(cudaMalloc(&calib_, std::max<size_t>(1, 2 * experts_total) * sizeof(float)), "cudaMalloc (calibration)");
+  routed_.amax13 = calib_;
+  routed_.amax2 = calib_ + routed_.num_experts;
+  if (shared_.num_experts) {
+    shared_.amax13 = calib_ + 2 * routed_.num_experts;
+    shared_.amax2 = shared_.amax13 + 1;
+  }
+
+  const auto t0 = std::chrono::steady_clock::now();
+  size_t bytes = 0;
+  {
+    PinnedStager stager;
+    load_stats_.staging_bytes = 2 * PinnedStager::kBufferBytes;
+    auto put = [&](const void* dst, const HostBuffer& src) {
+      stager.copy(const_cast<void*>(dst), src.data(), src.size());
+      bytes += src.size();
+    };
+    for (DeviceExperts* d : {&routed_, &shared_}) {
+      if (d->num_experts == 0) continue;
+      const StackedExperts& s = d == &routed_ ? w.experts : w.shared;
+      put(d->w13, s.w13);
+      put(d->w13_scale, s.w13_scale);
+      put(d->w2, s.w2);
+      put(d->w2_scale, s.w2_scale);
+    }
+    stager.finish();
+  }
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  load_stats_.bytes = bytes;
+  load_stats_.seconds = secs;
+  load_stats_.gb_per_s = secs > 0 ? static_cast<double>(bytes) / secs / 1e9 : 0.0;
+
+  if (router_bias_)
+    check_cuda(cudaMemcpy(const_cast<float*>(router_bias_), w.router_bias.data(), w.router_bias.size() * 4,
+                          cudaMemcpyHostToDevice), "cudaMemcpy (router bias)");
+  if (shared_gate_weight_)
+    check_cuda(cudaMemcpy(const_cast<uint16_t*>(shared_gate_weight_), w.shared_gate_weight.data(),
+                          w.shared_gate_weight.size() * 2, cudaMemcpyHostToDevice), "cudaMemcpy (shared gate)");
+  upload_factors(routed_);
+  if (shared_.num_experts) upload_factors(shared_);
+}
+
+// alpha / gs per expert from the (possibly calibrated) host scalars, for this layer's mode.
+void CudaMoeLayer::upload_factors(DeviceExperts& d) {
+  const size_t e = static_cast<size_t>(d.num_experts);
+  const bool a4 = options_.mode == Mode::W4A4;
+  std::vector<float> host(5 * e);
+  for (size_t x = 0; x < e; ++x) {
+    host[0 * e + x] = a4 ? d.gate_scale2[x] * d.input_scale13[x] : d.gate_scale2[x];
+    host[1 * e + x] = a4 ? d.up_scale2[x] * d.input_scale13[x] : d.up_scale2[x];
+    host[2 * e + x] = a4 ? d.scale2[x] * d.input_scale2[x] : d.scale2[x];
+    host[3 * e + x] = fmt::activation_global_scale(d.input_scale13[x]);
+    host[4 * e + x] = fmt::activation_global_scale(d.input_scale2[x]);
+  }
+  float* dst[5] = {d.alpha13_gate, d.alpha13_up, d.alpha2, d.gs13, d.gs2};
+  for (int i = 0; i < 5; ++i)
+    check_cuda(cudaMemcpy(dst[i], host.data() + i * e, e * sizeof(float), cudaMemcpyHostToDevice),
+               "cudaMemcpy (per-expert factors)");
+}
+
+void CudaMoeLayer::layout_workspace(bool allocate) {
+  const size_t T = static_cast<size_t>(options_.max_tokens);
+  const size_t K = static_cast<size_t>(spec_.top_k), E = static_cast<size_t>(spec_.num_experts);
+  const size_t H = static_cast<size_t>(spec_.hidden), I = static_cast<size_t>(spec_.intermediate);
+  const size_t Is = static_cast<size_t>(spec_.shared_intermediate);
+  const size_t pairs = T * K;
+  auto carve = [&](uint8_t* base) {
+    Carver c(base);
+    topk_ids_ = c.take<int32_t>(pairs);
+    topk_weights_ = c.take<float>(pairs);
+    chunk_counts_ = c.take<int32_t>(static_cast<size_t>(plan_chunks(static_cast<int64_t>(pairs))) * E);
+    counts_ = c.take<int32_t>(E);
+    offsets_ = c.take<int32_t>(E + 1);
+    tile_offsets_ = c.take<int32_t>(E + 1);
+    perm_ = c.take<int32_t>(pairs);
+    inv_ = c.take<int32_t>(pairs);
+    shared_offsets_ = c.take<int32_t>(2);
+    shared_tile_offsets_ = c.take<int32_t>(2);
+    // GEMM1's operand rows and GEMM2's f32 output share one region: the operand is dead once GEMM1 ran.
+    float* region = c.take<float>(pairs * H);
+    a1_ = reinterpret_cast<uint16_t*>(region);
+    y_ = region;
+    act_ = c.take<uint16_t>(pairs * I);
+    if (shared_.num_experts) {
+      float* sregion = c.take<float>(T * H);
+      sa1_ = reinterpret_cast<uint16_t*>(sregion);
+      sy_ = sregion;
+      sact_ = c.take<uint16_t>(T * Is);
+      sgate_ = c.take<float>(T);
+    }
+    return c.used();
+  };
+  workspace_bytes_ = carve(nullptr);
+  if (!allocate) return;
+  check_cuda(cudaMalloc(&workspace_, std::max<size_t>(workspace_bytes_, 1)), "cudaMalloc (workspace)");
+  carve(workspace_);
+}
+
+PlanView CudaMoeLayer::plan_view() const {
+  return PlanView{topk_ids_, topk_weights_, counts_, offsets_, perm_, inv_};
+}
+
+void CudaMoeLayer::begin_calibration() {
+  DeviceGuard guard(options_.device);
+  const size_t n = static_cast<size_t>(2 * (routed_.num_experts + shared_.num_experts));
+  check_cuda(cudaMemset(calib_, 0, n * sizeof(float)), "cudaMemset (calibration)");
+  check_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize (begin_calibration)");
+  calibrating_ = true;
+}
+
+void CudaMoeLayer::end_calibration() {
+  NVFP4MOE_CHECK(calibrating_, ArgumentError, "end_calibration: no calibration in progress (call begin_calibration)");
+  DeviceGuard guard(options_.device);
+  check_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize (end_calibration)");
+  calibrating_ = false;
+  // scale = amax / (6 * 448); an expert that saw no tokens takes the max of the others' amax (what the
+  // exporter does); nothing seen at all keeps the checkpoint's scales.
+  auto fix = [&](DeviceExperts& d) {
+    const size_t e = static_cast<size_t>(d.num_experts);
+    std::vector<float> a13(e), a2(e);
+    check_cuda(cudaMemcpy(a13.data(), d.amax13, e * 4, cudaMemcpyDeviceToHost), "cudaMemcpy (amax)");
+    check_cuda(cudaMemcpy(a2.data(), d.amax2, e * 4, cudaMemcpyDeviceToHost), "cudaMemcpy (amax)");
+    auto apply = [&](std::vector<float>& amax, std::vector<float>& scale) {
+      const float mx = *std::max_element(amax.begin(), amax.end());
+      if (!(mx > 0.0f)) return;
+      for (size_t x = 0; x < e; ++x) {
+        const float a = (amax[x] > 0.0f && !options_.shared_max_input_scale) ? amax[x] : mx;
+        scale[x] = a / fmt::kWeightScaleDenom;
+      }
+    };
+    apply(a13, d.input_scale13);
+    apply(a2, d.input_scale2);
+    upload_factors(d);
+  };
+  fix(routed_);
+  if (shared_.num_experts) fix(shared_);
+}
+
+void CudaMoeLayer::forward(const TensorRef& hidden, const RoutingArgs& routing, const TensorRef& out,
+                           void* stream_ptr) {
+  validate_forward_args(spec_, options_, hidden, routing, out, DeviceType::CUDA);
+  // What the kernels additionally assume (checked, so nothing bad is launched).
+  auto contiguous = [](const TensorRef* t, const char* name) {
+    if (!t) return;
+    NVFP4MOE_CHECK(t->is_contiguous(), ArgumentError, name, ": the cuda backend needs a contiguous tensor, got ",
+                   t->describe());
+  };
+  contiguous(&hidden, "hidden");
+  contiguous(&out, "out");
+  contiguous(routing.router_logits, "router_logits");
+  contiguous(routing.topk_ids, "topk_ids");
+  contiguous(routing.topk_weights, "topk_weights");
+  auto aligned = [](const TensorRef& t, const char* name) {
+    NVFP4MOE_CHECK(reinterpret_cast<uintptr_t>(t.data) % 16 == 0, ArgumentError, name,
+                   ": expected a 16-byte aligned data pointer, got ", t.data);
+  };
+  aligned(hidden, "hidden");
+  aligned(out, "out");
+  NVFP4MOE_CHECK(hidden.device_id == options_.device && out.device_id == options_.device, ArgumentError,
+                 "hidden/out: expected tensors on cuda:", options_.device, ", got ", hidden.describe(), " and ",
+                 out.describe());
+
+  const int T = static_cast<int>(hidden.dim(0));
+  if (T == 0) return;  // nothing to compute: nothing is launched
+  DeviceGuard guard(options_.device);
+  cudaStream_t stream = static_cast<cudaStream_t>(stream_ptr);
+  const int E = static_cast<int>(spec_.num_experts), K = static_cast<int>(spec_.top_k);
+  const int H = static_cast<int>(spec_.hidden);
+  const int pairs = T * K;
+  const bool a4 = options_.mode == Mode::W4A4;
+  const bool f32_in = hidden.dtype == DType::F32;
+
+  // 1. routing
+  if (routing.router_logits) {
+    RouteArgs r;
+    r.kind = spec_.routing == Routing::SoftmaxTopK ? RouteKind::kSoftmax : RouteKind::kSigmoidGrouped;
+    r.logits = static_cast<const float*>(routing.router_logits->data);
+    r.bias = spec_.has_router_bias ? router_bias_ : nullptr;
+    r.tokens = T;
+    r.experts = E;
+    r.top_k = K;
+    r.renormalize = spec_.norm_topk_prob;
+    r.n_group = static_cast<int>(spec_.n_group);
+    r.topk_group = static_cast<int>(spec_.topk_group);
+    r.scaling = spec_.routed_scaling_factor;
+    r.topk_ids = topk_ids_;
+    r.topk_weights = topk_weights_;
+    check_launch(launch_route(r, stream), "route");
+  } else {
+    check_launch(launch_copy_topk(static_cast<const int32_t*>(routing.topk_ids->data),
+                                  static_cast<const float*>(routing.topk_weights->data), pairs, E, topk_ids_,
+                                  topk_weights_, stream),
+                 "copy_topk");
+  }
+
+  // 2. plan (the shared expert's trivial plan {0, T} comes with it)
+  PlanArgs pl;
+  pl.topk_ids = topk_ids_;
+  pl.tokens = T;
+  pl.top_k = K;
+  pl.experts = E;
+  pl.chunk_counts = chunk_counts_;
+  pl.counts = counts_;
+  pl.offsets = offsets_;
+  pl.tile_offsets = tile_offsets_;
+  pl.perm = perm_;
+  pl.inv = inv_;
+  pl.shared_offsets = shared_.num_experts ? shared_offsets_ : nullptr;
+  pl.shared_tile_offsets = shared_.num_experts ? shared_tile_offsets_ : nullptr;
+  check_launch(launch_plan(pl, stream), "plan");
+
+  // 3-5. gather(+quant) -> GEMM1(+act+quant) -> GEMM2, for the routed experts and the shared one.
+  auto run_group = [&](const DeviceExperts& d, const int32_t* perm, const int32_t* offsets, const int32_t* tiles,
+                       int max_rows, uint16_t* a1, uint16_t* act, float* y, const char* what) {
+    GatherArgs g;
+    g.hidden = hidden.data;
+    g.hidden_f32 = f32_in;
+    g.tokens = T;
+    g.hidden_size = H;
+    g.top_k = K;
+    g.experts = perm ? E : 1;
+    g.perm = perm;
+    g.topk_ids = topk_ids_;
+    g.offsets = offsets;
+    g.gs = a4 ? d.gs13 : nullptr;
+    g.amax = calibrating_ ? d.amax13 : nullptr;
+    g.gate_weight = perm ? nullptr : shared_gate_weight_;
+    g.gate_out = (!perm && shared_gate_weight_) ? sgate_ : nullptr;
+    g.out = a1;
+    g.max_rows = max_rows;
+    check_launch(launch_gather(g, stream), what[0] == 'r' ? "gather (routed)" : "gather (shared)");
+
+    const int max_m_tiles = static_cast<int>(gemm_max_m_tiles(max_rows, d.num_experts));
+    GroupedGemmArgs g1;
+    g1.a = a1;
+    g1.w = d.w13;
+    g1.w_scale = d.w13_scale;
+    g1.experts = static_cast<int>(d.num_experts);
+    g1.n = static_cast<int>(d.n1);
+    g1.k = H;
+    g1.offsets = offsets;
+    g1.tile_offsets = tiles;
+    g1.alpha0 = d.gated ? d.alpha13_gate : d.alpha13_up;
+    g1.alpha1 = d.alpha13_up;
+    g1.gs = a4 ? d.gs2 : nullptr;
+    g1.amax = calibrating_ ? d.amax2 : nullptr;
+    g1.out = act;
+    g1.epilogue = d.gated ? GemmEpilogue::kSwiGLU : GemmEpilogue::kRelu2;
+    const int n_tiles1 = d.gated ? static_cast<int>((d.intermediate + 31) / 32) : static_cast<int>((d.n1 + 63) / 64);
+    g1.max_tiles = max_m_tiles * n_tiles1;
+    check_launch(launch_grouped_gemm(g1, stream), what[0] == 'r' ? "gemm1 (routed)" : "gemm1 (shared)");
+
+    GroupedGemmArgs g2;
+    g2.a = act;
+    g2.w = d.w2;
+    g2.w_scale = d.w2_scale;
+    g2.experts = static_cast<int>(d.num_experts);
+    g2.n = H;
+    g2.k = static_cast<int>(d.intermediate);
+    g2.offsets = offsets;
+    g2.tile_offsets = tiles;
+    g2.alpha0 = d.alpha2;
+    g2.out = y;
+    g2.epilogue = GemmEpilogue::kF32;
+    g2.max_tiles = max_m_tiles * ((H + 63) / 64);
+    check_launch(launch_grouped_gemm(g2, stream), what[0] == 'r' ? "gemm2 (routed)" : "gemm2 (shared)");
+  };
+  run_group(routed_, perm_, offsets_, tile_offsets_, pairs, a1_, act_, y_, "routed");
+  if (shared_.num_experts) run_group(shared_, nullptr, shared_offsets_, shared_tile_offsets_, T, sa1_, sact_, sy_, "shared");
+
+  // 6. combine
+  CombineArgs c;
+  c.y = y_;
+  c.inv = inv_;
+  c.topk_weights = topk_weights_;
+  c.shared_y = shared_.num_experts ? sy_ : nullptr;
+  c.shared_gate = shared_gate_weight_ ? sgate_ : nullptr;
+  c.tokens = T;
+  c.hidden_size = H;
+  c.top_k = K;
+  c.out = out.data;
+  c.out_bf16 = out.dtype == DType::BF16;
+  check_launch(launch_combine(c, stream), "combine");
+}
+
+}  // namespace nvfp4moe::cuda

@@ -1,0 +1,115 @@
+// The cuda backend's MoeLayer: one packed device copy of the weights, a workspace sized at creation for
+// max_tokens, and a forward() that only enqueues kernels (no host sync, allocation or data-dependent host
+// decision: capturable in a CUDA graph). Declared here (not only in the .cpp) so the GPU tests can read the
+// plan and poison the workspace.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "nvfp4moe/moe.h"
+
+namespace nvfp4moe::cuda {
+
+// One group of same-shaped experts (the routed ones, or the fused shared expert) on the device.
+struct DeviceExperts {
+  int64_t num_experts = 0, hidden = 0, intermediate = 0, n1 = 0;
+  bool gated = true;
+  // Checkpoint layout, bytes unchanged (weights bytes = 0.5625 B/param).
+  const uint8_t* w13 = nullptr;        // [E, N1, H/2]
+  const uint8_t* w13_scale = nullptr;  // [E, N1, H/16]
+  const uint8_t* w2 = nullptr;         // [E, H, I/2]
+  const uint8_t* w2_scale = nullptr;   // [E, H, I/16]
+  // Per-expert f32 factors the kernels read, [E] each (recomputed when calibration ends).
+  float* alpha13_gate = nullptr;  // gate weight_scale_2 (* input_scale in w4a4)
+  float* alpha13_up = nullptr;    // up weight_scale_2 (* input_scale in w4a4)
+  float* alpha2 = nullptr;        // down weight_scale_2 (* input_scale in w4a4)
+  float* gs13 = nullptr;          // 1 / input_scale of GEMM1 (w4a4)
+  float* gs2 = nullptr;           // 1 / input_scale of GEMM2 (w4a4)
+  float* amax13 = nullptr;        // calibration amax of GEMM1 / GEMM2 inputs
+  float* amax2 = nullptr;
+  // Host copies of the checkpoint's scalars.
+  std::vector<float> gate_scale2, up_scale2, input_scale13, scale2, input_scale2;
+};
+
+struct LoadStats {
+  size_t bytes = 0;       // packed bytes streamed host -> device
+  double seconds = 0.0;   // upload wall time (allocation excluded)
+  double gb_per_s = 0.0;
+  size_t staging_bytes = 0;  // pinned staging buffer size (host memory beyond MoeWeights)
+};
+
+// Device pointers of the plan of the last forward (valid after the stream has finished it).
+struct PlanView {
+  const int32_t* topk_ids = nullptr;     // [T, k]
+  const float* topk_weights = nullptr;   // [T, k]
+  const int32_t* counts = nullptr;       // [E]
+  const int32_t* offsets = nullptr;      // [E + 1]
+  const int32_t* perm = nullptr;         // [offsets[E]] row -> pair t*k + j
+  const int32_t* inv = nullptr;          // [T*k] pair -> row, -1 masked
+};
+
+class CudaMoeLayer final : public MoeLayer {
+ public:
+  CudaMoeLayer(MoeWeights weights, const MoeLayerOptions& options);
+  ~CudaMoeLayer() override;
+  CudaMoeLayer(const CudaMoeLayer&) = delete;
+  CudaMoeLayer& operator=(const CudaMoeLayer&) = delete;
+
+  const MoeSpec& spec() const override { return spec_; }
+  const MoeLayerOptions& options() const override { return options_; }
+  void forward(const TensorRef& hidden, const RoutingArgs& routing, const TensorRef& out,
+               void* stream = nullptr) override;
+  size_t weight_bytes() const override { return weight_bytes_; }
+  size_t workspace_bytes() const override { return workspace_bytes_; }
+  void begin_calibration() override;
+  void end_calibration() override;
+
+  const LoadStats& load_stats() const { return load_stats_; }
+  PlanView plan_view() const;
+  void* workspace() const { return workspace_; }  // [workspace_bytes()] (tests poison it)
+  const DeviceExperts& routed() const { return routed_; }
+  const DeviceExperts& shared() const { return shared_; }
+
+ private:
+  void upload(MoeWeights& w);
+  void upload_factors(DeviceExperts& d);
+  void layout_workspace(bool allocate);
+
+  MoeSpec spec_;
+  MoeLayerOptions options_;
+  DeviceExperts routed_, shared_;
+  uint8_t* weights_ = nullptr;  // one allocation: experts, router bias, shared gate, per-expert factors
+  size_t weight_bytes_ = 0;
+  const float* router_bias_ = nullptr;
+  const uint16_t* shared_gate_weight_ = nullptr;
+  float* calib_ = nullptr;  // calibration amax, its own allocation (not part of the forward workspace)
+  bool calibrating_ = false;
+  LoadStats load_stats_;
+
+  // Workspace (one allocation, max_tokens rows).
+  uint8_t* workspace_ = nullptr;
+  size_t workspace_bytes_ = 0;
+  int32_t* topk_ids_ = nullptr;
+  float* topk_weights_ = nullptr;
+  int32_t* chunk_counts_ = nullptr;
+  int32_t* counts_ = nullptr;
+  int32_t* offsets_ = nullptr;
+  int32_t* tile_offsets_ = nullptr;
+  int32_t* perm_ = nullptr;
+  int32_t* inv_ = nullptr;
+  int32_t* shared_offsets_ = nullptr;
+  int32_t* shared_tile_offsets_ = nullptr;
+  uint16_t* a1_ = nullptr;     // [T*k, H] bf16 GEMM1 operand rows (expert order)
+  uint16_t* act_ = nullptr;    // [T*k, I] bf16 GEMM2 operand rows
+  float* y_ = nullptr;         // [T*k, H] f32 GEMM2 output (aliases a1_: dead once GEMM1 is done)
+  uint16_t* sa1_ = nullptr;    // shared expert: [T, H], [T, Is], [T, H] (y aliases a1)
+  uint16_t* sact_ = nullptr;
+  float* sy_ = nullptr;
+  float* sgate_ = nullptr;     // [T] sigmoid(x . shared_gate_weight)
+};
+
+}  // namespace nvfp4moe::cuda

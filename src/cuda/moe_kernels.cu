@@ -1,0 +1,107 @@
+// Launchers of the MoE layer's kernels (one translation unit for all of them: the build machine is small).
+// Each checks its arguments, launches with a fixed or shape-derived grid (never a routing-derived one) and
+// returns cudaGetLastError().
+#include "cuda/moe_kernels.h"
+
+#include <algorithm>
+
+#include "cuda/sm80_nvfp4_grouped_gemm_mma.cuh"
+#include "cuda/sm90_nvfp4_combine.cuh"
+#include "cuda/sm90_nvfp4_gather_quant.cuh"
+#include "cuda/sm90_nvfp4_plan.cuh"
+#include "cuda/sm90_nvfp4_route.cuh"
+
+namespace nvfp4moe::cuda {
+
+int device_sm_count() {
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) return 132;
+  static int cached[64] = {};
+  if (dev < 0 || dev >= 64) return 132;
+  if (cached[dev] == 0) {
+    int n = 0;
+    if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || n <= 0) n = 132;
+    cached[dev] = n;
+  }
+  return cached[dev];
+}
+
+cudaError_t launch_route(const RouteArgs& a, cudaStream_t stream) {
+  if (a.tokens <= 0) return cudaSuccess;
+  if (!a.logits || !a.topk_ids || !a.topk_weights || a.experts <= 0 || a.experts > kMaxExperts || a.top_k <= 0 ||
+      a.top_k > a.experts)
+    return cudaErrorInvalidValue;
+  const size_t smem = kernels::kRouteWarps * kernels::route_smem_per_warp(a.experts);
+  const int grid = (a.tokens + kernels::kRouteWarps - 1) / kernels::kRouteWarps;
+  kernels::route_kernel<<<grid, kernels::kRouteWarps * 32, smem, stream>>>(a);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_copy_topk(const int32_t* ids, const float* weights, int pairs, int experts, int32_t* ids_out,
+                             float* weights_out, cudaStream_t stream) {
+  if (pairs <= 0) return cudaSuccess;
+  if (!ids || !weights || !ids_out || !weights_out) return cudaErrorInvalidValue;
+  const int grid = std::min((pairs + 255) / 256, device_sm_count() * 4);
+  kernels::copy_topk_kernel<<<grid, 256, 0, stream>>>(ids, weights, pairs, experts, ids_out, weights_out);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_plan(const PlanArgs& a, cudaStream_t stream) {
+  const int pairs = a.tokens * a.top_k;
+  if (pairs <= 0) return cudaSuccess;
+  if (a.experts <= 0 || a.experts > kMaxExperts) return cudaErrorInvalidValue;
+  const int chunks = static_cast<int>(plan_chunks(pairs));
+  kernels::plan_count_kernel<<<chunks, kPlanChunk, 0, stream>>>(a.topk_ids, pairs, a.experts, a.chunk_counts);
+  cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess) return err;
+  kernels::plan_scan_kernel<<<1, kernels::kScanThreads, 0, stream>>>(a, chunks);
+  err = cudaGetLastError();
+  if (err != cudaSuccess) return err;
+  kernels::plan_scatter_kernel<<<chunks, kPlanChunk, 0, stream>>>(a, pairs);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_gather(const GatherArgs& a, cudaStream_t stream) {
+  if (a.max_rows <= 0) return cudaSuccess;
+  if (!a.hidden || !a.out || !a.offsets || a.hidden_size % 16 != 0) return cudaErrorInvalidValue;
+  if (a.gate_out && !a.gate_weight) return cudaErrorInvalidValue;
+  const int grid = std::max(1, std::min((a.max_rows + kernels::kGatherWarps - 1) / kernels::kGatherWarps,
+                                        device_sm_count() * 8));
+  if (a.hidden_f32)
+    kernels::gather_kernel<true><<<grid, kernels::kGatherWarps * 32, 0, stream>>>(a);
+  else
+    kernels::gather_kernel<false><<<grid, kernels::kGatherWarps * 32, 0, stream>>>(a);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_grouped_gemm(const GroupedGemmArgs& a, cudaStream_t stream) {
+  if (a.max_tiles <= 0) return cudaSuccess;
+  if (!a.a || !a.w || !a.w_scale || !a.offsets || !a.tile_offsets || !a.alpha0 || !a.out || a.n <= 0 ||
+      a.k <= 0 || a.k % 16 != 0 || a.n % 16 != 0 || a.experts <= 0)
+    return cudaErrorInvalidValue;
+  if (a.epilogue == GemmEpilogue::kSwiGLU && (!a.alpha1 || (a.n / 2) % 16 != 0)) return cudaErrorInvalidValue;
+  const int grid = std::max(1, std::min(a.max_tiles, device_sm_count() * 8));
+  switch (a.epilogue) {
+    case GemmEpilogue::kF32:
+      kernels::grouped_gemm_mma_kernel<GemmEpilogue::kF32><<<grid, kernels::kMmaThreads, 0, stream>>>(a);
+      break;
+    case GemmEpilogue::kSwiGLU:
+      kernels::grouped_gemm_mma_kernel<GemmEpilogue::kSwiGLU><<<grid, kernels::kMmaThreads, 0, stream>>>(a);
+      break;
+    case GemmEpilogue::kRelu2:
+      kernels::grouped_gemm_mma_kernel<GemmEpilogue::kRelu2><<<grid, kernels::kMmaThreads, 0, stream>>>(a);
+      break;
+    default:
+      return cudaErrorInvalidValue;
+  }
+  return cudaGetLastError();
+}
+
+cudaError_t launch_combine(const CombineArgs& a, cudaStream_t stream) {
+  if (a.tokens <= 0) return cudaSuccess;
+  if (!a.out || !a.inv || !a.topk_weights || a.hidden_size % 4 != 0) return cudaErrorInvalidValue;
+  kernels::combine_kernel<<<a.tokens, kernels::kCombineThreads, 0, stream>>>(a);
+  return cudaGetLastError();
+}
+
+}  // namespace nvfp4moe::cuda

@@ -1,0 +1,132 @@
+// Host API of the MoE layer's kernels (device code in the sm90_nvfp4_*.cuh / sm80_*.cuh headers, launchers in
+// moe_kernels.cu). Every launcher returns cudaError_t (the launch's cudaGetLastError, or cudaErrorInvalidValue
+// for a bad argument); the runner (cuda_layer.cpp) turns a failure into nvfp4moe::Error naming the launch.
+// Nothing here synchronizes, allocates or reads device memory on the host: every count, offset and row range
+// is read by the kernels from device memory, so the launches never depend on the routing (CUDA-graph safe).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace nvfp4moe::cuda {
+
+// Tile height (token rows) of the grouped GEMM; the plan's per-expert tile offsets count tiles of this size.
+inline constexpr int kGemmBlockM = 64;
+// (token, slot) pairs per plan chunk: counts are per chunk, then scanned in a fixed order (deterministic).
+inline constexpr int kPlanChunk = 256;
+inline constexpr int kMaxExperts = 1024;  // routing/plan keep one counter per expert in shared memory
+
+inline int64_t plan_chunks(int64_t pairs) { return (pairs + kPlanChunk - 1) / kPlanChunk; }
+
+// ---------------------------------------------------------------- routing
+enum class RouteKind : int { kSoftmax = 0, kSigmoidGrouped = 1 };
+struct RouteArgs {
+  RouteKind kind = RouteKind::kSoftmax;
+  const float* logits = nullptr;  // [T, E] f32
+  const float* bias = nullptr;    // [E] or nullptr (sigmoid: e_score_correction_bias)
+  int tokens = 0, experts = 0, top_k = 0;
+  bool renormalize = true;
+  int n_group = 1, topk_group = 1;
+  float scaling = 1.0f;           // sigmoid: routed_scaling_factor
+  int32_t* topk_ids = nullptr;    // [T, k] out
+  float* topk_weights = nullptr;  // [T, k] out
+};
+cudaError_t launch_route(const RouteArgs& a, cudaStream_t stream);
+
+// Caller-supplied ids/weights copied into the workspace; ids outside [0, E) (e.g. -1) become -1 (dropped).
+cudaError_t launch_copy_topk(const int32_t* ids, const float* weights, int pairs, int experts, int32_t* ids_out,
+                             float* weights_out, cudaStream_t stream);
+
+// ---------------------------------------------------------------- plan
+// Stable counting sort of the T*k (token, slot) pairs p = t*k + j into expert order. Outputs:
+//   counts [E], offsets [E+1] (exclusive, int32), tile_offsets [E+1] (exclusive scan of ceil(count/kGemmBlockM)),
+//   perm [offsets[E]] (row -> pair p, token order within an expert), inv [T*k] (pair -> row, -1 when masked),
+//   shared_offsets [2] = {0, T}, shared_tile_offsets [2] = {0, ceil(T/kGemmBlockM)} (the shared expert's plan).
+// chunk_counts: scratch [plan_chunks(T*k), E].
+struct PlanArgs {
+  const int32_t* topk_ids = nullptr;
+  int tokens = 0, top_k = 0, experts = 0;
+  int32_t* chunk_counts = nullptr;
+  int32_t* counts = nullptr;
+  int32_t* offsets = nullptr;
+  int32_t* tile_offsets = nullptr;
+  int32_t* perm = nullptr;
+  int32_t* inv = nullptr;
+  int32_t* shared_offsets = nullptr;       // may be nullptr (no shared expert)
+  int32_t* shared_tile_offsets = nullptr;
+};
+cudaError_t launch_plan(const PlanArgs& a, cudaStream_t stream);
+
+// ---------------------------------------------------------------- quantize + gather (GEMM1 operand rows)
+// Row r of out (r < offsets[E], read on the device) = hidden[token(r)] where token(r) = perm[r] / k
+// (perm == nullptr: the identity over T tokens, the shared expert). w4a4 (gs != nullptr): NVFP4-quantized with
+// gs[expert(r)] and written as the exact bf16 operand e2m1 * sf (the 1/gs factor is applied by the GEMM's
+// alpha). amax (calibration, may be nullptr): atomicMax of |x| per expert on the float bits (order-free).
+// gate_weight/gate_out (shared expert of Qwen2-MoE style, may be nullptr): gate_out[t] = sigmoid(x . gate_w).
+struct GatherArgs {
+  const void* hidden = nullptr;      // [T, H] BF16 or F32 (rounded to bf16 first)
+  bool hidden_f32 = false;
+  int tokens = 0, hidden_size = 0, top_k = 1, experts = 1;
+  const int32_t* perm = nullptr;     // [rows] or nullptr
+  const int32_t* topk_ids = nullptr; // [T*k] (expert of pair p); unused when perm == nullptr (expert 0)
+  const int32_t* offsets = nullptr;  // [E+1]: rows = offsets[E]
+  const float* gs = nullptr;         // [E] 1/input_scale, or nullptr (w4a16)
+  float* amax = nullptr;             // [E] or nullptr
+  const uint16_t* gate_weight = nullptr;  // [H] bf16 bits
+  float* gate_out = nullptr;         // [T]
+  uint16_t* out = nullptr;           // [rows, H] bf16 bits
+  int max_rows = 0;                  // upper bound of rows (T*k or T): sizes the fixed grid
+};
+cudaError_t launch_gather(const GatherArgs& a, cudaStream_t stream);
+
+// ---------------------------------------------------------------- grouped GEMM (tensor cores)
+// out rows [offsets[e], offsets[e+1]) = epilogue(A rows x W[e]^T) for every expert e, with W[e] the checkpoint's
+// packed e2m1 codes [N, K/2] and e4m3 block scales [N, K/16] dequantized exactly to bf16 in the kernel.
+// The same call shape as the sm90 wgmma GEMM (sm90_nvfp4_grouped_gemm.h), so either can serve a step.
+enum class GemmEpilogue : int {
+  kF32 = 0,     // out f32 [rows, N] = alpha0[e] * acc                                     (GEMM2)
+  kSwiGLU = 1,  // out bf16 [rows, I] = op(bf16(silu(alpha0[e]*gate) * alpha1[e]*up)), N = 2I (GEMM1, gated)
+  kRelu2 = 2,   // out bf16 [rows, N] = op(bf16(max(alpha0[e]*acc, 0)^2))                  (GEMM1, non-gated)
+};
+struct GroupedGemmArgs {
+  const uint16_t* a = nullptr;        // bf16 bits [rows, K], rows in expert order
+  const uint8_t* w = nullptr;         // [E, N, K/2] e2m1 codes (element 2i in the low nibble)
+  const uint8_t* w_scale = nullptr;   // [E, N, K/16] e4m3
+  int experts = 0, n = 0, k = 0;      // N: weight rows (2I when gated), K: reduction
+  const int32_t* offsets = nullptr;       // [E+1] device
+  const int32_t* tile_offsets = nullptr;  // [E+1] device, exclusive scan of ceil(rows_e / kGemmBlockM)
+  const float* alpha0 = nullptr;      // [E]
+  const float* alpha1 = nullptr;      // [E] (kSwiGLU: up)
+  const float* gs = nullptr;          // [E] or nullptr: (kSwiGLU/kRelu2) NVFP4-quantize the output with gs[e]
+  float* amax = nullptr;              // [E] or nullptr: calibration amax of the (bf16) activation output
+  void* out = nullptr;
+  GemmEpilogue epilogue = GemmEpilogue::kF32;
+  int max_tiles = 0;                  // upper bound of tile_offsets[E] * n_tiles: sizes the fixed grid
+};
+cudaError_t launch_grouped_gemm(const GroupedGemmArgs& a, cudaStream_t stream);
+// Upper bound of the M tiles of a grouped GEMM over `rows` rows split over `experts` ranges.
+inline int64_t gemm_max_m_tiles(int64_t rows, int64_t experts) {
+  return (rows + kGemmBlockM - 1) / kGemmBlockM + (rows < experts ? rows : experts);
+}
+
+// ---------------------------------------------------------------- combine
+// out[t] = sum_{j < k} w[t,j] * y[inv[t*k+j]] (in slot order, masked slots skipped)
+//          + (shared_y ? (shared_gate ? shared_gate[t] : 1) * shared_y[t] : 0), f32 or bf16.
+struct CombineArgs {
+  const float* y = nullptr;            // [rows, H]
+  const int32_t* inv = nullptr;        // [T*k]
+  const float* topk_weights = nullptr; // [T*k]
+  const float* shared_y = nullptr;     // [T, H] or nullptr
+  const float* shared_gate = nullptr;  // [T] or nullptr
+  int tokens = 0, hidden_size = 0, top_k = 0;
+  void* out = nullptr;
+  bool out_bf16 = false;
+};
+cudaError_t launch_combine(const CombineArgs& a, cudaStream_t stream);
+
+// Device SM count (cached per device), used to size the persistent grids.
+int device_sm_count();
+
+}  // namespace nvfp4moe::cuda

@@ -1,0 +1,115 @@
+// Quantize + gather: builds GEMM1's operand rows in expert order straight from `hidden` (one warp per row,
+// each lane one 16-element NVFP4 block at a time). w4a16: the bf16 row; w4a4: the row NVFP4-quantized with
+// the expert's fixed activation scale (nvfp4-format.md section 4, exact division, the shared fmt:: code) and
+// written as the exact bf16 operand e2m1 * sf. Optional: calibration amax, the Qwen shared-expert gate.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "cuda/moe_kernels.h"
+#include "format/nvfp4.h"
+
+namespace nvfp4moe::cuda::kernels {
+
+inline constexpr int kGatherWarps = 8;
+
+// Loads 16 consecutive elements of a hidden row as bf16 values (f32 input rounded to bf16 first).
+template <bool F32>
+__device__ __forceinline__ void load_block16(const void* row, int col, float (&x)[16], uint32_t (&bits)[8]) {
+  if constexpr (F32) {
+    const float4* src = reinterpret_cast<const float4*>(static_cast<const float*>(row) + col);
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      const float4 v = src[q];
+      const float f[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const uint16_t b = fmt::bf16_from_float(f[i]);
+        x[q * 4 + i] = fmt::bf16_to_float(b);
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < 8; ++i)
+      bits[i] = (fmt::float_bits(x[2 * i]) >> 16) | (fmt::float_bits(x[2 * i + 1]) & 0xFFFF0000u);
+  } else {
+    const uint4* src = reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(row) + col);
+    const uint4 v0 = src[0], v1 = src[1];
+    const uint32_t w[8] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w};
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      bits[i] = w[i];
+      x[2 * i] = fmt::bits_float(w[i] << 16);
+      x[2 * i + 1] = fmt::bits_float(w[i] & 0xFFFF0000u);
+    }
+  }
+}
+
+// In place: x (16 values) -> NVFP4 with global scale gs -> exact bf16 operands (e2m1 * sf) in bits.
+__device__ __forceinline__ void quant_block16_operand(const float (&x)[16], float gs, uint32_t (&bits)[8]) {
+  uint8_t codes[16];
+  const uint8_t sf = fmt::quantize_activation_block(x, 16, gs, codes);
+  const float s = fmt::e4m3_decode(sf);
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    // e2m1 * e4m3 is exact in bf16: truncating the fp32 bits loses nothing.
+    const uint32_t lo = fmt::float_bits(fmt::e2m1_decode(codes[2 * i]) * s) >> 16;
+    const uint32_t hi = fmt::float_bits(fmt::e2m1_decode(codes[2 * i + 1]) * s) & 0xFFFF0000u;
+    bits[i] = lo | hi;
+  }
+}
+
+template <bool F32>
+__global__ void __launch_bounds__(kGatherWarps * 32) gather_kernel(GatherArgs a) {
+  const int lane = threadIdx.x & 31;
+  const int rows = a.perm ? a.offsets[a.experts] : a.tokens;
+  const int H = a.hidden_size;
+  const size_t row_bytes_in = static_cast<size_t>(H) * (F32 ? 4 : 2);
+  for (int r = blockIdx.x * kGatherWarps + (threadIdx.x >> 5); r < rows; r += gridDim.x * kGatherWarps) {
+    int t = r, e = 0;
+    if (a.perm) {
+      const int p = a.perm[r];
+      t = p / a.top_k;
+      e = a.topk_ids[p];
+    }
+    const void* src = static_cast<const uint8_t*>(a.hidden) + static_cast<size_t>(t) * row_bytes_in;
+    uint16_t* dst = a.out + static_cast<size_t>(r) * H;
+    const float gs = a.gs ? a.gs[e] : 0.0f;
+    float amax = 0.0f, dot = 0.0f;
+    for (int col = lane * 16; col < H; col += 32 * 16) {
+      float x[16];
+      uint32_t bits[8];
+      load_block16<F32>(src, col, x, bits);
+#pragma unroll
+      for (int i = 0; i < 16; ++i) amax = fmaxf(amax, fabsf(x[i]));
+      if (a.gate_out) {
+        const uint4* gw = reinterpret_cast<const uint4*>(a.gate_weight + col);
+        const uint4 g0 = gw[0], g1 = gw[1];
+        const uint32_t g[8] = {g0.x, g0.y, g0.z, g0.w, g1.x, g1.y, g1.z, g1.w};
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+          dot = fmaf(x[2 * i], fmt::bits_float(g[i] << 16), dot);
+          dot = fmaf(x[2 * i + 1], fmt::bits_float(g[i] & 0xFFFF0000u), dot);
+        }
+      }
+      if (a.gs) quant_block16_operand(x, gs, bits);
+      uint4* d = reinterpret_cast<uint4*>(dst + col);
+      d[0] = make_uint4(bits[0], bits[1], bits[2], bits[3]);
+      d[1] = make_uint4(bits[4], bits[5], bits[6], bits[7]);
+    }
+    if (a.amax) {
+#pragma unroll
+      for (int off = 16; off > 0; off >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
+      // Non-negative floats order like their bit patterns: an integer max is exact and order-free.
+      if (lane == 0 && amax > 0.0f) atomicMax(reinterpret_cast<int*>(a.amax + e), __float_as_int(amax));
+    }
+    if (a.gate_out) {
+#pragma unroll
+      for (int off = 16; off > 0; off >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, off);
+      if (lane == 0) a.gate_out[t] = 1.0f / (1.0f + expf(-dot));
+    }
+  }
+}
+
+}  // namespace nvfp4moe::cuda::kernels

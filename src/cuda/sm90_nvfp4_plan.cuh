@@ -1,0 +1,106 @@
+// Plan kernels: a stable, deterministic counting sort of the T*k (token, slot) pairs into expert order.
+//   1. plan_count_kernel:  one block per chunk of kPlanChunk pairs, per-expert histogram (shared atomics:
+//      a count does not depend on the order the atomics land in).
+//   2. plan_scan_kernel:   one block; per expert a running sum over the chunks in chunk order (-> each
+//      chunk's base within its expert), then block scans over the experts (offsets, tile offsets).
+//   3. plan_scatter_kernel: one block per chunk; a pair's rank among the earlier pairs of its chunk with the
+//      same expert gives its row: offsets[e] + chunk base + rank. Token order within an expert, bit-stable.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "cuda/moe_kernels.h"
+
+namespace nvfp4moe::cuda::kernels {
+
+inline constexpr int kScanThreads = 1024;  // >= kMaxExperts
+
+__global__ void __launch_bounds__(kPlanChunk) plan_count_kernel(const int32_t* __restrict__ ids, int pairs,
+                                                                 int experts, int32_t* __restrict__ chunk_counts) {
+  __shared__ int32_t hist[kMaxExperts];
+  for (int e = threadIdx.x; e < experts; e += blockDim.x) hist[e] = 0;
+  __syncthreads();
+  const int p = blockIdx.x * kPlanChunk + threadIdx.x;
+  if (p < pairs) {
+    const int e = ids[p];
+    if (e >= 0 && e < experts) atomicAdd(&hist[e], 1);
+  }
+  __syncthreads();
+  int32_t* out = chunk_counts + static_cast<int64_t>(blockIdx.x) * experts;
+  for (int e = threadIdx.x; e < experts; e += blockDim.x) out[e] = hist[e];
+}
+
+// Inclusive Hillis-Steele scan of v over the block (blockDim.x == kScanThreads); returns the exclusive value.
+__device__ __forceinline__ int32_t block_exclusive_scan(int32_t v, int32_t* buf) {
+  const int tid = threadIdx.x;
+  buf[tid] = v;
+  __syncthreads();
+  for (int off = 1; off < kScanThreads; off <<= 1) {
+    const int32_t add = tid >= off ? buf[tid - off] : 0;
+    __syncthreads();
+    buf[tid] += add;
+    __syncthreads();
+  }
+  const int32_t incl = buf[tid];
+  __syncthreads();
+  return incl - v;
+}
+
+__global__ void __launch_bounds__(kScanThreads) plan_scan_kernel(PlanArgs a, int chunks) {
+  __shared__ int32_t buf[kScanThreads];
+  const int e = threadIdx.x;
+  int32_t total = 0;
+  if (e < a.experts) {
+    for (int c = 0; c < chunks; ++c) {
+      int32_t* cc = a.chunk_counts + static_cast<int64_t>(c) * a.experts + e;
+      const int32_t n = *cc;
+      *cc = total;  // becomes the chunk's base within expert e
+      total += n;
+    }
+  }
+  const int32_t tiles = (total + kGemmBlockM - 1) / kGemmBlockM;
+  const int32_t off = block_exclusive_scan(total, buf);
+  const int32_t toff = block_exclusive_scan(tiles, buf);
+  if (e < a.experts) {
+    a.counts[e] = total;
+    a.offsets[e] = off;
+    a.tile_offsets[e] = toff;
+  }
+  if (e == a.experts - 1) {
+    a.offsets[a.experts] = off + total;
+    a.tile_offsets[a.experts] = toff + tiles;
+  }
+  if (e == 0 && a.shared_offsets) {
+    a.shared_offsets[0] = 0;
+    a.shared_offsets[1] = a.tokens;
+    a.shared_tile_offsets[0] = 0;
+    a.shared_tile_offsets[1] = (a.tokens + kGemmBlockM - 1) / kGemmBlockM;
+  }
+}
+
+__global__ void __launch_bounds__(kPlanChunk) plan_scatter_kernel(PlanArgs a, int pairs) {
+  __shared__ int32_t sid[kPlanChunk];
+  const int base = blockIdx.x * kPlanChunk;
+  const int p = base + threadIdx.x;
+  int e = -1;
+  if (p < pairs) {
+    e = a.topk_ids[p];
+    if (e < 0 || e >= a.experts) e = -1;
+  }
+  sid[threadIdx.x] = e;
+  __syncthreads();
+  if (p >= pairs) return;
+  if (e < 0) {
+    a.inv[p] = -1;
+    return;
+  }
+  int rank = 0;
+  for (int i = 0; i < static_cast<int>(threadIdx.x); ++i) rank += (sid[i] == e) ? 1 : 0;
+  const int row = a.offsets[e] + a.chunk_counts[static_cast<int64_t>(blockIdx.x) * a.experts + e] + rank;
+  a.perm[row] = p;
+  a.inv[p] = row;
+}
+
+}  // namespace nvfp4moe::cuda::kernels
