@@ -485,6 +485,13 @@ void Nvfp4Checkpoint::discover() {
     }
     NVFP4MOE_CHECK(seen[static_cast<size_t>(l)], FormatError, dir_, ": layer ", l, " has no tensors at all (config ",
                    model_.file, " says num_hidden_layers = ", L, ")");
+    if (!moe) {  // fused expert tensors (experts.gate_up_proj ...) are a layout this loader does not read
+      for (const auto& [p, m] : mods[static_cast<size_t>(l)])
+        for (const auto& n : m.other)
+          NVFP4MOE_CHECK(n.find(".experts.") == std::string::npos, FormatError, dir_, ": layer ", l,
+                         ": tensor ", n, " looks like fused expert weights; expected one tensor per expert (",
+                         p, ".experts.<e>.<proj>.weight)");
+    }
     if (model_.layer_rule_known) {
       const bool want = model_.predicted_moe(l);
       NVFP4MOE_CHECK(want == (moe != nullptr), FormatError, dir_, ": layer ", l, ": ", model_.file,

@@ -732,6 +732,47 @@ TEST_F(Crafted, F32RouterRoundedToBf16) {
   expect_load_error(bad, {"mlp.gate.weight", "expected dtype BF16", "F16"});
 }
 
+TEST_F(Crafted, MissingGateProjection) {
+  const std::string dir = craft("no_gate", [](auto& ts) {
+    erase_if(ts, [](const std::string& n) { return n.rfind(kE + "1.gate_proj.", 0) == 0; });
+  });
+  expect_load_error(dir, {"expert 1 gate_proj", "missing tensor", "experts.1.gate_proj.weight"});
+}
+
+TEST_F(Crafted, ActivationFromTensorsOrConfig) {
+  auto drop_gates = [](auto& ts) {
+    erase_if(ts, [](const std::string& n) { return n.find(".gate_proj.") != std::string::npos; });
+  };
+  // No activation in config.json: no gate projections means non-gated relu^2 experts.
+  const std::string relu = craft("relu_by_tensors", drop_gates, [](auto& c, auto&) { c.erase("hidden_act"); });
+  auto ck = Checkpoint::open(relu);
+  EXPECT_EQ(ck->spec(0).activation, Activation::Relu2);
+  const MoeWeights w = ck->load_layer(0);
+  EXPECT_FALSE(w.experts.gated);
+  expect_expert_equal(w.experts, 2, [&] {
+    auto x = model::synthesize_expert(base_->model, 0, 2);
+    x.gate = {};
+    return x;
+  }(), false, "relu2 expert 2");
+  // The config names silu: the missing gate projections are an error.
+  const std::string silu = craft("silu_no_gates", drop_gates);
+  EXPECT_EQ(Checkpoint::open(silu)->spec(0).activation, Activation::SwiGLU);
+  expect_load_error(silu, {"expert 0 gate_proj", "missing tensor"});
+  // relu2 by config but gate projections present: refused by name.
+  const std::string extra = craft("relu2_with_gates", {}, [](auto& c, auto&) { c["mlp_hidden_act"] = "relu2"; });
+  expect_load_error(extra, {"unexpected projection", "gate_proj", "non-gated relu2"});
+}
+
+TEST_F(Crafted, FusedExpertsRefused) {
+  const std::string dir = craft("fused", [](auto& ts) {
+    Tensor f = *find(ts, kE + "0.up_proj.weight");
+    erase_if(ts, [](const std::string& n) { return n.rfind(kE, 0) == 0; });
+    f.name = "model.layers.0.mlp.experts.gate_up_proj";
+    ts.push_back(f);
+  });
+  expect_error<FormatError>([&] { Checkpoint::open(dir); }, {"layer 0", "experts.gate_up_proj", "fused expert"});
+}
+
 TEST_F(Crafted, NonMoeLayerAndBadIndex) {
   auto ck = Checkpoint::open(base_->dir);
   expect_error<ArgumentError>([&] { ck->spec(5); }, {"layer", "got 5"});
