@@ -250,10 +250,12 @@ int main(int argc, char** argv) {
   }
   for (int r : {1, 2, 4, 8, 16}) {
     std::vector<int> counts(E, r);
-    const auto cfg = sm90_pick_config(r, 0, 0);
     const std::string n = "decode_rpe" + std::to_string(r);
-    row(n.c_str(), "gemm1", cfg, run_case(g1, counts, Sm90GemmEpilogue::kSwiGLU, cfg, json, n + "_gemm1", c));
-    row(n.c_str(), "gemm2", cfg, run_case(g2, counts, Sm90GemmEpilogue::kF32, cfg, json, n + "_gemm2", c));
+    for (const auto& cfg : sm90_gemm_configs()) {  // every config that holds r rows in one tile, up to 64
+      if (cfg.block_t < r || cfg.block_t > 64 || (r > 1 && r < 16 && cfg.block_t > 16)) continue;
+      row(n.c_str(), "gemm1", cfg, run_case(g1, counts, Sm90GemmEpilogue::kSwiGLU, cfg, json, n + "_gemm1", c));
+      row(n.c_str(), "gemm2", cfg, run_case(g2, counts, Sm90GemmEpilogue::kF32, cfg, json, n + "_gemm2", c));
+    }
   }
   // prefill: T = 4096, k = 8, uniform random distinct experts per token.
   {

@@ -18,14 +18,14 @@ cudaError_t fail(const std::string& msg) {
   return cudaErrorInvalidValue;
 }
 
-// The one explicit list: X(block_t, stages). Every entry is instantiated for every epilogue and tested.
+// The one explicit list: X(block_t, stages, consumer warpgroups). Every entry is instantiated for every
+// epilogue and tested; the heuristic (sm90_pick_config) picks among them.
 #define NVFP4MOE_SM90_GEMM_CONFIGS(X) \
-  X(16, 14)  /* decode: 1..16 rows per expert; deep pipeline, bytes in flight */ \
-  X(32, 12)  /* 17..32 rows per expert */                                        \
-  X(64, 10)  /* 33..64 rows per expert */                                        \
-  X(128, 8)  /* prefill: > 64 rows per expert */
-
-constexpr int kConsumerWGs = 2;
+  X(16, 14, 2)  /* decode, 2 consumer warpgroups (the first version's decode tile; kept for comparison) */ \
+  X(16, 9, 4)   /* decode: 1..16 rows per expert; 4 consumer warpgroups = more dequant/wgmma chains per SM */ \
+  X(32, 12, 2)  /* 17..32 rows per expert (4 warpgroups spill at BT = 32) */                                 \
+  X(64, 10, 2)  /* 33..64 rows per expert */                                                              \
+  X(128, 8, 2)  /* prefill: > 64 rows per expert */
 
 using EncodeTiledFn = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
                                    const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
@@ -43,23 +43,23 @@ EncodeTiledFn encode_fn() {
   return fn;
 }
 
-template <int BT, int STAGES, sm90::Epilogue EPI>
+template <int BT, int STAGES, int WGS, sm90::Epilogue EPI>
 cudaError_t launch(const CUtensorMap& map, const sm90::GemmParams& p, int grid, cudaStream_t stream) {
-  using Tr = sm90::KernelTraits<BT, kConsumerWGs, STAGES, EPI>;
-  auto kernel = sm90::sm90_nvfp4_grouped_gemm_kernel<BT, kConsumerWGs, STAGES, EPI>;
+  using Tr = sm90::KernelTraits<BT, WGS, STAGES, EPI>;
+  auto kernel = sm90::sm90_nvfp4_grouped_gemm_kernel<BT, WGS, STAGES, EPI>;
   static cudaError_t attr = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes);
   if (attr != cudaSuccess) return attr;
   kernel<<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(map, p);
   return cudaGetLastError();
 }
 
-template <int BT, int STAGES>
+template <int BT, int STAGES, int WGS>
 cudaError_t launch_epi(Sm90GemmEpilogue epi, const CUtensorMap& map, const sm90::GemmParams& p, int grid,
                        cudaStream_t stream) {
   switch (epi) {
-    case Sm90GemmEpilogue::kF32: return launch<BT, STAGES, sm90::Epilogue::kF32>(map, p, grid, stream);
-    case Sm90GemmEpilogue::kSwiGLU: return launch<BT, STAGES, sm90::Epilogue::kSwiGLU>(map, p, grid, stream);
-    case Sm90GemmEpilogue::kRelu2: return launch<BT, STAGES, sm90::Epilogue::kRelu2>(map, p, grid, stream);
+    case Sm90GemmEpilogue::kF32: return launch<BT, STAGES, WGS, sm90::Epilogue::kF32>(map, p, grid, stream);
+    case Sm90GemmEpilogue::kSwiGLU: return launch<BT, STAGES, WGS, sm90::Epilogue::kSwiGLU>(map, p, grid, stream);
+    case Sm90GemmEpilogue::kRelu2: return launch<BT, STAGES, WGS, sm90::Epilogue::kRelu2>(map, p, grid, stream);
   }
   return fail("sm90_nvfp4_grouped_gemm: unknown epilogue");
 }
@@ -97,7 +97,7 @@ cudaError_t sm90_prepare_weights(const uint8_t* packed, const uint8_t* scales, c
 
 const std::vector<Sm90GemmConfig>& sm90_gemm_configs() {
   static const std::vector<Sm90GemmConfig> list = {
-#define NVFP4MOE_X(bt, st) Sm90GemmConfig{bt, st, kConsumerWGs},
+#define NVFP4MOE_X(bt, st, wgs) Sm90GemmConfig{bt, st, wgs},
       NVFP4MOE_SM90_GEMM_CONFIGS(NVFP4MOE_X)
 #undef NVFP4MOE_X
   };
@@ -112,8 +112,11 @@ std::string to_string(const Sm90GemmConfig& c) {
 Sm90GemmConfig sm90_pick_config(double rows_per_expert, int /*n*/, int /*k*/) {
   // The smallest token tile that holds the expected rows of one expert: weight bytes are read once per token
   // tile, so a tile that fits the expert's rows reads each weight once; larger tiles only waste MMA columns.
+  // Among equal tiles the last listed wins (the 4-warpgroup decode tile over the 2-warpgroup one).
+  const Sm90GemmConfig* best = nullptr;
   for (const auto& c : sm90_gemm_configs())
-    if (rows_per_expert <= c.block_t) return c;
+    if (rows_per_expert <= c.block_t && (best == nullptr || c.block_t == best->block_t)) best = &c;
+  if (best != nullptr) return *best;
   return sm90_gemm_configs().back();
 }
 
@@ -164,9 +167,9 @@ cudaError_t sm90_nvfp4_grouped_gemm(const Sm90GemmArgs& args, const Sm90GemmConf
     if (e == cudaSuccess) e = cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, dev);
     if (e != cudaSuccess) return e;
   }
-#define NVFP4MOE_X(bt, st) \
-  if (config.block_t == bt && config.stages == st && config.consumer_warpgroups == kConsumerWGs) \
-    return launch_epi<bt, st>(args.epilogue, map, p, num_sms, stream);
+#define NVFP4MOE_X(bt, st, wgs) \
+  if (config.block_t == bt && config.stages == st && config.consumer_warpgroups == wgs) \
+    return launch_epi<bt, st, wgs>(args.epilogue, map, p, num_sms, stream);
   NVFP4MOE_SM90_GEMM_CONFIGS(NVFP4MOE_X)
 #undef NVFP4MOE_X
   return fail("sm90_nvfp4_grouped_gemm: config " + to_string(config) + " is not in the instantiated list");

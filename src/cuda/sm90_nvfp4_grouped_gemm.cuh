@@ -93,6 +93,16 @@ __device__ __forceinline__ void bulk_load(uint32_t dst, const void* src, uint32_
                "l"(src), "r"(bytes), "r"(bar)
                : "memory");
 }
+__device__ __forceinline__ uint4 lds128(uint32_t addr) {
+  uint4 v;
+  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr));
+  return v;
+}
+__device__ __forceinline__ uint2 lds64(uint32_t addr) {
+  uint2 v;
+  asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "r"(addr));
+  return v;
+}
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
 template <int N>
@@ -245,6 +255,7 @@ __device__ __forceinline__ void quantize_pair(float x, float x2, float gs, uint1
 template <int BT, int WGS, int STAGES, Epilogue EPI>
 struct KernelTraits {
   static_assert(BT % 16 == 0 && BT >= 16 && BT <= 128, "BT: wgmma N in 16..128, two m64 blocks per thread");
+  static_assert(WGS == 2 || (WGS == 4 && BT <= 16), "WGS 4 only with the small accumulators of BT = 16");
   static constexpr int kThreads = (WGS + 1) * 128;
   static constexpr int kABytes = BT * 128;                  // one stage of A: BT rows x 64 bf16, swizzled
   static constexpr int kWBytes = WGS * kUnitBytes;          // one stage of weights
@@ -279,7 +290,8 @@ __global__ void __launch_bounds__((WGS + 1) * 128, 1)
 
   if (wg == 0) {
     // ---------------------------------------------------------------- producer
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
+    if constexpr (WGS <= 2) asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
+    else asm volatile("setmaxnreg.dec.sync.aligned.u32 24;");
     if (threadIdx.x != 0) return;
     asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&tmap_a)) : "memory");
     int s = 0;
@@ -309,8 +321,10 @@ __global__ void __launch_bounds__((WGS + 1) * 128, 1)
     }
   } else {
     // ---------------------------------------------------------------- consumers
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
+    if constexpr (WGS <= 2) asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
+    else asm volatile("setmaxnreg.inc.sync.aligned.u32 120;");
     const int c = wg - 1;
+    const uint32_t smem_w_u32 = smem_u32(smem_w);
     const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
     int s = 0;
     uint32_t phase = 0;
@@ -332,13 +346,17 @@ __global__ void __launch_bounds__((WGS + 1) * 128, 1)
 
       // Software pipeline: the dequantization of k-tile kt+1 runs while the wgmmas of k-tile kt execute.
       auto load_dequant = [&](int stage, uint32_t (&a)[2][16]) {
-        const uint8_t* wsm = smem_w + stage * Tr::kWBytes + c * kUnitBytes;
+        // ld.shared on 32-bit shared addresses (a generic pointer here would compile to generic LD.E).
+        const uint32_t wsm = smem_w_u32 + stage * Tr::kWBytes + c * kUnitBytes;
+        uint4 codes[2];
+        uint2 sc[2];
 #pragma unroll
         for (int b = 0; b < 2; ++b) {
-          const uint4 codes = *reinterpret_cast<const uint4*>(wsm + b * kChunkBytes + tid * 16);
-          const uint2 sc = *reinterpret_cast<const uint2*>(wsm + b * kChunkBytes + kCodeBytes + (warp * 8 + g) * 8);
-          dequant_block(codes, sc, a[b]);
+          codes[b] = lds128(wsm + b * kChunkBytes + tid * 16);
+          sc[b] = lds64(wsm + b * kChunkBytes + kCodeBytes + (warp * 8 + g) * 8);
         }
+#pragma unroll
+        for (int b = 0; b < 2; ++b) dequant_block(codes[b], sc[b], a[b]);
       };
       auto issue = [&](int stage, const uint32_t (&a)[2][16]) {
         const uint64_t desc = make_b_desc(smem_u32(smem_a + stage * Tr::kABytes));
@@ -349,10 +367,12 @@ __global__ void __launch_bounds__((WGS + 1) * 128, 1)
         wgmma_fence();
         auto run = [&](auto n_const) {
           constexpr int NM = decltype(n_const)::value;
+          // b innermost: the two accumulator chains alternate, so one wgmma never waits on the previous one's
+          // accumulator (small N is latency-bound otherwise). Each accumulator still sums k in order.
 #pragma unroll
-          for (int b = 0; b < 2; ++b)
+          for (int j = 0; j < 4; ++j)
 #pragma unroll
-            for (int j = 0; j < 4; ++j) {
+            for (int b = 0; b < 2; ++b) {
               const uint32_t af[4] = {a[b][4 * j], a[b][4 * j + 1], a[b][4 * j + 2], a[b][4 * j + 3]};
               Wgmma<NM>::mma(acc[b], af, desc + 2 * j);
             }
