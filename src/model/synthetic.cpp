@@ -256,10 +256,6 @@ SyntheticModel resolve_synthetic(const SyntheticOptions& o) {
                      m.style == ModelStyle::DeepSeekV3 || m.style == ModelStyle::Qwen3Moe,
                  ArgumentError, "activation: style ", style_name(m.style), " does not support ",
                  activation_name(s.activation));
-  if (m.style == ModelStyle::DeepSeekV3 && s.shared_intermediate > 0)
-    NVFP4MOE_CHECK(s.shared_intermediate % s.intermediate == 0, ArgumentError,
-                   "shared_intermediate: deepseek_v3 style writes n_shared_experts * I, so expected a multiple of "
-                   "intermediate = ", s.intermediate, ", got ", s.shared_intermediate);
   if (m.style == ModelStyle::NemotronH || m.style == ModelStyle::DeepSeekV3)
     NVFP4MOE_CHECK(s.routing == Routing::SigmoidGroupedTopK, ArgumentError, "routing: style ", style_name(m.style),
                    " writes sigmoid routing, got ", routing_name(s.routing));
@@ -443,7 +439,12 @@ nlohmann::json config_json(const SyntheticModel& m) {
       c["intermediate_size"] = m.dense_intermediate;
       c["moe_intermediate_size"] = s.intermediate;
       c["n_routed_experts"] = s.num_experts;
-      c["n_shared_experts"] = s.shared_intermediate / s.intermediate;
+      if (s.shared_intermediate % s.intermediate == 0) {
+        c["n_shared_experts"] = s.shared_intermediate / s.intermediate;
+      } else {  // not n * I: one shared expert of an explicit width (the Nemotron-H key; the loader reads it)
+        c["n_shared_experts"] = 1;
+        c["moe_shared_expert_intermediate_size"] = s.shared_intermediate;
+      }
       c["n_group"] = s.n_group;
       c["topk_group"] = s.topk_group;
       c["routed_scaling_factor"] = s.routed_scaling_factor;

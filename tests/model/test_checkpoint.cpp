@@ -214,7 +214,7 @@ TEST(GeneratedCheckpoint, DeepSeekV3FewExpertsAdjustsGroups) {
   o.preset = "deepseek-v3";
   o.hidden = 64;
   o.intermediate = 32;
-  o.shared_intermediate = 32;
+  o.shared_intermediate = 48;  // not a multiple of I: written as an explicit shared width
   o.experts = 6;  // n_group 8 -> 6, top_k 8 -> 6
   const auto m = model::resolve_synthetic(o);
   EXPECT_EQ(m.spec.n_group, 6);
