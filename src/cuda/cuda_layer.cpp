@@ -144,6 +144,8 @@ CudaMoeLayer::CudaMoeLayer(MoeWeights w, const MoeLayerOptions& options) : spec_
   NVFP4MOE_CHECK(options.device >= 0 && options.device < count, ArgumentError,
                  "MoeLayerOptions.device: expected 0..", count - 1, ", got ", options.device);
   if (options.shared_max_input_scale) use_shared_max_input_scales(w);
+  DeviceGuard warm(options.device);
+  (void)device_sm_count();  // cached now, so no attribute query ever happens inside a captured forward()
   DeviceGuard guard(options.device);
   try {
     upload(w);

@@ -1,0 +1,897 @@
+// GPU tests of the cuda backend's whole layer (src/cuda/cuda_layer.*, kernels in src/cuda/*.cuh): routing and
+// plan bitwise against a CPU plan, the layer against a CPU oracle of nvfp4-format.md section 9 in both modes
+// (rel L2 <= 1e-3, RMS ratio within 1%), adversarial routing, every preset's dims with reduced E, determinism,
+// poisoned buffers, batch invariance, CUDA-graph capture + replay with changing routing, memory stability,
+// calibration, and API refusals that leave no sticky CUDA error.
+#include <gtest/gtest.h>
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <limits>
+#include <numeric>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "cuda/cuda_backend.h"
+#include "cuda/cuda_layer.h"
+#include "format/nvfp4.h"
+#include "nvfp4moe/error.h"
+#include "nvfp4moe/moe.h"
+
+namespace nvfp4moe::cuda {
+namespace {
+
+#define CUDA_OK(x)                                                                            \
+  do {                                                                                        \
+    cudaError_t err_ = (x);                                                                   \
+    ASSERT_EQ(err_, cudaSuccess) << #x << ": " << cudaGetErrorString(err_);                   \
+  } while (0)
+
+// ------------------------------------------------------------------------------------ small utilities
+struct Rng {
+  uint64_t s;
+  explicit Rng(uint64_t seed) : s(seed * 0x9E3779B97F4A7C15ull + 1) {}
+  uint64_t next() {
+    uint64_t z = (s += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+  }
+  float uniform() { return static_cast<float>(next() >> 40) * (1.0f / 16777216.0f); }  // [0, 1)
+  float normal() {
+    const float u1 = std::max(uniform(), 1e-7f), u2 = uniform();
+    return std::sqrt(-2.0f * std::log(u1)) * std::cos(6.2831853f * u2);
+  }
+};
+
+template <typename F>
+void parallel_for(int64_t n, F f) {
+  const int nt = static_cast<int>(std::max(1u, std::min(16u, std::thread::hardware_concurrency())));
+  std::vector<std::thread> th;
+  for (int w = 0; w < nt; ++w)
+    th.emplace_back([&, w] {
+      for (int64_t i = w; i < n; i += nt) f(i);
+    });
+  for (auto& t : th) t.join();
+}
+
+template <typename T>
+struct DevBuf {
+  T* p = nullptr;
+  size_t n = 0;
+  explicit DevBuf(size_t count) : n(count) {
+    if (cudaMalloc(&p, std::max<size_t>(count, 1) * sizeof(T)) != cudaSuccess) p = nullptr;
+  }
+  ~DevBuf() { cudaFree(p); }
+  DevBuf(const DevBuf&) = delete;
+  void put(const std::vector<T>& h, size_t offset = 0) {
+    if (!h.empty()) cudaMemcpy(p + offset, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice);
+  }
+  std::vector<T> get(size_t count) const {
+    std::vector<T> h(count);
+    if (count) cudaMemcpy(h.data(), p, count * sizeof(T), cudaMemcpyDeviceToHost);
+    return h;
+  }
+};
+
+TensorRef dev_tensor(void* p, DType dt, std::vector<int64_t> shape) {
+  TensorRef t;
+  t.data = p;
+  t.dtype = dt;
+  t.shape = std::move(shape);
+  t.device = DeviceType::CUDA;
+  t.device_id = 0;
+  return t;
+}
+
+// ------------------------------------------------------------------------------------ random layers
+struct LayerDims {
+  const char* name;
+  int64_t H, I, E, k;
+  Activation act = Activation::SwiGLU;
+  Routing routing = Routing::SoftmaxTopK;
+  int64_t n_group = 1, topk_group = 1;
+  float scaling = 1.0f;
+  bool renorm = true;
+  int64_t shared_I = 0;
+  bool shared_gated = false;
+};
+
+MoeSpec make_spec(const LayerDims& d) {
+  MoeSpec s;
+  s.hidden = d.H;
+  s.intermediate = d.I;
+  s.num_experts = d.E;
+  s.top_k = d.k;
+  s.activation = d.act;
+  s.routing = d.routing;
+  s.norm_topk_prob = d.renorm;
+  s.n_group = d.n_group;
+  s.topk_group = d.topk_group;
+  s.routed_scaling_factor = d.scaling;
+  s.has_router_bias = d.routing == Routing::SigmoidGroupedTopK;
+  s.shared_intermediate = d.shared_I;
+  s.shared_expert_gated = d.shared_gated;
+  return s;
+}
+
+// Random codes, block scales around 1 and per-tensor scales that keep activations O(1); gate and up get
+// different weight_scale_2 so the per-half epilogue scales are exercised.
+void fill_experts(StackedExperts& s, int64_t E, int64_t H, int64_t I, bool gated, uint64_t seed) {
+  s.allocate(E, H, I, gated);
+  parallel_for(16, [&](int64_t part) {
+    Rng r(seed * 131 + static_cast<uint64_t>(part));
+    auto fill = [&](HostBuffer& b, bool scales) {
+      const size_t n = b.size(), lo = n * part / 16, hi = n * (part + 1) / 16;
+      uint8_t* p = b.data();
+      for (size_t i = lo; i < hi; ++i) {
+        const uint64_t v = r.next();
+        p[i] = scales ? static_cast<uint8_t>(0x30 + (v % 17)) : static_cast<uint8_t>(v);  // e4m3 1..~2.2
+      }
+    };
+    fill(s.w13, false);
+    fill(s.w13_scale, true);
+    fill(s.w2, false);
+    fill(s.w2_scale, true);
+  });
+  Rng r(seed ^ 0xABCDEFull);
+  const float ws13 = 0.6f / (4.0f * std::sqrt(static_cast<float>(H)));
+  const float ws2 = 0.6f / (4.0f * std::sqrt(static_cast<float>(I)));
+  for (int64_t e = 0; e < E; ++e) {
+    if (gated) s.w13_gate_scale2[e] = ws13 * (0.8f + 0.4f * r.uniform());
+    s.w13_up_scale2[e] = ws13 * (0.8f + 0.4f * r.uniform());
+    s.w13_input_scale[e] = 4.0f / 2688.0f * (0.8f + 0.4f * r.uniform());
+    s.w2_scale2[e] = ws2 * (0.8f + 0.4f * r.uniform());
+    s.w2_input_scale[e] = 1.0f / 2688.0f * (0.8f + 0.4f * r.uniform());
+  }
+}
+
+MoeWeights make_weights(const LayerDims& d, uint64_t seed) {
+  MoeWeights w;
+  w.spec = make_spec(d);
+  const bool gated = d.act == Activation::SwiGLU;
+  fill_experts(w.experts, d.E, d.H, d.I, gated, seed);
+  if (d.shared_I) fill_experts(w.shared, 1, d.H, d.shared_I, gated, seed + 7777);
+  Rng r(seed + 99);
+  if (w.spec.has_router_bias) {
+    w.router_bias.resize(d.E);
+    for (auto& b : w.router_bias) b = 0.1f * r.normal();
+  }
+  if (d.shared_gated) {
+    w.shared_gate_weight.resize(d.H);
+    for (auto& g : w.shared_gate_weight) g = fmt::bf16_from_float(0.05f * r.normal());
+  }
+  w.validate();
+  return w;
+}
+
+// A host copy of what the oracle needs (MoeWeights moves into the layer).
+struct HostLayer {
+  MoeSpec spec;
+  StackedExperts experts, shared;
+  std::vector<float> router_bias;
+  std::vector<uint16_t> shared_gate_weight;
+};
+HostLayer host_copy(const MoeWeights& w) {
+  HostLayer h;
+  h.spec = w.spec;
+  auto cp = [](const StackedExperts& s, StackedExperts& d) {
+    if (s.num_experts == 0) return;
+    d.allocate(s.num_experts, s.hidden, s.intermediate, s.gated);
+    std::memcpy(d.w13.data(), s.w13.data(), s.w13.size());
+    std::memcpy(d.w13_scale.data(), s.w13_scale.data(), s.w13_scale.size());
+    std::memcpy(d.w2.data(), s.w2.data(), s.w2.size());
+    std::memcpy(d.w2_scale.data(), s.w2_scale.data(), s.w2_scale.size());
+    d.w13_gate_scale2 = s.w13_gate_scale2;
+    d.w13_up_scale2 = s.w13_up_scale2;
+    d.w13_input_scale = s.w13_input_scale;
+    d.w2_scale2 = s.w2_scale2;
+    d.w2_input_scale = s.w2_input_scale;
+  };
+  cp(w.experts, h.experts);
+  cp(w.shared, h.shared);
+  h.router_bias = w.router_bias;
+  h.shared_gate_weight = w.shared_gate_weight;
+  return h;
+}
+
+// ------------------------------------------------------------------------------------ CPU oracle
+// Routing, nvfp4-format.md section 7 (ties to the lower expert id, slots by descending score).
+void route_ref(const MoeSpec& s, const float* logits, const float* bias, int64_t T, int32_t* ids, float* ws) {
+  const int64_t E = s.num_experts, K = s.top_k;
+  std::vector<float> key(E), val(E);
+  std::vector<char> ok(E);
+  for (int64_t t = 0; t < T; ++t) {
+    const float* l = logits + t * E;
+    float mx = -INFINITY, z = 0;
+    if (s.routing == Routing::SoftmaxTopK) {
+      for (int64_t e = 0; e < E; ++e) mx = std::max(mx, l[e]);
+      for (int64_t e = 0; e < E; ++e) z += std::exp(l[e] - mx);
+      for (int64_t e = 0; e < E; ++e) { key[e] = l[e]; val[e] = std::exp(l[e] - mx) / z; ok[e] = 1; }
+    } else {
+      for (int64_t e = 0; e < E; ++e) {
+        val[e] = 1.0f / (1.0f + std::exp(-l[e]));
+        key[e] = val[e] + (bias ? bias[e] : 0.0f);
+        ok[e] = 1;
+      }
+      if (s.n_group > 1) {
+        const int64_t G = s.n_group, gs = E / G;
+        std::vector<float> gscore(G);
+        for (int64_t g = 0; g < G; ++g) {
+          std::vector<float> v(key.begin() + g * gs, key.begin() + (g + 1) * gs);
+          std::sort(v.begin(), v.end(), std::greater<float>());
+          gscore[g] = gs >= 2 ? v[0] + v[1] : v[0];
+        }
+        std::vector<char> kept(G, 0);
+        for (int64_t r = 0; r < s.topk_group; ++r) {
+          int64_t b = -1;
+          for (int64_t g = 0; g < G; ++g)
+            if (!kept[g] && (b < 0 || gscore[g] > gscore[b])) b = g;
+          kept[b] = 1;
+        }
+        for (int64_t e = 0; e < E; ++e) ok[e] = kept[e / gs];
+      }
+    }
+    float sum = 0;
+    for (int64_t j = 0; j < K; ++j) {
+      int64_t b = -1;
+      for (int64_t e = 0; e < E; ++e)
+        if (ok[e] && (b < 0 || key[e] > key[b])) b = e;
+      ids[t * K + j] = static_cast<int32_t>(b);
+      ws[t * K + j] = val[b];
+      ok[b] = 0;
+      sum += val[b];
+    }
+    for (int64_t j = 0; j < K; ++j) {
+      float w = ws[t * K + j];
+      if (s.norm_topk_prob) w = w / sum;
+      if (s.routing == Routing::SigmoidGroupedTopK) w *= s.routed_scaling_factor;
+      ws[t * K + j] = w;
+    }
+  }
+}
+
+struct Plan {
+  std::vector<int32_t> counts, offsets, perm, inv;
+};
+Plan plan_ref(const std::vector<int32_t>& ids, int64_t E) {
+  Plan p;
+  p.counts.assign(E, 0);
+  for (int32_t e : ids)
+    if (e >= 0 && e < E) ++p.counts[e];
+  p.offsets.assign(E + 1, 0);
+  for (int64_t e = 0; e < E; ++e) p.offsets[e + 1] = p.offsets[e] + p.counts[e];
+  std::vector<int32_t> fill(p.offsets.begin(), p.offsets.end() - 1);
+  p.perm.assign(p.offsets[E], -1);
+  p.inv.assign(ids.size(), -1);
+  for (size_t i = 0; i < ids.size(); ++i) {
+    const int32_t e = ids[i];
+    if (e < 0 || e >= E) continue;
+    p.perm[fill[e]] = static_cast<int32_t>(i);
+    p.inv[i] = fill[e]++;
+  }
+  return p;
+}
+
+// One expert on one operand row, nvfp4-format.md section 9 steps 2-5 (double accumulation).
+struct Amax {
+  std::vector<float> g1, g2;
+};
+void expert_ref(const StackedExperts& s, int64_t e, Mode mode, const float* x, float* y, Amax* amax) {
+  const int64_t H = s.hidden, I = s.intermediate, N1 = s.n1();
+  const bool a4 = mode == Mode::W4A4;
+  std::vector<float> op(H), a(I), op2(I);
+  if (amax) {
+    float m = 0;
+    for (int64_t k = 0; k < H; ++k) m = std::max(m, std::fabs(x[k]));
+    amax->g1[e] = std::max(amax->g1[e], m);
+  }
+  auto quant_row = [](const float* in, int64_t n, float input_scale, float* out) {
+    const float gs = fmt::activation_global_scale(input_scale);
+    for (int64_t b = 0; b < n; b += 16) {
+      uint8_t codes[16];
+      const uint8_t sf = fmt::quantize_activation_block(in + b, 16, gs, codes);
+      for (int i = 0; i < 16; ++i) out[b + i] = fmt::e2m1_decode(codes[i]) * fmt::e4m3_decode(sf) / gs;
+    }
+  };
+  if (a4) quant_row(x, H, s.w13_input_scale[e], op.data());
+  else std::copy(x, x + H, op.begin());
+  const uint8_t* w = s.w13.data() + static_cast<size_t>(e) * N1 * (H / 2);
+  const uint8_t* sc = s.w13_scale.data() + static_cast<size_t>(e) * N1 * (H / 16);
+  auto dot_row = [&](const uint8_t* wr, const uint8_t* sr, const float* v, int64_t K) {
+    double acc = 0;
+    for (int64_t k = 0; k < K; ++k)
+      acc += static_cast<double>(v[k]) * fmt::dequant_operand(fmt::unpack_e2m1(wr, k), sr[k / 16]);
+    return acc;
+  };
+  for (int64_t n = 0; n < I; ++n) {
+    if (s.gated) {
+      const float hg = static_cast<float>(s.w13_gate_scale2[e] * dot_row(w + n * (H / 2), sc + n * (H / 16), op.data(), H));
+      const float hu = static_cast<float>(
+          s.w13_up_scale2[e] * dot_row(w + (I + n) * (H / 2), sc + (I + n) * (H / 16), op.data(), H));
+      a[n] = fmt::bf16_round(hg / (1.0f + std::exp(-hg)) * hu);
+    } else {
+      const float hu = static_cast<float>(s.w13_up_scale2[e] * dot_row(w + n * (H / 2), sc + n * (H / 16), op.data(), H));
+      const float r = std::max(hu, 0.0f);
+      a[n] = fmt::bf16_round(r * r);
+    }
+  }
+  if (amax) {
+    float m = 0;
+    for (int64_t n = 0; n < I; ++n) m = std::max(m, std::fabs(a[n]));
+    amax->g2[e] = std::max(amax->g2[e], m);
+  }
+  if (a4) quant_row(a.data(), I, s.w2_input_scale[e], op2.data());
+  else op2 = a;
+  const uint8_t* w2 = s.w2.data() + static_cast<size_t>(e) * H * (I / 2);
+  const uint8_t* s2 = s.w2_scale.data() + static_cast<size_t>(e) * H * (I / 16);
+  for (int64_t h = 0; h < H; ++h)
+    y[h] = static_cast<float>(s.w2_scale2[e] * dot_row(w2 + h * (I / 2), s2 + h * (I / 16), op2.data(), I));
+}
+
+// The layer for the listed tokens; out rows [tokens.size(), H] f32.
+std::vector<float> layer_ref(const HostLayer& L, Mode mode, const std::vector<uint16_t>& hidden,
+                             const std::vector<int32_t>& ids, const std::vector<float>& ws,
+                             const std::vector<int64_t>& tokens) {
+  const int64_t H = L.spec.hidden, K = L.spec.top_k;
+  std::vector<float> out(tokens.size() * H, 0.0f);
+  parallel_for(static_cast<int64_t>(tokens.size()), [&](int64_t i) {
+    const int64_t t = tokens[i];
+    std::vector<float> x(H), y(H);
+    for (int64_t k = 0; k < H; ++k) x[k] = fmt::bf16_to_float(hidden[t * H + k]);
+    float* o = out.data() + i * H;
+    for (int64_t j = 0; j < K; ++j) {
+      const int32_t e = ids[t * K + j];
+      if (e < 0 || e >= L.spec.num_experts) continue;
+      expert_ref(L.experts, e, mode, x.data(), y.data(), nullptr);
+      for (int64_t h = 0; h < H; ++h) o[h] += ws[t * K + j] * y[h];
+    }
+    if (L.shared.num_experts) {
+      expert_ref(L.shared, 0, mode, x.data(), y.data(), nullptr);
+      float g = 1.0f;
+      if (L.spec.shared_expert_gated) {
+        float d = 0;
+        for (int64_t k = 0; k < H; ++k) d += x[k] * fmt::bf16_to_float(L.shared_gate_weight[k]);
+        g = 1.0f / (1.0f + std::exp(-d));
+      }
+      for (int64_t h = 0; h < H; ++h) o[h] += g * y[h];
+    }
+  });
+  return out;
+}
+
+struct Metrics {
+  double rel_l2 = 0, rms_ratio = 0;
+  int64_t nonfinite = 0;
+};
+Metrics compare(const std::vector<float>& got, const std::vector<float>& ref) {
+  double num = 0, den = 0, g2 = 0;
+  Metrics m;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    if (!std::isfinite(got[i])) ++m.nonfinite;
+    const double d = static_cast<double>(got[i]) - ref[i];
+    num += d * d;
+    den += static_cast<double>(ref[i]) * ref[i];
+    g2 += static_cast<double>(got[i]) * got[i];
+  }
+  m.rel_l2 = den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+  m.rms_ratio = den > 0 ? std::sqrt(g2 / den) : (g2 == 0 ? 1.0 : 0.0);
+  return m;
+}
+#define EXPECT_CLOSE(m, what)                                                                     \
+  do {                                                                                            \
+    EXPECT_EQ((m).nonfinite, 0) << what;                                                          \
+    EXPECT_LE((m).rel_l2, 1e-3) << what;                                                          \
+    EXPECT_NEAR((m).rms_ratio, 1.0, 0.01) << what;                                                \
+  } while (0)
+
+// ------------------------------------------------------------------------------------ harness
+// A layer plus device input/output buffers for max_tokens rows (rows past T hold garbage on purpose).
+struct Harness {
+  HostLayer host;
+  std::unique_ptr<MoeLayer> layer;
+  CudaMoeLayer* cuda = nullptr;
+  int64_t max_tokens;
+  DevBuf<uint16_t> hidden;
+  DevBuf<float> logits;
+  DevBuf<int32_t> ids;
+  DevBuf<float> weights;
+  DevBuf<float> out;
+
+  Harness(const LayerDims& d, Mode mode, int64_t max_t, uint64_t seed = 1)
+      : max_tokens(max_t),
+        hidden(max_t * d.H),
+        logits(max_t * d.E),
+        ids(max_t * d.k),
+        weights(max_t * d.k),
+        out(max_t * d.H) {
+    MoeWeights w = make_weights(d, seed);
+    host = host_copy(w);
+    MoeLayerOptions o;
+    o.backend = Backend::Cuda;
+    o.mode = mode;
+    o.max_tokens = max_t;
+    layer = create_cuda_moe_layer(std::move(w), o);
+    cuda = dynamic_cast<CudaMoeLayer*>(layer.get());
+    // Garbage everywhere first: rows beyond T must never matter.
+    cudaMemset(hidden.p, 0xFF, hidden.n * 2);  // bf16 NaN
+    cudaMemset(logits.p, 0xFF, logits.n * 4);
+    cudaMemset(ids.p, 0x7F, ids.n * 4);
+    cudaMemset(weights.p, 0xFF, weights.n * 4);
+  }
+  const MoeSpec& spec() const { return host.spec; }
+  int64_t H() const { return spec().hidden; }
+
+  void forward_logits(int64_t T, void* out_ptr, DType out_dt, cudaStream_t s = nullptr) {
+    TensorRef h = dev_tensor(hidden.p, DType::BF16, {T, H()});
+    TensorRef l = dev_tensor(logits.p, DType::F32, {T, spec().num_experts});
+    TensorRef o = dev_tensor(out_ptr, out_dt, {T, H()});
+    RoutingArgs r;
+    r.router_logits = &l;
+    layer->forward(h, r, o, s);
+  }
+  void forward_ids(int64_t T, void* out_ptr, DType out_dt, cudaStream_t s = nullptr) {
+    TensorRef h = dev_tensor(hidden.p, DType::BF16, {T, H()});
+    TensorRef i = dev_tensor(ids.p, DType::I32, {T, spec().top_k});
+    TensorRef w = dev_tensor(weights.p, DType::F32, {T, spec().top_k});
+    TensorRef o = dev_tensor(out_ptr, out_dt, {T, H()});
+    RoutingArgs r;
+    r.topk_ids = &i;
+    r.topk_weights = &w;
+    layer->forward(h, r, o, s);
+  }
+};
+
+std::vector<uint16_t> random_hidden(int64_t T, int64_t H, uint64_t seed) {
+  std::vector<uint16_t> h(T * H);
+  Rng r(seed);
+  for (auto& v : h) v = fmt::bf16_from_float(r.normal());
+  return h;
+}
+std::vector<float> random_logits(int64_t T, int64_t E, uint64_t seed) {
+  std::vector<float> l(T * E);
+  Rng r(seed);
+  for (auto& v : l) v = 2.0f * r.normal();
+  return l;
+}
+std::vector<int64_t> token_subset(int64_t T, int64_t max_count) {
+  std::vector<int64_t> t;
+  if (T <= max_count) {
+    for (int64_t i = 0; i < T; ++i) t.push_back(i);
+  } else {
+    for (int64_t i = 0; i < max_count; ++i) t.push_back(i * (T - 1) / (max_count - 1));
+  }
+  return t;
+}
+std::vector<float> rows_of(const std::vector<float>& all, const std::vector<int64_t>& tokens, int64_t H) {
+  std::vector<float> r(tokens.size() * H);
+  for (size_t i = 0; i < tokens.size(); ++i)
+    std::copy(all.begin() + tokens[i] * H, all.begin() + (tokens[i] + 1) * H, r.begin() + i * H);
+  return r;
+}
+
+// Runs routing from logits at T, checks ids/plan bitwise against the CPU, returns the layer's f32 output.
+void check_layer_logits(Harness& hs, Mode mode, int64_t T, uint64_t seed, int64_t max_ref_tokens,
+                        const std::string& what) {
+  const int64_t H = hs.H(), E = hs.spec().num_experts, K = hs.spec().top_k;
+  const auto hidden = random_hidden(T, H, seed);
+  const auto logits = random_logits(T, E, seed + 1);
+  hs.hidden.put(hidden);
+  hs.logits.put(logits);
+  CUDA_OK(cudaMemset(hs.out.p, 0xD5, hs.out.n * 4));
+  hs.forward_logits(T, hs.out.p, DType::F32);
+  CUDA_OK(cudaDeviceSynchronize());
+  if (T == 0) return;
+  std::vector<int32_t> ids(T * K);
+  std::vector<float> ws(T * K);
+  route_ref(hs.spec(), logits.data(), hs.host.router_bias.empty() ? nullptr : hs.host.router_bias.data(), T,
+            ids.data(), ws.data());
+  const PlanView pv = hs.cuda->plan_view();
+  std::vector<int32_t> gids(T * K), gperm, ginv(T * K), gcounts(E), goffs(E + 1);
+  std::vector<float> gws(T * K);
+  CUDA_OK(cudaMemcpy(gids.data(), pv.topk_ids, T * K * 4, cudaMemcpyDeviceToHost));
+  CUDA_OK(cudaMemcpy(gws.data(), pv.topk_weights, T * K * 4, cudaMemcpyDeviceToHost));
+  EXPECT_EQ(gids, ids) << what << ": routing ids";
+  double maxw = 0;
+  for (size_t i = 0; i < ws.size(); ++i) maxw = std::max(maxw, std::fabs(static_cast<double>(gws[i]) - ws[i]));
+  EXPECT_LE(maxw, 2e-6) << what << ": routing weights";
+  const Plan p = plan_ref(gids, E);
+  CUDA_OK(cudaMemcpy(gcounts.data(), pv.counts, E * 4, cudaMemcpyDeviceToHost));
+  CUDA_OK(cudaMemcpy(goffs.data(), pv.offsets, (E + 1) * 4, cudaMemcpyDeviceToHost));
+  gperm.resize(p.perm.size());
+  CUDA_OK(cudaMemcpy(gperm.data(), pv.perm, gperm.size() * 4, cudaMemcpyDeviceToHost));
+  CUDA_OK(cudaMemcpy(ginv.data(), pv.inv, T * K * 4, cudaMemcpyDeviceToHost));
+  EXPECT_EQ(gcounts, p.counts) << what << ": plan counts";
+  EXPECT_EQ(goffs, p.offsets) << what << ": plan offsets";
+  EXPECT_EQ(gperm, p.perm) << what << ": plan perm";
+  EXPECT_EQ(ginv, p.inv) << what << ": plan inv";
+  const auto tokens = token_subset(T, max_ref_tokens);
+  const auto got = rows_of(hs.out.get(T * H), tokens, H);
+  const auto ref = layer_ref(hs.host, mode, hidden, gids, gws, tokens);
+  const Metrics m = compare(got, ref);
+  std::printf("  %-34s %-5s T=%-5lld rel_l2=%.2e rms=%.5f\n", what.c_str(), mode_name(mode),
+              static_cast<long long>(T), m.rel_l2, m.rms_ratio);
+  EXPECT_CLOSE(m, what << " T=" << T);
+}
+
+const LayerDims kSmallSoftmax{"small-softmax", 512, 256, 40, 8};
+const LayerDims kSmallSigmoid{"small-sigmoid+shared", 384, 128, 32, 6, Activation::SwiGLU,
+                              Routing::SigmoidGroupedTopK, 8, 4, 2.5f, true, 256};
+
+// ------------------------------------------------------------------------------------ tests
+class ModeTest : public ::testing::TestWithParam<Mode> {};
+
+TEST_P(ModeTest, LayerMatchesReferenceOverT) {
+  const Mode mode = GetParam();
+  Harness a(kSmallSoftmax, mode, 4097, 3);
+  for (int64_t T : {0, 1, 2, 3, 7, 8, 9, 16, 17, 127, 128, 129, 257, 4095, 4097})
+    check_layer_logits(a, mode, T, 100 + T, 48, "softmax E40 k8");
+  Harness b(kSmallSigmoid, mode, 4097, 4);
+  for (int64_t T : {1, 17, 257, 4097}) check_layer_logits(b, mode, T, 200 + T, 48, "sigmoid-grouped+shared E32 k6");
+}
+
+TEST_P(ModeTest, PresetDims) {
+  const Mode mode = GetParam();
+  const LayerDims presets[] = {
+      {"deepseek-v3 (E=32)", 7168, 2048, 32, 8, Activation::SwiGLU, Routing::SigmoidGroupedTopK, 8, 4, 2.5f, true, 2048},
+      {"qwen3-235b (E=16)", 4096, 1536, 16, 8},
+      {"qwen3-30b (E=16)", 2048, 768, 16, 8},
+      {"gpt-oss (E=16, k4, no renorm)", 2880, 2880, 16, 4, Activation::SwiGLU, Routing::SoftmaxTopK, 1, 1, 1.0f, false},
+      {"nemotron-nano (E=16, relu2)", 2688, 1856, 16, 6, Activation::Relu2, Routing::SigmoidGroupedTopK, 1, 1, 2.5f, true, 3712},
+      {"qwen2-style gated shared", 1024, 256, 16, 4, Activation::SwiGLU, Routing::SoftmaxTopK, 1, 1, 1.0f, true, 512, true},
+  };
+  for (const auto& d : presets) {
+    Harness h(d, mode, 300, 11);
+    const auto& ls = h.cuda->load_stats();
+    const double params = static_cast<double>(d.E) * (h.spec().w13_rows() * d.H + d.H * d.I) +
+                          (d.shared_I ? static_cast<double>(d.act == Activation::SwiGLU ? 2 : 1) * d.shared_I * d.H +
+                                            static_cast<double>(d.H) * d.shared_I
+                                      : 0.0);
+    std::printf("  %s: weights %zu B (%.4f B/param), workspace %zu B for 300 tokens, load %.3f s = %.2f GB/s\n",
+                d.name, h.layer->weight_bytes(), h.layer->weight_bytes() / params, h.layer->workspace_bytes(),
+                ls.seconds, ls.gb_per_s);
+    EXPECT_LE(h.layer->weight_bytes() / params, 0.5625 * 1.01);
+    check_layer_logits(h, mode, 9, 300, 9, d.name);
+    check_layer_logits(h, mode, 300, 301, 4, d.name);
+  }
+}
+
+TEST_P(ModeTest, AdversarialRouting) {
+  const Mode mode = GetParam();
+  const LayerDims d{"ids", 256, 128, 24, 4};
+  Harness hs(d, mode, 600, 5);
+  const int64_t H = d.H, K = d.k;
+  for (int scenario = 0; scenario < 4; ++scenario) {
+    const int64_t T = scenario == 3 ? 513 : 257;
+    std::vector<int32_t> ids(T * K);
+    std::vector<float> ws(T * K);
+    Rng r(scenario + 77);
+    for (int64_t i = 0; i < T * K; ++i) {
+      switch (scenario) {
+        case 0: ids[i] = static_cast<int32_t>((i % K) * 5);  break;               // 20 of 24 experts empty
+        case 1: ids[i] = 7; break;                                                 // all on one expert
+        case 2: ids[i] = (r.next() % 3 == 0) ? -1 : static_cast<int32_t>(r.next() % 24); break;  // masked
+        default: ids[i] = (i / K) % 2 ? -1 : static_cast<int32_t>(r.next() % 24); break;  // whole tokens masked
+      }
+      ws[i] = r.uniform();
+    }
+    const auto hidden = random_hidden(T, H, 900 + scenario);
+    hs.hidden.put(hidden);
+    hs.ids.put(ids);
+    hs.weights.put(ws);
+    CUDA_OK(cudaMemset(hs.out.p, 0xD5, hs.out.n * 4));
+    hs.forward_ids(T, hs.out.p, DType::F32);
+    CUDA_OK(cudaDeviceSynchronize());
+    const PlanView pv = hs.cuda->plan_view();
+    const Plan p = plan_ref(ids, d.E);
+    std::vector<int32_t> gperm(p.perm.size()), ginv(T * K), goffs(d.E + 1);
+    CUDA_OK(cudaMemcpy(goffs.data(), pv.offsets, (d.E + 1) * 4, cudaMemcpyDeviceToHost));
+    CUDA_OK(cudaMemcpy(gperm.data(), pv.perm, gperm.size() * 4, cudaMemcpyDeviceToHost));
+    CUDA_OK(cudaMemcpy(ginv.data(), pv.inv, T * K * 4, cudaMemcpyDeviceToHost));
+    EXPECT_EQ(goffs, p.offsets) << "scenario " << scenario;
+    EXPECT_EQ(gperm, p.perm) << "scenario " << scenario;
+    EXPECT_EQ(ginv, p.inv) << "scenario " << scenario;
+    const auto tokens = token_subset(T, 64);
+    const auto got = rows_of(hs.out.get(T * H), tokens, H);
+    const auto ref = layer_ref(hs.host, mode, hidden, ids, ws, tokens);
+    const Metrics m = compare(got, ref);
+    std::printf("  ids scenario %d %-5s rel_l2=%.2e rms=%.5f\n", scenario, mode_name(mode), m.rel_l2, m.rms_ratio);
+    EXPECT_CLOSE(m, "scenario " << scenario);
+    if (scenario == 3) {  // fully masked tokens are exact zeros
+      const auto all = hs.out.get(T * H);
+      for (int64_t h = 0; h < H; ++h) ASSERT_EQ(all[1 * H + h], 0.0f);
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, ModeTest, ::testing::Values(Mode::W4A16, Mode::W4A4),
+                         [](const auto& info) { return std::string(mode_name(info.param)); });
+
+// Same inputs, same bits: 5 runs, then with out and workspace poisoned (0xD5, ~0xD5, NaN); also bf16 output.
+TEST(CudaLayer, DeterministicAndPoisonProof) {
+  for (Mode mode : {Mode::W4A16, Mode::W4A4}) {
+    Harness hs(kSmallSigmoid, mode, 1000, 8);
+    const int64_t T = 777, H = hs.H();
+    hs.hidden.put(random_hidden(T, H, 1));
+    hs.logits.put(random_logits(T, hs.spec().num_experts, 2));
+    hs.forward_logits(T, hs.out.p, DType::F32);
+    CUDA_OK(cudaDeviceSynchronize());
+    const auto first = hs.out.get(T * H);
+    for (int run = 0; run < 4; ++run) {
+      hs.forward_logits(T, hs.out.p, DType::F32);
+      CUDA_OK(cudaDeviceSynchronize());
+      ASSERT_EQ(std::memcmp(hs.out.get(T * H).data(), first.data(), first.size() * 4), 0) << "run " << run;
+    }
+    for (int poison : {0xD5, 0x2A, 0xFF}) {
+      CUDA_OK(cudaMemset(hs.out.p, poison, hs.out.n * 4));
+      CUDA_OK(cudaMemset(hs.cuda->workspace(), poison, hs.layer->workspace_bytes()));
+      hs.forward_logits(T, hs.out.p, DType::F32);
+      CUDA_OK(cudaDeviceSynchronize());
+      ASSERT_EQ(std::memcmp(hs.out.get(T * H).data(), first.data(), first.size() * 4), 0) << "poison " << poison;
+    }
+    DevBuf<uint16_t> ob(T * H);
+    CUDA_OK(cudaMemset(ob.p, 0xD5, ob.n * 2));
+    hs.forward_logits(T, ob.p, DType::BF16);
+    CUDA_OK(cudaDeviceSynchronize());
+    const auto b = ob.get(T * H);
+    for (size_t i = 0; i < b.size(); ++i) ASSERT_EQ(b[i], fmt::bf16_from_float(first[i])) << i;
+  }
+}
+
+// A token's row is bitwise the same alone and among 6 or 299 other tokens.
+TEST(CudaLayer, BatchInvariance) {
+  for (Mode mode : {Mode::W4A16, Mode::W4A4}) {
+    Harness hs(kSmallSigmoid, mode, 300, 9);
+    const int64_t H = hs.H(), E = hs.spec().num_experts;
+    const auto hidden = random_hidden(300, H, 5);
+    const auto logits = random_logits(300, E, 6);
+    hs.hidden.put(hidden);
+    hs.logits.put(logits);
+    hs.forward_logits(300, hs.out.p, DType::F32);
+    CUDA_OK(cudaDeviceSynchronize());
+    const auto big = hs.out.get(300 * H);
+    hs.forward_logits(7, hs.out.p, DType::F32);
+    CUDA_OK(cudaDeviceSynchronize());
+    const auto seven = hs.out.get(7 * H);
+    ASSERT_EQ(std::memcmp(seven.data(), big.data(), seven.size() * 4), 0);
+    for (int64_t t : {0, 3, 6}) {
+      hs.hidden.put(std::vector<uint16_t>(hidden.begin() + t * H, hidden.begin() + (t + 1) * H));
+      hs.logits.put(std::vector<float>(logits.begin() + t * E, logits.begin() + (t + 1) * E));
+      hs.forward_logits(1, hs.out.p, DType::F32);
+      CUDA_OK(cudaDeviceSynchronize());
+      const auto one = hs.out.get(H);
+      ASSERT_EQ(std::memcmp(one.data(), big.data() + t * H, H * 4), 0) << "token " << t;
+    }
+  }
+}
+
+// Capture forward() once per T (global capture mode: a sync or allocation inside would fail the capture),
+// then replay with new hidden states and new routing copied into the same buffers: equal to eager each time.
+TEST(CudaLayer, GraphCaptureReplay) {
+  for (Mode mode : {Mode::W4A16, Mode::W4A4}) {
+    Harness hs(kSmallSigmoid, mode, 600, 10);
+    const int64_t H = hs.H(), E = hs.spec().num_experts, K = hs.spec().top_k;
+    cudaStream_t s;
+    CUDA_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    DevBuf<float> eager(600 * H);
+    for (int64_t T : {1, 17, 300, 600}) {
+      for (bool by_ids : {false, true}) {
+        cudaGraph_t g;
+        cudaGraphExec_t ge;
+        CUDA_OK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+        if (by_ids) hs.forward_ids(T, hs.out.p, DType::F32, s);
+        else hs.forward_logits(T, hs.out.p, DType::F32, s);
+        CUDA_OK(cudaStreamEndCapture(s, &g));
+        CUDA_OK(cudaGraphInstantiate(&ge, g, 0));
+        for (int it = 0; it < 3; ++it) {
+          const uint64_t seed = 1000 * T + 10 * it + by_ids;
+          hs.hidden.put(random_hidden(T, H, seed));
+          hs.logits.put(random_logits(T, E, seed + 1));
+          std::vector<int32_t> ids(T * K);
+          std::vector<float> ws(T * K);
+          Rng r(seed + 2);
+          for (int64_t i = 0; i < T * K; ++i) {
+            ids[i] = (r.next() % 5 == 0) ? -1 : static_cast<int32_t>(r.next() % (it == 1 ? 3 : E));
+            ws[i] = r.uniform();
+          }
+          hs.ids.put(ids);
+          hs.weights.put(ws);
+          CUDA_OK(cudaMemsetAsync(hs.out.p, 0xD5, T * H * 4, s));
+          CUDA_OK(cudaGraphLaunch(ge, s));
+          CUDA_OK(cudaStreamSynchronize(s));
+          const auto replay = hs.out.get(T * H);
+          if (by_ids) hs.forward_ids(T, eager.p, DType::F32, s);
+          else hs.forward_logits(T, eager.p, DType::F32, s);
+          CUDA_OK(cudaStreamSynchronize(s));
+          const auto ref = eager.get(T * H);
+          ASSERT_EQ(std::memcmp(replay.data(), ref.data(), ref.size() * 4), 0)
+              << mode_name(mode) << " T=" << T << " ids=" << by_ids << " it=" << it;
+        }
+        CUDA_OK(cudaGraphExecDestroy(ge));
+        CUDA_OK(cudaGraphDestroy(g));
+      }
+    }
+    CUDA_OK(cudaStreamDestroy(s));
+  }
+}
+
+TEST(CudaLayer, NoMemoryGrowthOver1000Forwards) {
+  Harness hs(kSmallSoftmax, Mode::W4A4, 256, 12);
+  hs.hidden.put(random_hidden(256, hs.H(), 1));
+  hs.logits.put(random_logits(256, hs.spec().num_experts, 2));
+  hs.forward_logits(256, hs.out.p, DType::F32);
+  CUDA_OK(cudaDeviceSynchronize());
+  size_t free0 = 0, total = 0, free1 = 0;
+  CUDA_OK(cudaMemGetInfo(&free0, &total));
+  for (int i = 0; i < 1000; ++i) hs.forward_logits(1 + (i * 37) % 256, hs.out.p, DType::F32);
+  CUDA_OK(cudaDeviceSynchronize());
+  CUDA_OK(cudaMemGetInfo(&free1, &total));
+  EXPECT_EQ(free0, free1);
+}
+
+TEST(CudaLayer, F32HiddenIsRoundedToBf16) {
+  Harness hs(kSmallSoftmax, Mode::W4A4, 64, 13);
+  const int64_t T = 33, H = hs.H();
+  const auto hidden = random_hidden(T, H, 3);
+  std::vector<float> hf(T * H);
+  Rng r(4);
+  // f32 values whose bf16 rounding is the bf16 input (low bits are noise below the bf16 half ulp).
+  for (size_t i = 0; i < hf.size(); ++i) {
+    const uint32_t noise = static_cast<uint32_t>(r.next() & 0x7FFF);
+    hf[i] = fmt::bits_float((static_cast<uint32_t>(hidden[i]) << 16) | noise);
+  }
+  hs.hidden.put(hidden);
+  hs.logits.put(random_logits(T, hs.spec().num_experts, 5));
+  hs.forward_logits(T, hs.out.p, DType::F32);
+  CUDA_OK(cudaDeviceSynchronize());
+  const auto ref = hs.out.get(T * H);
+  DevBuf<float> hdev(T * H);
+  hdev.put(hf);
+  TensorRef h = dev_tensor(hdev.p, DType::F32, {T, H});
+  TensorRef l = dev_tensor(hs.logits.p, DType::F32, {T, hs.spec().num_experts});
+  TensorRef o = dev_tensor(hs.out.p, DType::F32, {T, H});
+  RoutingArgs ra;
+  ra.router_logits = &l;
+  hs.layer->forward(h, ra, o);
+  CUDA_OK(cudaDeviceSynchronize());
+  const auto got = hs.out.get(T * H);
+  ASSERT_EQ(std::memcmp(got.data(), ref.data(), ref.size() * 4), 0);
+}
+
+// Calibration: the amax the GPU records equals the oracle's, and the layer then matches the oracle run with
+// scales amax / 2688.
+TEST(CudaLayer, Calibration) {
+  const LayerDims d{"calib", 256, 128, 8, 2};
+  Harness hs(d, Mode::W4A4, 128, 14);
+  const int64_t H = d.H, K = d.k, T = 128;
+  const auto hidden = random_hidden(T, H, 7);
+  const auto logits = random_logits(T, d.E, 8);
+  hs.hidden.put(hidden);
+  hs.logits.put(logits);
+  hs.layer->begin_calibration();
+  hs.forward_logits(T, hs.out.p, DType::F32);
+  hs.layer->end_calibration();
+  std::vector<int32_t> ids(T * K);
+  std::vector<float> ws(T * K);
+  route_ref(hs.spec(), logits.data(), nullptr, T, ids.data(), ws.data());
+  Amax am{std::vector<float>(d.E, 0.0f), std::vector<float>(d.E, 0.0f)};
+  std::vector<float> x(H), y(H);
+  for (int64_t t = 0; t < T; ++t) {
+    for (int64_t k = 0; k < H; ++k) x[k] = fmt::bf16_to_float(hidden[t * H + k]);
+    for (int64_t j = 0; j < K; ++j) expert_ref(hs.host.experts, ids[t * K + j], Mode::W4A4, x.data(), y.data(), &am);
+  }
+  const float mx1 = *std::max_element(am.g1.begin(), am.g1.end());
+  const float mx2 = *std::max_element(am.g2.begin(), am.g2.end());
+  for (int64_t e = 0; e < d.E; ++e) {
+    hs.host.experts.w13_input_scale[e] = (am.g1[e] > 0 ? am.g1[e] : mx1) / 2688.0f;
+    hs.host.experts.w2_input_scale[e] = (am.g2[e] > 0 ? am.g2[e] : mx2) / 2688.0f;
+    EXPECT_EQ(hs.cuda->routed().input_scale13[e], hs.host.experts.w13_input_scale[e]) << e;
+    EXPECT_NEAR(hs.cuda->routed().input_scale2[e], hs.host.experts.w2_input_scale[e],
+                1e-2 * hs.host.experts.w2_input_scale[e]) << e;
+    hs.host.experts.w2_input_scale[e] = hs.cuda->routed().input_scale2[e];  // a bf16 ulp may differ
+  }
+  hs.forward_logits(T, hs.out.p, DType::F32);
+  CUDA_OK(cudaDeviceSynchronize());
+  const auto tokens = token_subset(T, 32);
+  const Metrics m = compare(rows_of(hs.out.get(T * H), tokens, H), layer_ref(hs.host, Mode::W4A4, hidden, ids, ws, tokens));
+  EXPECT_CLOSE(m, "calibrated");
+}
+
+// Bad arguments are refused with an ArgumentError before anything launches; no sticky CUDA error follows.
+TEST(CudaLayer, RefusalsLeaveNoStickyError) {
+  Harness hs(kSmallSoftmax, Mode::W4A4, 64, 15);
+  const int64_t H = hs.H(), E = hs.spec().num_experts, K = hs.spec().top_k;
+  TensorRef h = dev_tensor(hs.hidden.p, DType::BF16, {8, H});
+  TensorRef l = dev_tensor(hs.logits.p, DType::F32, {8, E});
+  TensorRef o = dev_tensor(hs.out.p, DType::F32, {8, H});
+  TensorRef ids = dev_tensor(hs.ids.p, DType::I32, {8, K});
+  TensorRef ws = dev_tensor(hs.weights.p, DType::F32, {8, K});
+  RoutingArgs rl;
+  rl.router_logits = &l;
+  auto refused = [&](const TensorRef& hh, const RoutingArgs& r, const TensorRef& oo, const char* what) {
+    EXPECT_THROW(hs.layer->forward(hh, r, oo), ArgumentError) << what;
+    EXPECT_EQ(cudaGetLastError(), cudaSuccess) << what;
+  };
+  TensorRef bad = h;
+  bad.dtype = DType::F16;
+  refused(bad, rl, o, "hidden F16");
+  bad = h;
+  bad.shape = {8, H + 16};
+  refused(bad, rl, o, "hidden width");
+  bad = h;
+  bad.shape = {65, H};
+  TensorRef o65 = dev_tensor(hs.out.p, DType::F32, {65, H});
+  refused(bad, rl, o65, "T > max_tokens");
+  bad = h;
+  bad.device = DeviceType::CPU;
+  refused(bad, rl, o, "hidden on CPU");
+  bad = h;
+  bad.data = reinterpret_cast<uint8_t*>(hs.hidden.p) + 2;
+  refused(bad, rl, o, "misaligned hidden");
+  TensorRef badl = l;
+  badl.shape = {8, E + 1};
+  RoutingArgs rbad;
+  rbad.router_logits = &badl;
+  refused(h, rbad, o, "logits shape");
+  RoutingArgs none;
+  refused(h, none, o, "no routing");
+  RoutingArgs both;
+  both.router_logits = &l;
+  both.topk_ids = &ids;
+  both.topk_weights = &ws;
+  refused(h, both, o, "both routing forms");
+  TensorRef badids = ids;
+  badids.dtype = DType::I64;
+  RoutingArgs rid;
+  rid.topk_ids = &badids;
+  rid.topk_weights = &ws;
+  refused(h, rid, o, "ids dtype");
+  TensorRef bado = o;
+  bado.dtype = DType::F16;
+  refused(h, rl, bado, "out dtype");
+  // Still works afterwards.
+  hs.hidden.put(random_hidden(8, H, 1));
+  hs.logits.put(random_logits(8, E, 2));
+  hs.layer->forward(h, rl, o);
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+  // Creation refusals.
+  MoeLayerOptions opt;
+  opt.backend = Backend::Cuda;
+  opt.max_tokens = -1;
+  EXPECT_THROW(create_cuda_moe_layer(make_weights(kSmallSoftmax, 1), opt), ArgumentError);
+  opt.max_tokens = 4;
+  opt.device = 99;
+  EXPECT_THROW(create_cuda_moe_layer(make_weights(kSmallSoftmax, 1), opt), ArgumentError);
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+}
+
+// A multi-GB deepseek-v3-shaped layer: device bytes 0.5625 B/param (+ per-expert scalars), load rate.
+TEST(CudaLayer, LargeUpload) {
+  const LayerDims d{"deepseek-v3 E=96", 7168, 2048, 96, 8, Activation::SwiGLU, Routing::SigmoidGroupedTopK, 8, 4,
+                    2.5f, true, 2048};
+  MoeWeights w = make_weights(d, 21);
+  const size_t packed = w.packed_bytes();
+  MoeLayerOptions o;
+  o.backend = Backend::Cuda;
+  o.max_tokens = 64;
+  auto layer = create_cuda_moe_layer(std::move(w), o);
+  auto* c = dynamic_cast<CudaMoeLayer*>(layer.get());
+  const double params = (97.0) * (3.0 * 7168 * 2048);
+  std::printf("  %s: packed %zu B, device weights %zu B = %.5f B/param, workspace %zu B (64 tokens), "
+              "upload %.3f s = %.2f GB/s, pinned staging %zu B\n",
+              d.name, packed, layer->weight_bytes(), layer->weight_bytes() / params, layer->workspace_bytes(),
+              c->load_stats().seconds, c->load_stats().gb_per_s, c->load_stats().staging_bytes);
+  EXPECT_EQ(c->load_stats().bytes, packed);
+  EXPECT_LE(layer->weight_bytes(), packed + 64 * 1024);
+}
+
+}  // namespace
+}  // namespace nvfp4moe::cuda
