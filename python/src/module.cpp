@@ -83,7 +83,6 @@ bool is_torch_tensor(nb::handle o) {
   return torch_tensor_type_ready() && PyObject_TypeCheck(o.ptr(), g_torch.tensor_type);
 }
 
-std::string pytype_name(nb::handle o) { return nb::cast<std::string>(nb::type_name(o.type())); }
 
 void int_tuple(nb::handle tup, std::vector<int64_t>& v) {
   const Py_ssize_t n = PyTuple_Size(tup.ptr());
@@ -96,22 +95,44 @@ void int_tuple(nb::handle tup, std::vector<int64_t>& v) {
   }
 }
 
-void torch_ref(nb::handle t, const char* name, TensorRef& ref) {
+std::string py_str(nb::handle o) {
+  nb::object s = nb::steal(PyObject_Str(o.ptr()));
+  if (!s.is_valid()) throw nb::python_error();
+  const char* c = PyUnicode_AsUTF8(s.ptr());
+  if (!c) throw nb::python_error();
+  return c;
+}
+
+std::string pytype_name(nb::handle o) { return py_str(nb::type_name(o.type())); }
+
+bool truthy(const nb::object& o) {
+  const int r = PyObject_IsTrue(o.ptr());
+  if (r < 0) throw nb::python_error();
+  return r != 0;
+}
+
+std::string allowed_text(std::initializer_list<DType> allowed) {
+  std::string want;
+  for (DType d : allowed) want += (want.empty() ? "" : " or ") + std::string(nvfp4moe::dtype_name(d));
+  return want;
+}
+
+void torch_ref(nb::handle t, const char* name, TensorRef& ref, std::initializer_list<DType> allowed) {
   nb::object dt = t.attr("dtype");
   bool found = false;
   for (const auto& [obj, d] : g_torch.dtypes)
     if (obj == dt.ptr()) { ref.dtype = d; found = true; break; }
   if (!found)
-    raise_type_error(nvfp4moe::detail::cat(name, ": unsupported torch dtype ", nb::cast<std::string>(nb::str(dt))));
-  if (nb::cast<bool>(t.attr("is_cuda"))) {
+    raise_type_error(nvfp4moe::detail::cat(name, ": expected dtype ", allowed_text(allowed), ", got ", py_str(dt)));
+  if (truthy(t.attr("is_cuda"))) {
     ref.device = DeviceType::CUDA;
     ref.device_id = nb::cast<int>(t.attr("get_device")());
-  } else if (nb::cast<bool>(t.attr("is_cpu"))) {
+  } else if (truthy(t.attr("is_cpu"))) {
     ref.device = DeviceType::CPU;
     ref.device_id = 0;
   } else {
     raise_value_error(nvfp4moe::detail::cat(name, ": expected a cpu or cuda tensor, got a tensor on ",
-                                            nb::cast<std::string>(nb::str(t.attr("device")))));
+                                            py_str(t.attr("device"))));
   }
   int_tuple(t.attr("shape"), ref.shape);
   int_tuple(t.attr("stride")(), ref.strides);
@@ -146,19 +167,31 @@ bool dlpack_dtype(const nb::dlpack::dtype& d, DType* out) {
   }
 }
 
+void expect_dtype(const char* name, const TensorRef& ref, std::initializer_list<DType> allowed) {
+  for (DType d : allowed)
+    if (ref.dtype == d) return;
+  raise_type_error(nvfp4moe::detail::cat(name, ": expected dtype ", allowed_text(allowed), ", got ", nvfp4moe::dtype_name(ref.dtype),
+                                         " (", ref.describe(), ")"));
+}
+
 // Fills ref from any tensor object. keep holds the imported ndarray alive until the call returns.
 // Returns true for a torch.Tensor.
-bool to_ref(nb::handle o, const char* name, TensorRef& ref, nb::ndarray<>& keep) {
+bool to_ref(nb::handle o, const char* name, TensorRef& ref, nb::ndarray<>& keep, std::initializer_list<DType> allowed) {
   if (is_torch_tensor(o)) {
-    torch_ref(o, name, ref);
+    torch_ref(o, name, ref, allowed);
+    expect_dtype(name, ref, allowed);
     return true;
   }
   if (!nb::try_cast<nb::ndarray<>>(o, keep, false))
     raise_type_error(nvfp4moe::detail::cat(name, ": expected a tensor (torch, NumPy, CuPy, JAX or any DLPack "
                                            "array), got ", pytype_name(o)));
-  if (!dlpack_dtype(keep.dtype(), &ref.dtype))
-    raise_type_error(nvfp4moe::detail::cat(name, ": unsupported dtype (DLPack code ", int(keep.dtype().code),
-                                           ", ", int(keep.dtype().bits), " bits) from ", pytype_name(o)));
+  if (!dlpack_dtype(keep.dtype(), &ref.dtype)) {
+    static const char* codes[] = {"int", "uint", "float", "opaque", "bfloat", "complex", "bool"};
+    const auto d = keep.dtype();
+    raise_type_error(nvfp4moe::detail::cat(name, ": expected dtype ", allowed_text(allowed), ", got ",
+                                           d.code < 7 ? codes[d.code] : "code", int(d.bits),
+                                           d.lanes != 1 ? "xN" : "", " (", pytype_name(o), ")"));
+  }
   const int dev = keep.device_type();
   if (dev == nb::device::cpu::value) {
     ref.device = DeviceType::CPU;
@@ -178,17 +211,10 @@ bool to_ref(nb::handle o, const char* name, TensorRef& ref, nb::ndarray<>& keep)
     ref.strides[i] = static_cast<int64_t>(keep.stride(i));
   }
   ref.data = keep.data();
+  expect_dtype(name, ref, allowed);
   return false;
 }
 
-void expect_dtype(const char* name, const TensorRef& ref, std::initializer_list<DType> allowed) {
-  for (DType d : allowed)
-    if (ref.dtype == d) return;
-  std::string want;
-  for (DType d : allowed) want += (want.empty() ? "" : " or ") + std::string(nvfp4moe::dtype_name(d));
-  raise_type_error(nvfp4moe::detail::cat(name, ": expected dtype ", want, ", got ", nvfp4moe::dtype_name(ref.dtype),
-                                         " (", ref.describe(), ")"));
-}
 
 // ------------------------------------------------------------------------------------------- Checkpoint
 nb::dict spec_dict(const nvfp4moe::MoeSpec& s) {
@@ -299,22 +325,18 @@ class PyMoeLayer {
                      nb::handle out, nb::handle stream, int bench_iters = 0, double* bench_seconds = nullptr) {
     nb::ndarray<> keep[5];
     TensorRef h, l, ids, w, o;
-    const bool torch_in = to_ref(hidden, "hidden", h, keep[0]);
-    expect_dtype("hidden", h, {DType::BF16, DType::F32});
+    const bool torch_in = to_ref(hidden, "hidden", h, keep[0], {DType::BF16, DType::F32});
     nvfp4moe::RoutingArgs r;
     if (!router_logits.is_none()) {
-      to_ref(router_logits, "router_logits", l, keep[1]);
-      expect_dtype("router_logits", l, {DType::F32});
+      to_ref(router_logits, "router_logits", l, keep[1], {DType::F32});
       r.router_logits = &l;
     }
     if (!topk_ids.is_none()) {
-      to_ref(topk_ids, "topk_ids", ids, keep[2]);
-      expect_dtype("topk_ids", ids, {DType::I32});
+      to_ref(topk_ids, "topk_ids", ids, keep[2], {DType::I32});
       r.topk_ids = &ids;
     }
     if (!topk_weights.is_none()) {
-      to_ref(topk_weights, "topk_weights", w, keep[3]);
-      expect_dtype("topk_weights", w, {DType::F32});
+      to_ref(topk_weights, "topk_weights", w, keep[3], {DType::F32});
       r.topk_weights = &w;
     }
     nb::object out_obj;
@@ -330,8 +352,7 @@ class PyMoeLayer {
     } else {
       out_obj = nb::borrow(out);
     }
-    to_ref(out_obj, "out", o, keep[4]);
-    expect_dtype("out", o, {DType::BF16, DType::F32});
+    to_ref(out_obj, "out", o, keep[4], {DType::BF16, DType::F32});
 
     void* s = nullptr;
     if (!stream.is_none()) {
