@@ -117,26 +117,125 @@ std::string allowed_text(std::initializer_list<DType> allowed) {
   return want;
 }
 
+// Interned attribute names (created once; PyObject_GetAttrString would build a new str per call).
+struct Names {
+  PyObject *dtype, *is_cuda, *is_cpu, *get_device, *shape, *stride, *data_ptr, *device;
+};
+const Names& names() {
+  static const Names n = {PyUnicode_InternFromString("dtype"),    PyUnicode_InternFromString("is_cuda"),
+                          PyUnicode_InternFromString("is_cpu"),   PyUnicode_InternFromString("get_device"),
+                          PyUnicode_InternFromString("shape"),    PyUnicode_InternFromString("stride"),
+                          PyUnicode_InternFromString("data_ptr"), PyUnicode_InternFromString("device")};
+  return n;
+}
+
+nb::object getattr_fast(nb::handle o, PyObject* name) {
+  PyObject* r = PyObject_GetAttr(o.ptr(), name);
+  if (!r) throw nb::python_error();
+  return nb::steal(r);
+}
+nb::object call_method0(nb::handle o, PyObject* name) {
+  PyObject* r = PyObject_CallMethodNoArgs(o.ptr(), name);
+  if (!r) throw nb::python_error();
+  return nb::steal(r);
+}
+int64_t as_int64(nb::handle o) {
+  const long long x = PyLong_AsLongLong(o.ptr());
+  if (x == -1 && PyErr_Occurred()) throw nb::python_error();
+  return x;
+}
+
 void torch_ref(nb::handle t, const char* name, TensorRef& ref, std::initializer_list<DType> allowed) {
-  nb::object dt = t.attr("dtype");
+  const Names& n = names();
+  nb::object dt = getattr_fast(t, n.dtype);
   bool found = false;
   for (const auto& [obj, d] : g_torch.dtypes)
     if (obj == dt.ptr()) { ref.dtype = d; found = true; break; }
   if (!found)
     raise_type_error(nvfp4moe::detail::cat(name, ": expected dtype ", allowed_text(allowed), ", got ", py_str(dt)));
-  if (truthy(t.attr("is_cuda"))) {
+  if (truthy(getattr_fast(t, n.is_cuda))) {
     ref.device = DeviceType::CUDA;
-    ref.device_id = nb::cast<int>(t.attr("get_device")());
-  } else if (truthy(t.attr("is_cpu"))) {
+    ref.device_id = static_cast<int>(as_int64(call_method0(t, n.get_device)));
+  } else if (truthy(getattr_fast(t, n.is_cpu))) {
     ref.device = DeviceType::CPU;
     ref.device_id = 0;
   } else {
     raise_value_error(nvfp4moe::detail::cat(name, ": expected a cpu or cuda tensor, got a tensor on ",
-                                            py_str(t.attr("device"))));
+                                            py_str(getattr_fast(t, n.device))));
   }
-  int_tuple(t.attr("shape"), ref.shape);
-  int_tuple(t.attr("stride")(), ref.strides);
-  ref.data = reinterpret_cast<void*>(nb::cast<uintptr_t>(t.attr("data_ptr")()));
+  int_tuple(getattr_fast(t, n.shape), ref.shape);
+  int_tuple(call_method0(t, n.stride), ref.strides);
+  ref.data = PyLong_AsVoidPtr(call_method0(t, n.data_ptr).ptr());
+  if (!ref.data && PyErr_Occurred()) throw nb::python_error();
+}
+
+// ------------------------------------------------------------------------------------------- buffer path
+// NumPy (and any buffer-protocol exporter) through PyObject_GetBuffer: no DLPack capsule, no allocation.
+struct BufferGuard {
+  Py_buffer view{};
+  bool held = false;
+  BufferGuard() = default;
+  BufferGuard(const BufferGuard&) = delete;
+  BufferGuard& operator=(const BufferGuard&) = delete;
+  ~BufferGuard() { release(); }
+  void release() {
+    if (held) PyBuffer_Release(&view);
+    held = false;
+  }
+};
+
+bool buffer_dtype(const char* fmt, Py_ssize_t itemsize, DType* out) {
+  if (!fmt) fmt = "B";
+  if (*fmt == '<' || *fmt == '=' || *fmt == '@') ++fmt;  // little-endian / native only
+  if (fmt[0] == 0 || fmt[1] != 0) return false;
+  switch (fmt[0]) {
+    case 'f': *out = DType::F32; return itemsize == 4;
+    case 'e': *out = DType::F16; return itemsize == 2;
+    case 'b': *out = DType::I8; return itemsize == 1;
+    case 'B': *out = DType::U8; return itemsize == 1;
+    case '?': *out = DType::BOOL; return itemsize == 1;
+    case 'i': case 'l': case 'q':
+      if (itemsize == 4) { *out = DType::I32; return true; }
+      if (itemsize == 8) { *out = DType::I64; return true; }
+      return false;
+    default: return false;
+  }
+}
+
+// Returns false (with no Python error set) when o has no usable buffer; the caller then tries DLPack.
+bool buffer_ref(nb::handle o, const char* name, TensorRef& ref, BufferGuard& g, bool writable) {
+  if (!PyObject_CheckBuffer(o.ptr())) return false;
+  if (PyObject_GetBuffer(o.ptr(), &g.view, writable ? PyBUF_RECORDS : PyBUF_RECORDS_RO) != 0) {
+    PyErr_Clear();
+    if (writable && PyObject_GetBuffer(o.ptr(), &g.view, PyBUF_RECORDS_RO) == 0) {
+      PyBuffer_Release(&g.view);
+      raise_value_error(nvfp4moe::detail::cat(name, ": expected a writable array, got a read-only ", pytype_name(o)));
+    }
+    PyErr_Clear();
+    return false;
+  }
+  g.held = true;
+  if (!buffer_dtype(g.view.format, g.view.itemsize, &ref.dtype)) {
+    g.release();
+    return false;  // the DLPack path reports the dtype
+  }
+  const int nd = g.view.ndim;
+  ref.shape.resize(static_cast<size_t>(nd));
+  ref.strides.resize(static_cast<size_t>(nd));
+  for (int i = 0; i < nd; ++i) {
+    ref.shape[static_cast<size_t>(i)] = g.view.shape[i];
+    const Py_ssize_t st = g.view.strides ? g.view.strides[i] : 0;
+    if (st % g.view.itemsize != 0) {
+      g.release();
+      return false;
+    }
+    ref.strides[static_cast<size_t>(i)] = st / g.view.itemsize;
+  }
+  if (!g.view.strides && nd > 0) ref.strides.clear();  // contiguous
+  ref.device = DeviceType::CPU;
+  ref.device_id = 0;
+  ref.data = g.view.buf;
+  return true;
 }
 
 // ------------------------------------------------------------------------------------------- DLPack path
@@ -176,41 +275,51 @@ void expect_dtype(const char* name, const TensorRef& ref, std::initializer_list<
 
 // Fills ref from any tensor object. keep holds the imported ndarray alive until the call returns.
 // Returns true for a torch.Tensor.
-bool to_ref(nb::handle o, const char* name, TensorRef& ref, nb::ndarray<>& keep, std::initializer_list<DType> allowed) {
+struct Keep {  // what keeps one converted argument's memory alive until the call returns
+  nb::ndarray<> array;
+  BufferGuard buffer;
+};
+
+bool to_ref(nb::handle o, const char* name, TensorRef& ref, Keep& keep, std::initializer_list<DType> allowed,
+            bool writable = false) {
   if (is_torch_tensor(o)) {
     torch_ref(o, name, ref, allowed);
     expect_dtype(name, ref, allowed);
     return true;
   }
-  if (!nb::try_cast<nb::ndarray<>>(o, keep, false))
+  if (buffer_ref(o, name, ref, keep.buffer, writable)) {
+    expect_dtype(name, ref, allowed);
+    return false;
+  }
+  if (!nb::try_cast<nb::ndarray<>>(o, keep.array, false))
     raise_type_error(nvfp4moe::detail::cat(name, ": expected a tensor (torch, NumPy, CuPy, JAX or any DLPack "
                                            "array), got ", pytype_name(o)));
-  if (!dlpack_dtype(keep.dtype(), &ref.dtype)) {
+  if (!dlpack_dtype(keep.array.dtype(), &ref.dtype)) {
     static const char* codes[] = {"int", "uint", "float", "opaque", "bfloat", "complex", "bool"};
-    const auto d = keep.dtype();
+    const auto d = keep.array.dtype();
     raise_type_error(nvfp4moe::detail::cat(name, ": expected dtype ", allowed_text(allowed), ", got ",
                                            d.code < 7 ? codes[d.code] : "code", int(d.bits),
                                            d.lanes != 1 ? "xN" : "", " (", pytype_name(o), ")"));
   }
-  const int dev = keep.device_type();
+  const int dev = keep.array.device_type();
   if (dev == nb::device::cpu::value) {
     ref.device = DeviceType::CPU;
     ref.device_id = 0;
   } else if (dev == nb::device::cuda::value || dev == nb::device::cuda_managed::value) {
     ref.device = DeviceType::CUDA;
-    ref.device_id = keep.device_id();
+    ref.device_id = keep.array.device_id();
   } else {
     raise_value_error(nvfp4moe::detail::cat(name, ": expected a cpu or cuda array, got DLPack device type ", dev,
                                             " from ", pytype_name(o)));
   }
-  const size_t nd = keep.ndim();
+  const size_t nd = keep.array.ndim();
   ref.shape.resize(nd);
   ref.strides.resize(nd);
   for (size_t i = 0; i < nd; ++i) {
-    ref.shape[i] = static_cast<int64_t>(keep.shape(i));
-    ref.strides[i] = static_cast<int64_t>(keep.stride(i));
+    ref.shape[i] = static_cast<int64_t>(keep.array.shape(i));
+    ref.strides[i] = static_cast<int64_t>(keep.array.stride(i));
   }
-  ref.data = keep.data();
+  ref.data = keep.array.data();
   expect_dtype(name, ref, allowed);
   return false;
 }
@@ -323,8 +432,9 @@ class PyMoeLayer {
 
   nb::object forward(nb::handle hidden, nb::handle router_logits, nb::handle topk_ids, nb::handle topk_weights,
                      nb::handle out, nb::handle stream, int bench_iters = 0, double* bench_seconds = nullptr) {
-    nb::ndarray<> keep[5];
-    TensorRef h, l, ids, w, o;
+    Keep keep[5];
+    // Per-thread scratch: the vectors keep their capacity, so a call allocates nothing on the host.
+    thread_local TensorRef h, l, ids, w, o;
     const bool torch_in = to_ref(hidden, "hidden", h, keep[0], {DType::BF16, DType::F32});
     nvfp4moe::RoutingArgs r;
     if (!router_logits.is_none()) {
@@ -352,7 +462,7 @@ class PyMoeLayer {
     } else {
       out_obj = nb::borrow(out);
     }
-    to_ref(out_obj, "out", o, keep[4], {DType::BF16, DType::F32});
+    to_ref(out_obj, "out", o, keep[4], {DType::BF16, DType::F32}, /*writable=*/true);
 
     void* s = nullptr;
     if (!stream.is_none()) {
