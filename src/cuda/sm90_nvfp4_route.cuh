@@ -16,7 +16,9 @@ namespace nvfp4moe::cuda::kernels {
 inline constexpr int kRouteWarps = 2;  // tokens per block
 
 // Shared memory per warp: key[E] f32, aux[E] f32, gscore[E] f32, eligible[E] u8.
-__host__ __device__ inline size_t route_smem_per_warp(int experts) { return static_cast<size_t>(experts) * 13 + 16; }
+__host__ __device__ inline size_t route_smem_per_warp(int experts) {
+  return (static_cast<size_t>(experts) * 13 + 31) / 16 * 16;  // 16-byte aligned per warp
+}
 
 // Warp-wide argmax over eligible entries of key[0, n): (value, lower index) order. Returns -1 when none.
 __device__ __forceinline__ int warp_argmax(const float* key, const uint8_t* eligible, int n, int lane) {

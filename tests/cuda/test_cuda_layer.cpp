@@ -19,6 +19,7 @@
 #include <thread>
 #include <vector>
 
+#include "cpu/reference.h"
 #include "cuda/cuda_backend.h"
 #include "cuda/cuda_layer.h"
 #include "format/nvfp4.h"
@@ -172,13 +173,8 @@ MoeWeights make_weights(const LayerDims& d, uint64_t seed) {
   return w;
 }
 
-// A host copy of what the oracle needs (MoeWeights moves into the layer).
-struct HostLayer {
-  MoeSpec spec;
-  StackedExperts experts, shared;
-  std::vector<float> router_bias;
-  std::vector<uint16_t> shared_gate_weight;
-};
+// A host copy of the weights (MoeWeights moves into the layer): for the oracles.
+using HostLayer = MoeWeights;
 HostLayer host_copy(const MoeWeights& w) {
   HostLayer h;
   h.spec = w.spec;
@@ -477,6 +473,23 @@ std::vector<float> rows_of(const std::vector<float>& all, const std::vector<int6
   return r;
 }
 
+// The project's CPU reference (src/cpu/reference.cpp) on the listed tokens only (tokens are independent).
+std::vector<float> cpu_reference_rows(const MoeWeights& w, Mode mode, const std::vector<uint16_t>& hidden,
+                                      const std::vector<int32_t>& ids, const std::vector<float>& ws,
+                                      const std::vector<int64_t>& tokens) {
+  const int64_t H = w.spec.hidden, K = w.spec.top_k, n = static_cast<int64_t>(tokens.size());
+  std::vector<uint16_t> h(n * H);
+  std::vector<int32_t> i(n * K);
+  std::vector<float> wt(n * K), out(n * H);
+  for (int64_t r = 0; r < n; ++r) {
+    std::copy(hidden.begin() + tokens[r] * H, hidden.begin() + (tokens[r] + 1) * H, h.begin() + r * H);
+    std::copy(ids.begin() + tokens[r] * K, ids.begin() + (tokens[r] + 1) * K, i.begin() + r * K);
+    std::copy(ws.begin() + tokens[r] * K, ws.begin() + (tokens[r] + 1) * K, wt.begin() + r * K);
+  }
+  cpu::moe_forward(w, mode, h.data(), n, i.data(), wt.data(), out.data());
+  return out;
+}
+
 // Runs routing from logits at T, checks ids/plan bitwise against the CPU, returns the layer's f32 output.
 void check_layer_logits(Harness& hs, Mode mode, int64_t T, uint64_t seed, int64_t max_ref_tokens,
                         const std::string& what) {
@@ -516,9 +529,17 @@ void check_layer_logits(Harness& hs, Mode mode, int64_t T, uint64_t seed, int64_
   const auto got = rows_of(hs.out.get(T * H), tokens, H);
   const auto ref = layer_ref(hs.host, mode, hidden, gids, gws, tokens);
   const Metrics m = compare(got, ref);
-  std::printf("  %-34s %-5s T=%-5lld rel_l2=%.2e rms=%.5f\n", what.c_str(), mode_name(mode),
-              static_cast<long long>(T), m.rel_l2, m.rms_ratio);
+  const Metrics mc = compare(got, cpu_reference_rows(hs.host, mode, hidden, gids, gws, tokens));
+  std::vector<int32_t> cids(T * K);
+  std::vector<float> cws(T * K);
+  cpu::route(hs.spec(), logits.data(), hs.host.router_bias.empty() ? nullptr : hs.host.router_bias.data(), T,
+             cids.data(), cws.data());
+  EXPECT_EQ(gids, cids) << what << ": routing ids vs cpu::route";
+  std::printf("  %-34s %-5s T=%-5lld oracle rel_l2=%.2e rms=%.5f | cpu::moe_forward rel_l2=%.2e rms=%.5f\n",
+              what.c_str(), mode_name(mode), static_cast<long long>(T), m.rel_l2, m.rms_ratio, mc.rel_l2,
+              mc.rms_ratio);
   EXPECT_CLOSE(m, what << " T=" << T);
+  EXPECT_CLOSE(mc, what << " T=" << T << " vs cpu::moe_forward");
 }
 
 const LayerDims kSmallSoftmax{"small-softmax", 512, 256, 40, 8};
@@ -602,8 +623,11 @@ TEST_P(ModeTest, AdversarialRouting) {
     const auto got = rows_of(hs.out.get(T * H), tokens, H);
     const auto ref = layer_ref(hs.host, mode, hidden, ids, ws, tokens);
     const Metrics m = compare(got, ref);
-    std::printf("  ids scenario %d %-5s rel_l2=%.2e rms=%.5f\n", scenario, mode_name(mode), m.rel_l2, m.rms_ratio);
+    const Metrics mc = compare(got, cpu_reference_rows(hs.host, mode, hidden, ids, ws, tokens));
+    std::printf("  ids scenario %d %-5s oracle rel_l2=%.2e rms=%.5f | cpu::moe_forward rel_l2=%.2e rms=%.5f\n",
+                scenario, mode_name(mode), m.rel_l2, m.rms_ratio, mc.rel_l2, mc.rms_ratio);
     EXPECT_CLOSE(m, "scenario " << scenario);
+    EXPECT_CLOSE(mc, "scenario " << scenario << " vs cpu::moe_forward");
     if (scenario == 3) {  // fully masked tokens are exact zeros
       const auto all = hs.out.get(T * H);
       for (int64_t h = 0; h < H; ++h) ASSERT_EQ(all[1 * H + h], 0.0f);
@@ -891,6 +915,60 @@ TEST(CudaLayer, LargeUpload) {
               c->load_stats().seconds, c->load_stats().gb_per_s, c->load_stats().staging_bytes);
   EXPECT_EQ(c->load_stats().bytes, packed);
   EXPECT_LE(layer->weight_bytes(), packed + 64 * 1024);
+}
+
+}  // namespace
+}  // namespace nvfp4moe::cuda
+
+namespace nvfp4moe::cuda {
+namespace {
+
+// Through the public API: MoeLayer::create with backend cuda vs backend cpu on the same weights and inputs.
+TEST(CudaLayer, PublicApiCudaVsCpuBackend) {
+  for (Mode mode : {Mode::W4A16, Mode::W4A4}) {
+    const int64_t T = 65, H = kSmallSigmoid.H, E = kSmallSigmoid.E;
+    MoeWeights w = make_weights(kSmallSigmoid, 31);
+    MoeWeights wc = host_copy(w);
+    MoeLayerOptions o;
+    o.mode = mode;
+    o.max_tokens = 128;
+    o.backend = Backend::Cpu;
+    auto cpu_layer = MoeLayer::create(std::move(wc), o);
+    o.backend = Backend::Cuda;
+    auto gpu_layer = MoeLayer::create(std::move(w), o);
+    const auto hidden = random_hidden(T, H, 1);
+    const auto logits = random_logits(T, E, 2);
+    std::vector<float> out_cpu(T * H);
+    TensorRef hc;
+    hc.data = const_cast<uint16_t*>(hidden.data());
+    hc.dtype = DType::BF16;
+    hc.shape = {T, H};
+    TensorRef lc = hc;
+    lc.data = const_cast<float*>(logits.data());
+    lc.dtype = DType::F32;
+    lc.shape = {T, E};
+    TensorRef oc = hc;
+    oc.data = out_cpu.data();
+    oc.dtype = DType::F32;
+    RoutingArgs rc;
+    rc.router_logits = &lc;
+    cpu_layer->forward(hc, rc, oc);
+    DevBuf<uint16_t> hd(T * H);
+    DevBuf<float> ld(T * E), od(T * H);
+    hd.put(hidden);
+    ld.put(logits);
+    TensorRef hg = dev_tensor(hd.p, DType::BF16, {T, H});
+    TensorRef lg = dev_tensor(ld.p, DType::F32, {T, E});
+    TensorRef og = dev_tensor(od.p, DType::F32, {T, H});
+    RoutingArgs rg;
+    rg.router_logits = &lg;
+    gpu_layer->forward(hg, rg, og);
+    CUDA_OK(cudaDeviceSynchronize());
+    const Metrics m = compare(od.get(T * H), out_cpu);
+    std::printf("  public API cuda vs cpu backend %-5s rel_l2=%.2e rms=%.5f (weights %zu B, workspace %zu B)\n",
+                mode_name(mode), m.rel_l2, m.rms_ratio, gpu_layer->weight_bytes(), gpu_layer->workspace_bytes());
+    EXPECT_CLOSE(m, "public API " << mode_name(mode));
+  }
 }
 
 }  // namespace
