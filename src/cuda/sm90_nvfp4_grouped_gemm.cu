@@ -47,8 +47,18 @@ template <int BT, int STAGES, int WGS, sm90::Epilogue EPI>
 cudaError_t launch(const CUtensorMap& map, const sm90::GemmParams& p, int grid, cudaStream_t stream) {
   using Tr = sm90::KernelTraits<BT, WGS, STAGES, EPI>;
   auto kernel = sm90::sm90_nvfp4_grouped_gemm_kernel<BT, WGS, STAGES, EPI>;
-  static cudaError_t attr = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes);
-  if (attr != cudaSuccess) return attr;
+  static cudaError_t attr = [&] {
+    cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes);
+    if (e != cudaSuccess) return e;
+    cudaFuncAttributes fa{};
+    e = cudaFuncGetAttributes(&fa, kernel);
+    if (e != cudaSuccess) return e;
+    // setmaxnreg.inc waits for registers the CTA does not own otherwise: a hang, not an error.
+    if (fa.numRegs * Tr::kThreads < Tr::kRegsNeeded) return cudaErrorInvalidConfiguration;
+    return cudaSuccess;
+  }();
+  if (attr != cudaSuccess) return fail("sm90_nvfp4_grouped_gemm: kernel attributes / register budget check failed (" +
+                                       std::string(cudaGetErrorString(attr)) + ")");
   kernel<<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(map, p);
   return cudaGetLastError();
 }

@@ -257,6 +257,11 @@ struct KernelTraits {
   static_assert(BT % 16 == 0 && BT >= 16 && BT <= 128, "BT: wgmma N in 16..128, two m64 blocks per thread");
   static_assert(WGS == 2 || (WGS == 4 && BT <= 16), "WGS 4 only with the small accumulators of BT = 16");
   static constexpr int kThreads = (WGS + 1) * 128;
+  // setmaxnreg budgets. The CTA owns kThreads x (registers ptxas gave the kernel) registers; asking for more
+  // than that in setmaxnreg.inc blocks forever, so the launcher checks kRegsNeeded against the compiled count.
+  static constexpr int kProducerRegs = WGS <= 2 ? 40 : 24;
+  static constexpr int kConsumerRegs = WGS <= 2 ? 232 : 112;
+  static constexpr int kRegsNeeded = 128 * kProducerRegs + WGS * 128 * kConsumerRegs;
   static constexpr int kABytes = BT * 128;                  // one stage of A: BT rows x 64 bf16, swizzled
   static constexpr int kWBytes = WGS * kUnitBytes;          // one stage of weights
   static constexpr int kStageBytes = kABytes + kWBytes;
@@ -290,8 +295,7 @@ __global__ void __launch_bounds__((WGS + 1) * 128, 1)
 
   if (wg == 0) {
     // ---------------------------------------------------------------- producer
-    if constexpr (WGS <= 2) asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
-    else asm volatile("setmaxnreg.dec.sync.aligned.u32 24;");
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(Tr::kProducerRegs));
     if (threadIdx.x != 0) return;
     asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&tmap_a)) : "memory");
     int s = 0;
@@ -321,8 +325,7 @@ __global__ void __launch_bounds__((WGS + 1) * 128, 1)
     }
   } else {
     // ---------------------------------------------------------------- consumers
-    if constexpr (WGS <= 2) asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
-    else asm volatile("setmaxnreg.inc.sync.aligned.u32 120;");
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(Tr::kConsumerRegs));
     const int c = wg - 1;
     const uint32_t smem_w_u32 = smem_u32(smem_w);
     const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
