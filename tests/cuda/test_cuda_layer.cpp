@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cuda_runtime.h>
+#include <sys/resource.h>
 
 #include <algorithm>
 #include <chrono>
@@ -558,6 +559,24 @@ TEST_P(ModeTest, LayerMatchesReferenceOverT) {
   for (int64_t T : {1, 17, 257, 4097}) check_layer_logits(b, mode, T, 200 + T, 48, "sigmoid-grouped+shared E32 k6");
 }
 
+// Partial tiles (H % 64 != 0, I % 32 != 0), relu2 with a narrow shared expert, E = 1, k = E, E = 257 / 512,
+// k = 10: every edge of the tile walk and of the routing/plan kernels.
+TEST_P(ModeTest, OddShapesAndExtremeRouting) {
+  const Mode mode = GetParam();
+  const LayerDims dims[] = {
+      {"H272 I144 E8 k3", 272, 144, 8, 3},
+      {"relu2 H208 I80 shared48", 208, 80, 12, 2, Activation::Relu2, Routing::SigmoidGroupedTopK, 1, 1, 2.5f, true, 48},
+      {"E1 k1", 128, 64, 1, 1},
+      {"k=E=8", 128, 96, 8, 8},
+      {"E257 k10", 128, 64, 257, 10},
+      {"E512 k8 sigmoid 8 groups", 128, 64, 512, 8, Activation::SwiGLU, Routing::SigmoidGroupedTopK, 8, 3, 1.5f, false},
+  };
+  for (const auto& d : dims) {
+    Harness h(d, mode, 300, 17);
+    for (int64_t T : {1, 17, 129, 300}) check_layer_logits(h, mode, T, 500 + T, 40, d.name);
+  }
+}
+
 TEST_P(ModeTest, PresetDims) {
   const Mode mode = GetParam();
   const LayerDims presets[] = {
@@ -915,6 +934,40 @@ TEST(CudaLayer, LargeUpload) {
               c->load_stats().seconds, c->load_stats().gb_per_s, c->load_stats().staging_bytes);
   EXPECT_EQ(c->load_stats().bytes, packed);
   EXPECT_LE(layer->weight_bytes(), packed + 64 * 1024);
+  struct rusage ru;
+  getrusage(RUSAGE_SELF, &ru);
+  std::printf("  host peak RSS of the process so far: %.2f GB (MoeWeights %.2f GB + 64 MB pinned staging)\n",
+              ru.ru_maxrss / 1048576.0, packed / 1e9);
+}
+
+// Not a benchmark (issue 4 has the protocol): eager forward times of this mma.sync path for the record.
+TEST(CudaLayer, ForwardTimesForTheRecord) {
+  const LayerDims d{"deepseek-v3 E=32", 7168, 2048, 32, 8, Activation::SwiGLU, Routing::SigmoidGroupedTopK, 8, 4,
+                    2.5f, true, 2048};
+  for (Mode mode : {Mode::W4A16, Mode::W4A4}) {
+    Harness hs(d, mode, 4096, 23);
+    hs.hidden.put(random_hidden(4096, d.H, 1));
+    hs.logits.put(random_logits(4096, d.E, 2));
+    cudaEvent_t e0, e1;
+    CUDA_OK(cudaEventCreate(&e0));
+    CUDA_OK(cudaEventCreate(&e1));
+    for (int64_t T : {1, 16, 64, 256, 1024, 4096}) {
+      hs.forward_logits(T, hs.out.p, DType::F32);
+      const int iters = T >= 1024 ? 3 : 20;
+      CUDA_OK(cudaEventRecord(e0));
+      for (int i = 0; i < iters; ++i) hs.forward_logits(T, hs.out.p, DType::F32);
+      CUDA_OK(cudaEventRecord(e1));
+      CUDA_OK(cudaEventSynchronize(e1));
+      float ms = 0;
+      CUDA_OK(cudaEventElapsedTime(&ms, e0, e1));
+      const double us = 1000.0 * ms / iters;
+      const double flops = 2.0 * T * (d.k * (2.0 * d.I * d.H + d.H * d.I) + (2.0 * d.shared_I * d.H + d.H * d.shared_I));
+      std::printf("  %s %-5s T=%-5lld %10.1f us  %7.1f TFLOP/s\n", d.name, mode_name(mode),
+                  static_cast<long long>(T), us, flops / us * 1e-6);
+    }
+    CUDA_OK(cudaEventDestroy(e0));
+    CUDA_OK(cudaEventDestroy(e1));
+  }
 }
 
 }  // namespace
