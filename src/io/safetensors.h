@@ -67,6 +67,7 @@ class SafetensorsSet {
  private:
   std::vector<std::shared_ptr<SafetensorsFile>> files_;
   std::map<std::string, std::pair<const TensorInfo*, size_t>> index_;  // name -> (info, file number)
+  std::string path_;  // what open() was given, for messages
 };
 
 // Writer. Tensors are described up front and their bytes produced by a callback, so a large checkpoint is
