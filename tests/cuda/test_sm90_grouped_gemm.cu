@@ -399,6 +399,19 @@ TEST(Sm90GroupedGemm, BatchInvariance) {
   }
 }
 
+TEST(Sm90GroupedGemm, HeuristicPicksFromTheList) {
+  for (double rpe : {0.03, 0.5, 1.0, 7.0, 16.0, 16.5, 31.0, 64.0, 128.0, 4096.0}) {
+    const Sm90GemmConfig c = sm90_pick_config(rpe, 4096, 7168);
+    bool listed = false;
+    for (const auto& l : sm90_gemm_configs())
+      listed |= l.block_t == c.block_t && l.stages == c.stages && l.consumer_warpgroups == c.consumer_warpgroups;
+    EXPECT_TRUE(listed) << rpe;
+    if (rpe <= 128) EXPECT_GE(c.block_t, rpe);
+  }
+  EXPECT_EQ(sm90_pick_config(0.03, 4096, 7168).consumer_warpgroups, 2);
+  EXPECT_EQ(sm90_pick_config(1.0, 4096, 7168).consumer_warpgroups, 4);
+}
+
 TEST(Sm90GroupedGemm, RefusesBadArguments) {
   Sm90GemmArgs args;
   EXPECT_EQ(sm90_nvfp4_grouped_gemm(args, sm90_gemm_configs()[0], nullptr), cudaErrorInvalidValue);
