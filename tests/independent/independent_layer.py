@@ -272,7 +272,7 @@ class Case:
         differ in some experts (the GEMM1 scale must be their max); gate/up weight scales differ in the odd
         experts (quantized separately)."""
         rng = self.rng
-        normal = hidden[9:]  # the rows past the crafted edge rows
+        normal = hidden[N_EDGE_ROWS:]  # the rows past the crafted edge rows
         amax_x = float(np.max(np.abs(normal)))
         allx = [(e, ex) for e, ex in enumerate(self.experts)] + ([(-1, self.shared)] if self.shared else [])
         for e, ex in allx:
@@ -560,13 +560,108 @@ def fp32_layer(case, hidden32, ids, w, mode):
 
 
 # ============================================================================================ inputs
+N_EDGE_ROWS = 13  # rows 0..12 of every input are crafted (routing ties, magnitudes, quantizer ties)
+
+
 def make_hidden(rng, T, H):
     x = rng.standard_normal((T, H)) * np.exp(rng.uniform(-1.0, 1.0, size=(T, 1)))
     x[5] = 0.0                 # an all-zero token
     x[6, 16:32] = 0.0          # a zero block
-    x[7] *= 1e-4               # tiny: subnormal e4m3 activation scales
+    x[7] *= 2e-5               # tiny: e4m3-subnormal GEMM1 activation scales (GEMM2 input underflows to 0)
     x[8] *= 4.0                # past the calibration amax: saturating block scales
-    return x.astype(F32)
+    x[9] *= 3e-3               # small: e4m3-subnormal GEMM2 activation scales
+    return x.astype(F32)       # rows 10, 11, 12: craft_quantizer_ties()
+
+
+def exact_gs_scale(target_input_scale, three):
+    """An input_scale near the target whose gs = 1/input_scale is exactly 2^k (three=False) or 3 * 2^k."""
+    base = 3.0 if three else 1.0
+    k = int(round(math.log2(1.0 / (float(target_input_scale) * base))))
+    for kk in (k, k + 1, k - 1, k + 2):
+        s = F32(1.0 / (base * 2.0 ** kk))
+        if float(F32(1.0) / s) == base * 2.0 ** kk:
+            return s, kk
+    raise RuntimeError("no exactly invertible input scale found")
+
+
+def craft_quantizer_ties(case, rng, hidden):
+    """Make section 4's rounding decisions land on exact ties for tokens 10 and 11.
+    Expert 0 (and the shared expert) get gs = 3 * 2^k: then S = (gs * vmax) / 6 is exact, and token 10's block
+    maxima put S exactly on an e4m3 midpoint whose tie goes DOWN to the even code (mantissa 6 -> 6.5): a
+    kernel computing gs * (vmax / 6), or multiplying by an approximate 1/6, lands a hair above and rounds up.
+    Expert 1 gets gs = 2^k (up_proj's scale; gate's smaller, so the max rule matters): token 11's blocks have
+    power-of-two scales, so x * os is exact and hits every e2m1 tie (0.25 ... 5) exactly."""
+    H = hidden.shape[1]
+    targets = [case.experts[0]] + ([case.shared] if case.shared is not None else [])
+    ex0 = case.experts[0]
+    s0, k0 = exact_gs_scale(max(ex0.input_scale["gate_proj"], ex0.input_scale["up_proj"]), three=True)
+    for ex in targets:
+        ex.input_scale["gate_proj"] = ex.input_scale["up_proj"] = s0
+    ex1 = case.experts[1]
+    s1, k1 = exact_gs_scale(max(ex1.input_scale["gate_proj"], ex1.input_scale["up_proj"]), three=False)
+    ex1.input_scale["up_proj"], ex1.input_scale["gate_proj"] = s1, F32(s1 * F32(0.8))
+    # Token 10: S = vmax * 2^(k0 - 1) = midpoint of codes c (mantissa 6, even) and c + 1.
+    row = np.zeros(H)
+    for b in range(H // 16):
+        e = int(rng.integers(4, 16)) if b else 0            # one block in the subnormal range (e = 0)
+        c = (e << 3) | 6
+        mid = (E4M3_VALUES[c] + E4M3_VALUES[c + 1]) / 2
+        vmax = mid * 2.0 ** (1 - k0)
+        blk = rng.uniform(-0.9, 0.9, size=16) * vmax
+        blk[int(rng.integers(16))] = vmax * (1 if rng.integers(2) else -1)
+        row[16 * b:16 * b + 16] = blk
+    hidden[10] = bf16_to_f32(bf16_bits(row.astype(F32)))
+    # Token 11: block scale 2^j, every element an exact e2m1 grid point or tie times 2^(j - k1).
+    grid = np.array([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 0.0])
+    row = np.zeros(H)
+    for b in range(H // 16):
+        j = int(rng.integers(-9, 8))                          # -9..-7: subnormal scales
+        blk = rng.choice(grid, size=16) * np.where(rng.integers(2, size=16) == 1, 1.0, -1.0)
+        blk[int(rng.integers(16))] = 6.0
+        row[16 * b:16 * b + 16] = blk * 2.0 ** (j - k1)
+    hidden[11] = row.astype(F32)
+    # Token 12 (expert 2): S one fp32 ulp below an e4m3 midpoint whose tie goes UP (mantissa 1 -> 1.5, c odd).
+    # With X = fl(gs * vmax) = prev_float(6 mid), the exact X / 6 = mid - 2/3 ulp rounds to mid - ulp -> code c,
+    # while X * fl(1/6) = mid - 0.37 ulp rounds to mid, a tie -> code c + 1; gs * fl(vmax / 6) also lands on
+    # c + 1 for the configuration chosen. Searched: a bf16 vmax and a gs = 1 / input_scale (exactly, in fp32)
+    # with fl(gs * vmax) = X; the other blocks use vmax * 2^d (everything scales exactly).
+    ex2 = case.experts[2]
+    gs_cal = 1.0 / float(max(ex2.input_scale["gate_proj"], ex2.input_scale["up_proj"]))
+    best = None
+    for e in range(1, 16):
+        c = (e << 3) | 1
+        mid = (E4M3_VALUES[c] + E4M3_VALUES[c + 1]) / 2
+        X = np.nextafter(F32(6 * mid), F32(0))
+        for m in range(128):
+            vm = 1 + m / 128
+            j = int(round(math.log2(float(X) / gs_cal / vm)))
+            vmax = F32(vm * 2.0 ** j)
+            g0 = int(F32(float(X) / float(vmax)).view(np.uint32))
+            for g in np.array([g0 - 1, g0, g0 + 1], dtype=np.uint32).view(F32):
+                ins = F32(1) / g
+                if F32(g * vmax) != X or F32(1) / ins != g:
+                    continue
+                S, S1 = F32(X / F32(6)), F32(X * (F32(1) / F32(6)))
+                S2 = F32(g * F32(vmax / F32(6)))
+                if not (int(e4m3_encode(S)) == c and int(e4m3_encode(S1)) == c + 1 and int(e4m3_encode(S2)) == c + 1):
+                    continue
+                dist = abs(math.log(float(g) / gs_cal))
+                if best is None or dist < best[0]:
+                    best = (dist, e, float(vmax), ins)
+    assert best is not None, "no near-tie input scale found"
+    _, e2, vmax2, ins2 = best
+    ex2.input_scale["gate_proj"] = ex2.input_scale["up_proj"] = ins2
+    row = np.zeros(H)
+    for b in range(H // 16):
+        d = int(rng.integers(1 - e2, 16 - e2))                # stay within the normal binades (e2 + d in 1..15)
+        vmax = vmax2 * 2.0 ** d
+        blk = rng.uniform(-0.9, 0.9, size=16) * vmax
+        blk[int(rng.integers(16))] = vmax * (1 if rng.integers(2) else -1)
+        row[16 * b:16 * b + 16] = blk
+    hidden[12] = bf16_to_f32(bf16_bits(row.astype(F32)))
+    for t in (10, 11, 12):
+        assert np.array_equal(bf16_to_f32(bf16_bits(hidden[t])), hidden[t]), "crafted row not bf16-exact"
+    return hidden
 
 
 def make_logits(case, rng, T):
@@ -577,9 +672,17 @@ def make_logits(case, rng, T):
         o = np.argsort(-lg[1].astype(np.float64), kind="stable")
         lg[1, o[k]] = lg[1, o[k - 1]]                      # tie at the selection boundary
         lg[2, 0] = lg[2, E - 1] = np.max(lg[2]) + F32(0.25)  # tied maxima at both ends
+        lg[10, 0] = np.max(lg[10]) + F32(1.0)              # the crafted tokens go to experts 0 and 1
+        lg[11, 1] = np.max(lg[11]) + F32(1.0)
+        lg[12, 2] = np.max(lg[12]) + F32(1.0)
         if case.style == "deepseek":
-            half = E // 2
-            lg[3, half:] = lg[3, :half]                    # groups g and g + n_group/2 tie exactly
+            half, gsz = E // 2, E // case.n_group
+            lg[3, half:] = lg[3, :half]                    # groups g and g + n_group/2 tie exactly (and experts)
+            # A tie at the group-selection boundary: group 0 clearly best, groups 1 and 1 + n_group/2 equal
+            # and next, the rest low; keeping topk_group = 2 groups must take group 1.
+            lg[4] = F32(-3.0)
+            lg[4, 0:gsz] = F32(3.0)
+            lg[4, gsz:2 * gsz] = lg[4, half + gsz:half + 2 * gsz] = F32(1.0)
         if case.routing_margin_ok(lg):
             return lg
     raise RuntimeError("could not draw router logits without near-ties")
@@ -595,6 +698,9 @@ def make_given_routing(rng, T, E, k):
     ids[1, 0] = -1              # an unused first slot
     ids[2, :] = -1              # a token routed nowhere (output: shared expert only, or zero)
     ids[3, k // 2] = -1
+    for t, e in ((10, 0), (11, 1), (12, 2)):  # the crafted tokens reach experts 0, 1, 2
+        if e not in ids[t]:
+            ids[t, int(rng.integers(k))] = e
     return ids, w
 
 
@@ -668,6 +774,8 @@ def main():
         hidden_bf = bf16_bits(make_hidden(rng, T, case.H))
         hidden32 = bf16_to_f32(hidden_bf)
         case.set_input_scales(hidden32.astype(np.float64))
+        hidden32 = craft_quantizer_ties(case, rng, hidden32.copy())
+        hidden_bf = bf16_bits(hidden32)
         ckpt = os.path.join(work, case.name)
         nshards = case.write(ckpt)
         for p in self_checks(case):
@@ -688,6 +796,7 @@ def main():
                                 ("router_logits", "F32", [T, case.E], logits)])
         # Second input: f32 hidden (not bf16-representable: the layer rounds it first) + given routing.
         hidden_f32 = (hidden32 * (1 + rng.uniform(-2 ** -9, 2 ** -9, size=hidden32.shape))).astype(F32)
+        hidden_f32[10:13] = hidden32[10:13]  # keep the crafted ties
         hidden2 = bf16_to_f32(bf16_bits(hidden_f32))
         ids_g, w_g = make_given_routing(rng, T, case.E, case.k)
         in2 = os.path.join(work, f"{case.name}_ids.safetensors")
