@@ -1,4 +1,4 @@
-#include "test_support.h"
+#include "support/test_support.h"
 
 #include <cmath>
 #include <cstdio>
@@ -51,11 +51,35 @@ std::vector<float> random_matrix(Rng& rng, int64_t rows, int64_t cols, const Ran
   return w;
 }
 
-void fill_experts(StackedExperts& s, int64_t E, int64_t H, int64_t I, bool gated, Rng& rng,
+void random_bytes(Rng& rng, uint8_t* p, size_t n) {
+  for (size_t i = 0; i < n; i += 8) {
+    const uint64_t v = rng.next();
+    std::memcpy(p + i, &v, std::min<size_t>(8, n - i));
+  }
+}
+
+void fill_experts(StackedExperts& s, int64_t E, int64_t H, int64_t I, bool gated, uint64_t seed,
                   const RandomWeightsOptions& o) {
   s.allocate(E, H, I, gated);
+#pragma omp parallel for schedule(dynamic, 1)
   for (int64_t e = 0; e < E; ++e) {
+    Rng rng(seed * 1000003ull + static_cast<uint64_t>(e));
     const size_t ue = static_cast<size_t>(e);
+    if (o.random_codes) {
+      random_bytes(rng, s.w13.data() + ue * s.w13_bytes_per_expert(), s.w13_bytes_per_expert());
+      random_bytes(rng, s.w2.data() + ue * s.w2_bytes_per_expert(), s.w2_bytes_per_expert());
+      uint8_t* sc = s.w13_scale.data() + ue * s.w13_scale_bytes_per_expert();
+      for (size_t i = 0; i < s.w13_scale_bytes_per_expert(); ++i) sc[i] = static_cast<uint8_t>(0x28 + rng.below(25));
+      sc = s.w2_scale.data() + ue * s.w2_scale_bytes_per_expert();
+      for (size_t i = 0; i < s.w2_scale_bytes_per_expert(); ++i) sc[i] = static_cast<uint8_t>(0x28 + rng.below(25));
+      if (gated) s.w13_gate_scale2[ue] = rng.uniform(0.5f, 1.5f) / (64.0f * std::sqrt(static_cast<float>(H)));
+      s.w13_up_scale2[ue] = gated && !o.different_gate_up_scales ? s.w13_gate_scale2[ue]
+                                                                 : rng.uniform(0.5f, 1.5f) / (64.0f * std::sqrt(static_cast<float>(H)));
+      s.w2_scale2[ue] = rng.uniform(0.5f, 1.5f) / (64.0f * std::sqrt(static_cast<float>(I)));
+      s.w13_input_scale[ue] = o.gemm1_amax * rng.uniform(0.9f, 1.3f) / fmt::kWeightScaleDenom;
+      s.w2_input_scale[ue] = o.gemm2_amax * rng.uniform(0.9f, 1.3f) / fmt::kWeightScaleDenom;
+      continue;
+    }
     // GEMM1: gate rows 0..I-1, up rows I..2I-1 (or up only).
     std::vector<float> gate = gated ? random_matrix(rng, I, H, o) : std::vector<float>();
     std::vector<float> up = random_matrix(rng, I, H, o);
@@ -96,8 +120,9 @@ MoeWeights random_weights(const MoeSpec& spec, const RandomWeightsOptions& o) {
   w.spec = spec;
   Rng rng(o.seed);
   const int64_t H = spec.hidden, E = spec.num_experts;
-  fill_experts(w.experts, E, H, spec.intermediate, spec.gated(), rng, o);
-  if (spec.shared_intermediate > 0) fill_experts(w.shared, 1, H, spec.shared_intermediate, spec.gated(), rng, o);
+  fill_experts(w.experts, E, H, spec.intermediate, spec.gated(), o.seed * 2 + 1, o);
+  if (spec.shared_intermediate > 0)
+    fill_experts(w.shared, 1, H, spec.shared_intermediate, spec.gated(), o.seed * 2 + 2, o);
   w.router_weight.resize(static_cast<size_t>(E * H));
   const float rs = o.router_std / std::sqrt(static_cast<float>(H));
   for (auto& v : w.router_weight) v = fmt::bf16_from_float(rng.normal() * rs);

@@ -47,11 +47,15 @@ struct RandomWeightsOptions {
   // hidden states of random_hidden_* with scale 1; GEMM2 input: the intermediate).
   float gemm1_amax = 4.5f;
   float gemm2_amax = 4.0f;
+  // true: fill codes and block scales with random bytes (block scale codes in [0x28, 0x40]) instead of
+  // quantizing random weights: valid NVFP4, much faster, for timing tests of full-size shapes.
+  bool random_codes = false;
   float router_std = 1.0f;   // router weight N(0, router_std / sqrt(H)), rounded to bf16
   float bias_std = 0.1f;     // e_score_correction_bias N(0, bias_std) when spec.has_router_bias
 };
 
-// A valid MoeWeights for `spec` (which must itself be valid). Deterministic in options.seed.
+// A valid MoeWeights for `spec` (which must itself be valid). Deterministic in options.seed (each expert has
+// its own generator, so the result does not depend on the OpenMP thread count).
 MoeWeights random_weights(const MoeSpec& spec, const RandomWeightsOptions& options = {});
 
 // Quantizes one fp32 weight matrix w [rows, cols] (cols % 16 == 0) with the given weight_scale_2 into packed
