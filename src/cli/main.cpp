@@ -40,6 +40,15 @@ int main(int argc, char** argv) {
   commands.push_back(nvfp4moe::cli::add_run_command(app));
   commands.push_back(nvfp4moe::cli::add_demo_command(app));
 
+  // CLI11 reports an unknown first word as "A subcommand is required"; name it instead.
+  if (argc > 1 && argv[1][0] != '-') {
+    bool known = false;
+    for (const auto& c : commands) known = known || c.app->get_name() == argv[1];
+    if (!known)
+      return fail(2, std::string("unknown command '") + argv[1] +
+                         "' (expected one of: gen, inspect, run, demo; see nvfp4moe --help)");
+  }
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {

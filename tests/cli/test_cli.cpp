@@ -113,6 +113,13 @@ double parse_rel_l2(const std::string& out) {
   return std::strtod(m[1].str().c_str(), nullptr);
 }
 
+double parse_rms_ratio(const std::string& out) {
+  std::smatch m;
+  static const std::regex re("rms ratio ([0-9.eE+-]+|nan)");
+  if (!std::regex_search(out, m, re)) return NAN;
+  return std::strtod(m[1].str().c_str(), nullptr);
+}
+
 io::TensorToWrite tensor(const std::string& name, DType dtype, std::vector<int64_t> shape, const void* data) {
   io::TensorToWrite t;
   t.name = name;
@@ -159,7 +166,8 @@ TEST_P(PresetTest, GenInspectRunBothModes) {
   const PresetCase& c = GetParam();
   TempDir tmp;
   const std::string dir = tmp / "ckpt";
-  Result g = cli(std::string("gen --preset ") + c.preset + " " + c.reduce + " --seed 7 --out '" + dir + "'");
+  Result g = cli(std::string("gen --preset ") + c.preset + " " + c.reduce + " --seed 7 --calibration-tokens 64 --out '" +
+                 dir + "'");
   ASSERT_EQ(g.code, 0) << g.all();
   ASSERT_TRUE(fs::exists(dir + "/config.json")) << g.all();
   ASSERT_TRUE(fs::exists(dir + "/hf_quant_config.json")) << g.all();
@@ -168,15 +176,24 @@ TEST_P(PresetTest, GenInspectRunBothModes) {
   ASSERT_EQ(i.code, 0) << i.all();
   EXPECT_FALSE(i.out.empty());
 
-  // Both modes at T = 9 (not a power of two); accuracy against fp32 is parsed and bounded so that garbage fails.
+  // Both modes at T = 9 (not a power of two), against the unquantized fp32 layer over the same routing.
+  // w4a16 differs from it only by the bf16 rounding of the intermediate: tight bounds. w4a4 adds the NVFP4
+  // activation quantization with the synthetic checkpoint's calibrated input scales: looser, but garbage fails.
   for (const char* mode : {"w4a16", "w4a4"}) {
     Result r = cli("run '" + dir + "' --layer " + std::to_string(c.moe_layer) + " --mode " + mode +
                    " --tokens 9 --seed 3 --backend cpu");
     ASSERT_EQ(r.code, 0) << r.all();
-    const double cosine = parse_cosine(r.out), rel = parse_rel_l2(r.out);
-    std::printf("[ preset ] %-14s %-5s cosine %.6f rel L2 %.4f\n", c.preset, mode, cosine, rel);
-    EXPECT_GT(cosine, std::string(mode) == "w4a16" ? 0.99 : 0.98) << r.all();
-    EXPECT_LT(rel, 0.2) << r.all();
+    const double cosine = parse_cosine(r.out), rel = parse_rel_l2(r.out), rms = parse_rms_ratio(r.out);
+    std::printf("[ preset ] %-14s %-5s cosine %.6f rel L2 %.4f rms ratio %.4f\n", c.preset, mode, cosine, rel, rms);
+    if (std::string(mode) == "w4a16") {
+      EXPECT_GT(cosine, 0.9999) << r.all();
+      EXPECT_LT(rel, 1e-2) << r.all();
+      EXPECT_NEAR(rms, 1.0, 0.01) << r.all();
+    } else {
+      EXPECT_GT(cosine, 0.95) << r.all();
+      EXPECT_LT(rel, 0.35) << r.all();
+      EXPECT_NEAR(rms, 1.0, 0.15) << r.all();
+    }
   }
 }
 
@@ -222,7 +239,8 @@ TEST_F(CliTest, OddShapes) {
     for (const char* mode : {"w4a16", "w4a4"}) {
       Result r = cli("run '" + dir + "' --layer 0 --mode " + mode + " --tokens 7");
       ASSERT_EQ(r.code, 0) << c.flags << "\n" << r.all();
-      EXPECT_GT(parse_cosine(r.out), 0.97) << c.flags << "\n" << r.all();
+      // w4a4 on 8-token calibrated scales can clip heavy relu^2 tails: only a sanity bound there.
+      EXPECT_GT(parse_cosine(r.out), std::string(mode) == "w4a16" ? 0.9999 : 0.5) << c.flags << "\n" << r.all();
     }
     // --routing-from logits: random logits instead of hidden . router^T
     Result r = cli("run '" + dir + "' --layer 0 --mode w4a4 --tokens 3 --routing-from logits --seed 11");
