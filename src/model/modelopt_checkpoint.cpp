@@ -757,7 +757,7 @@ MoeWeights Nvfp4Checkpoint::load_layer(int layer, const ProgressFn& progress) co
   for (int64_t e = 0; e < E; ++e) bases[static_cast<size_t>(e)] = cat(li.t.prefix, ".experts.", e, ".");
   for (int64_t b0 = 0; b0 < E; b0 += batch) {
     const int64_t b1 = std::min(E, b0 + batch);
-#pragma omp parallel for schedule(dynamic, 1)
+#pragma omp parallel for schedule(dynamic, 1) if (static_cast<size_t>(b1 - b0) * per_expert >= (16u << 20))
     for (int64_t e = b0; e < b1; ++e)
       copy_expert(w.experts, e, bases[static_cast<size_t>(e)], scalars[static_cast<size_t>(e)]);
     done += static_cast<size_t>(b1 - b0) * per_expert;

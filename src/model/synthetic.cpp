@@ -108,12 +108,13 @@ void weight_row(uint64_t key, int64_t n, int64_t k_dim, float* out) {
 }
 
 constexpr int kMaxCalibrationTokens = 64;
+constexpr int64_t kParallelMin = int64_t(1) << 20;  // smaller tensors: threads cost more than they save
 
 // Generates weight [N, K] into bf16 bits (one pass, threaded over rows); returns amax(|W|).
 float generate_weight(uint64_t key, int64_t n_dim, int64_t k_dim, std::vector<uint16_t>& out) {
   out.resize(static_cast<size_t>(n_dim * k_dim));
   float amax = 0.0f;
-#pragma omp parallel
+#pragma omp parallel if (n_dim * k_dim >= kParallelMin)
   {
     std::vector<float> row(static_cast<size_t>(k_dim));
     float local = 0.0f;
@@ -141,7 +142,7 @@ void quantize_proj(const std::vector<uint16_t>& w, int64_t n_dim, int64_t k_dim,
   p.weight_scale_2 = ws2;
   p.packed.assign(static_cast<size_t>(n_dim * k_dim / 2), 0);
   p.scale.assign(static_cast<size_t>(n_dim * k_dim / fmt::kBlock), 0);
-#pragma omp parallel
+#pragma omp parallel if (n_dim * k_dim >= kParallelMin)
   {
     float blk[fmt::kBlock];
     uint8_t codes[fmt::kBlock];
