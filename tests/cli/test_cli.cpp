@@ -364,6 +364,28 @@ TEST_F(CliFixture, RandomRunIsDeterministic) {
   EXPECT_NE(read_out(tmp / "a.safetensors", 5, H), read_out(tmp / "c.safetensors", 5, H));
 }
 
+// --backend cuda (on a machine with a device): the same input gives the CPU result to relative L2 <= 1e-3.
+TEST_F(CliFixture, CudaBackendMatchesCpu) {
+  if (!cuda_backend_available()) GTEST_SKIP() << "no CUDA backend/device: --backend cuda is checked for its error";
+  TempDir tmp;
+  const int64_t T = 13;
+  InputData d = make_input(T, H, E, K);
+  const std::string in = tmp / "in.safetensors";
+  io::write_safetensors(in, {tensor("hidden", DType::BF16, {T, H}, d.hidden_bf16.data()),
+                             tensor("router_logits", DType::F32, {T, E}, d.logits.data())});
+  for (const char* mode : {"w4a16", "w4a4"}) {
+    const std::string oc = tmp / (std::string("cpu_") + mode), og = tmp / (std::string("cuda_") + mode);
+    Result rc = run(std::string("--mode ") + mode + " --backend cpu --input '" + in + "'", oc);
+    Result rg = run(std::string("--mode ") + mode + " --backend cuda --input '" + in + "'", og);
+    ASSERT_EQ(rc.code, 0) << rc.all();
+    ASSERT_EQ(rg.code, 0) << rg.all();
+    const std::vector<float> a = read_out(oc, T, H), b = read_out(og, T, H);
+    double dd = 0, rr = 0;
+    for (size_t i = 0; i < a.size(); ++i) dd += double(a[i] - b[i]) * (a[i] - b[i]), rr += double(a[i]) * a[i];
+    EXPECT_LE(std::sqrt(dd / rr), 1e-3) << mode;
+  }
+}
+
 // ------------------------------------------------------------------ bad arguments
 TEST_F(CliFixture, BadArguments) {
   TempDir tmp;
