@@ -760,6 +760,9 @@ def main():
         return 2
     work = args.workdir or tempfile.mkdtemp(prefix="nvfp4moe-indep-")
     os.makedirs(work, exist_ok=True)
+    if not args.keep and not args.workdir:
+        import atexit
+        atexit.register(shutil.rmtree, work, True)  # also when an exception ends the run
 
     T = 37
     cases = [
@@ -828,7 +831,12 @@ def main():
                     setup_errors.append(f"{tag}: `{' '.join(cmd)}` exited {r.returncode}:\n{r.stdout}{r.stderr}")
                     print(f"  {tag}: CLI FAILED (exit {r.returncode})")
                     continue
-                got_t = read_safetensors(outp)
+                try:
+                    got_t = read_safetensors(outp)
+                except Exception as ex:  # missing, truncated or malformed output file
+                    failures.append(f"{tag}: cannot read the CLI's --output {outp}: {type(ex).__name__}: {ex}")
+                    print(f"  FAIL {tag}: cannot read the CLI's output ({type(ex).__name__})")
+                    continue
                 if "out" not in got_t or got_t["out"][0] != "F32" or got_t["out"][1].shape != (T, case.H):
                     desc = {n: (d, v.shape) for n, (d, v) in got_t.items()}
                     failures.append(f"{tag}: output file lacks 'out' F32 [{T}, {case.H}]: {desc}")
@@ -846,8 +854,6 @@ def main():
                     worst = np.argsort(-errs)[:5]
                     line += "\n    worst tokens (rel err): " + ", ".join(f"t{int(t)}={errs[t]:.2e}" for t in worst)
                     failures.append(line)
-    if not args.keep and not args.workdir:
-        shutil.rmtree(work, ignore_errors=True)
     if setup_errors:
         for s in setup_errors:
             print("independent_layer: CLI ERROR: " + s)
