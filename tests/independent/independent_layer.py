@@ -864,7 +864,7 @@ def main():
         print(f"independent_layer: FAILED ({len(failures)} comparison failures, {len(setup_errors)} CLI errors, "
               f"{n_runs} CLI runs)")
         return 1 if failures else 2
-    print(f"independent_layer: PASS ({n_runs} CLI runs)" if not args.no_cli else
+    print(f"independent_layer: PASS ({n_runs} {'simulated' if args.simulate else 'CLI'} runs)" if not args.no_cli else
           "independent_layer: PASS (writer + reference only, no CLI)")
     return 0
 
