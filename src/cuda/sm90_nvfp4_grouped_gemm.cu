@@ -4,7 +4,7 @@
 #include <cuda.h>
 
 #include <cstdio>
-#include <mutex>
+#include <atomic>
 
 #include "cuda/sm90_nvfp4_grouped_gemm.cuh"
 
@@ -47,7 +47,12 @@ template <int BT, int STAGES, int WGS, sm90::Epilogue EPI>
 cudaError_t launch(const CUtensorMap& map, const sm90::GemmParams& p, int grid, cudaStream_t stream) {
   using Tr = sm90::KernelTraits<BT, WGS, STAGES, EPI>;
   auto kernel = sm90::sm90_nvfp4_grouped_gemm_kernel<BT, WGS, STAGES, EPI>;
-  static cudaError_t attr = [&] {
+  // The attribute is per device: checked once per device (up to 64 devices; others checked every launch).
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) dev = -1;
+  static std::atomic<int> checked[64];  // 0 = not yet, 1 = ok
+  const bool cached = dev >= 0 && dev < 64 && checked[dev].load(std::memory_order_acquire) == 1;
+  const cudaError_t attr = cached ? cudaSuccess : [&] {
     cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes);
     if (e != cudaSuccess) return e;
     cudaFuncAttributes fa{};
@@ -59,6 +64,7 @@ cudaError_t launch(const CUtensorMap& map, const sm90::GemmParams& p, int grid, 
   }();
   if (attr != cudaSuccess) return fail("sm90_nvfp4_grouped_gemm: kernel attributes / register budget check failed (" +
                                        std::string(cudaGetErrorString(attr)) + ")");
+  if (!cached && dev >= 0 && dev < 64) checked[dev].store(1, std::memory_order_release);
   kernel<<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(map, p);
   return cudaGetLastError();
 }

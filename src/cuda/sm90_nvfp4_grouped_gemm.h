@@ -24,8 +24,8 @@ enum class Sm90GemmEpilogue : int {
 //   unit u = gate rows [64u, 64u+64) + up rows [64u, 64u+64)), ceil(N / 128) otherwise (unit u = rows
 //   [128u, 128u+128)). Each 2304-byte block = 64 rows x 64 k: 2048 bytes of codes in the wgmma register-A
 //   fragment order, then 256 bytes of e4m3 block scales. Lossless: the checkpoint's code and scale bits,
-//   reordered, zero-padded past N and K. Size = E * units * k_tiles * 4608 bytes (= 1.125 x the checkpoint's
-//   E * N * (K/2 + K/16) when N, K are multiples of 128, 64).
+//   reordered, zero-padded past N and K. Size = E * units * k_tiles * 4608 bytes (= the checkpoint's
+//   E * N * (K/2 + K/16) when N (gated: N/2) and K are multiples of 128 (64) and 64; padding otherwise).
 struct Sm90PreparedShape {
   int num_experts = 0, n = 0, k = 0;
   bool gated = false;
