@@ -1,4 +1,5 @@
-// Shared test helpers (library nvfp4moe_test_support; every test executable links it):
+// Shared test helpers: #include "support/test_support.h" (library nvfp4moe_test_support, which every test
+// executable links; CPU-only code, usable from tests/cuda too):
 //   - Rng: a small deterministic counter-based generator (same seed, same numbers, on every platform).
 //   - random_weights(spec, options): a complete MoeWeights for any valid MoeSpec, built in memory by
 //     quantizing random fp32 weights with the fmt:: quantizer exactly as the ModelOpt exporter does
