@@ -98,7 +98,8 @@ class Safetensors : public ::testing::Test {
   void SetUp() override {
     const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
     dir_ = fs::temp_directory_path() /
-           ("nvfp4moe_io_" + std::string(info->name()) + "_" + std::to_string(::getpid()));
+           ("nvfp4moe_io_" + std::string(info->test_suite_name()) + "_" + info->name() + "_" +
+            std::to_string(::getpid()));
     fs::remove_all(dir_);
     fs::create_directories(dir_);
   }
@@ -503,6 +504,8 @@ TEST_F(SafetensorsSets, BadIndexJson) {
   EXPECT_HAS(open_error(), "tensor \"a\" maps to shard \"../x.safetensors\", which is not a relative path");
   write_raw(index_path(), "{\"weight_map\":{\"a\":\"/etc/x.safetensors\"}}");
   EXPECT_HAS(open_error(), "which is not a relative path");
+  write_raw(index_path(), std::string("{\"weight_map\":{}}\0", 18));
+  EXPECT_HAS(open_error(), "index contains a NUL byte at offset 17");
   write_raw(index_path(), "{\"weight_map\":{\"a\":\"\xff.safetensors\"}}");
   EXPECT_HAS(open_error(), "index is not valid UTF-8 (byte 0xFF");
 }
