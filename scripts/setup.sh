@@ -10,3 +10,5 @@ if [ ${#need[@]} -gt 0 ]; then
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need[@]}"
 fi
+# numpy for the independent numpy implementation of the layer (tests/independent) and the Python tests.
+python3 -c 'import numpy' 2>/dev/null || python3 -m pip install -q --disable-pip-version-check numpy

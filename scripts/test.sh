@@ -8,6 +8,8 @@ jobs=$(nproc)
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build build -j"$jobs"
 ctest --test-dir build --output-on-failure -j"$jobs"
+# The Python package: `pip install .` (reusing build/) and its pytest suite (CPU backend without a GPU).
+bash scripts/test_python.sh
 if [ -f fuzz/CMakeLists.txt ]; then
   CC=clang CXX=clang++ cmake -S . -B build-fuzz -DNVFP4MOE_FUZZ=ON -DNVFP4MOE_TESTS=OFF -DNVFP4MOE_CUDA=OFF \
     -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
