@@ -4,6 +4,7 @@
 // The CPU layer's forward() serializes concurrent callers with a mutex (its conversion buffers and
 // calibration statistics are per layer). Its buffers grow on demand up to max_tokens and are kept;
 // workspace_bytes() reports what it holds now.
+#include <cmath>
 #include <algorithm>
 #include <cstring>
 #include <mutex>
@@ -212,6 +213,16 @@ class CpuMoeLayer final : public MoeLayer {
 }  // namespace
 
 std::unique_ptr<MoeLayer> MoeLayer::create(MoeWeights weights, const MoeLayerOptions& options) {
+  // NaN input scales: the checkpoint has none (compressed-tensors W4A16). w4a4 needs them; w4a16 ignores them.
+  for (auto* v : {&weights.experts.w13_input_scale, &weights.experts.w2_input_scale, &weights.shared.w13_input_scale,
+                  &weights.shared.w2_input_scale})
+    for (float& x : *v)
+      if (std::isnan(x)) {
+        NVFP4MOE_CHECK(options.mode != Mode::W4A4, ArgumentError, "MoeLayerOptions.mode: layer ", weights.spec.layer,
+                       " has no activation input scales (a W4A16 checkpoint, e.g. compressed-tensors with "
+                       "input_activations null); expected w4a16, or input scales from `nvfp4moe calibrate`, got w4a4");
+        x = 1.0f;
+      }
   weights.validate();
   NVFP4MOE_CHECK(options.max_tokens >= 0, ArgumentError, "MoeLayerOptions.max_tokens: expected >= 0, got ",
                  options.max_tokens);

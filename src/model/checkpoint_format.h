@@ -25,7 +25,7 @@ struct TensorNaming {
   std::string weight_global = ".weight_scale_2"; // F32 [] or [1]
   std::string input_global = ".input_scale";     // F32 [] or [1]
   bool global_is_reciprocal = false;  // true: the file stores 1/scale (compressed-tensors *_global_scale)
-  bool input_scale_required = true;   // W4A4 needs it; a W4A16-only format may lack it
+  bool input_scale_required = true;   // W4A4 needs it; a W4A16-only format may lack it (MoeWeights: NaN scales)
 };
 
 // The quantization config, whatever file it came from.
@@ -36,6 +36,10 @@ struct QuantConfig {
   std::string algo;          // "NVFP4" / "MIXED_PRECISION"
   int64_t group_size = 16;
   std::vector<std::string> exclude_modules;
+  // compressed-tensors `ignore`: module names and "re:" regexes (matched like Python re.match). A module it
+  // names is not quantized, so an MoE expert it names is refused.
+  std::vector<std::string> ignore;
+  bool ignores(const std::string& module, std::string* matched = nullptr) const;
   TensorNaming naming;
   std::vector<std::string> notes;  // shown by inspect
 };

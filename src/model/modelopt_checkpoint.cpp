@@ -7,6 +7,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <sstream>
 
@@ -609,11 +610,18 @@ ProjScalars Nvfp4Checkpoint::check_proj(const LayerInfo& li, const std::string& 
                  ": expected dtype F8_E4M3, got ", dtype_name(s.dtype));
   NVFP4MOE_CHECK(s.shape == (std::vector<int64_t>{n, k / 16}), FormatError, dir_, ": ", what, ": tensor ", s_name,
                  ": expected shape ", shape_str({n, k / 16}), ", got ", shape_str(s.shape));
+  if (!quant_.ignore.empty()) {
+    std::string pat;
+    NVFP4MOE_CHECK(!quant_.ignores(base, &pat), FormatError, dir_, ": ", what, ": module ", base, " is in ",
+                   quant_.source, " quantization_config.ignore (matched by \"", pat, "\"), so it is not NVFP4; "
+                   "expected every MoE expert projection to be quantized");
+  }
   ProjScalars r;
   r.weight_scale_2 = read_scalar(base + nm.weight_global, what, nm.global_is_reciprocal);
   if (files_.find(base + nm.input_global)) {
     r.input_scale = read_scalar(base + nm.input_global, what, nm.global_is_reciprocal);
   } else {
+    r.input_scale = std::numeric_limits<float>::quiet_NaN();  // W4A16 checkpoint: no activation scale
     NVFP4MOE_CHECK(!nm.input_scale_required, FormatError, dir_, ": ", what, ": missing tensor ", base, nm.input_global,
                    " (the activation scale that W4A4 needs; this loader requires it)");
   }
@@ -798,7 +806,18 @@ MoeWeights Nvfp4Checkpoint::load_layer(int layer, const ProgressFn& progress) co
   done = total;
   report(true);
   try {
+    // Missing input scales (a W4A16 checkpoint) are NaN in MoeWeights; validate the rest with 1 in their place.
+    auto nan_slots = [](std::vector<float>& v, std::vector<size_t>& slots) {
+      for (size_t i = 0; i < v.size(); ++i)
+        if (std::isnan(v[i])) { slots.push_back(i); v[i] = 1.0f; }
+    };
+    std::vector<float>* vs[4] = {&w.experts.w13_input_scale, &w.experts.w2_input_scale, &w.shared.w13_input_scale,
+                                 &w.shared.w2_input_scale};
+    std::vector<size_t> slots[4];
+    for (int i = 0; i < 4; ++i) nan_slots(*vs[i], slots[i]);
     w.validate();
+    for (int i = 0; i < 4; ++i)
+      for (size_t x : slots[i]) (*vs[i])[x] = std::numeric_limits<float>::quiet_NaN();
   } catch (const ArgumentError& e) {
     throw FormatError(cat(dir_, ": ", lname, ": loaded weights are inconsistent: ", e.what()));
   }
@@ -930,7 +949,7 @@ std::shared_ptr<Checkpoint> Checkpoint::open(const std::string& dir) {
         cfg["quantization_config"].contains("quant_method"))
       method = cfg["quantization_config"]["quant_method"].dump();
     throw FormatError(detail::cat(dir, ": no NVFP4 quantization config: expected hf_quant_config.json or ", cfg_path,
-                                  " quantization_config.quant_method \"modelopt\", got ", method));
+                                  " quantization_config.quant_method \"modelopt\" or \"compressed-tensors\", got ", method));
   }
   return model::open_nvfp4_checkpoint(dir, std::move(mc), std::move(*qc));
 }
