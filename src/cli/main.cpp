@@ -10,6 +10,10 @@
 #include "cli/cli_common.h"
 #include "nvfp4moe/error.h"
 
+namespace nvfp4moe::cli {
+Command add_bench_command(CLI::App& parent);  // cmd_bench.cpp
+}
+
 namespace {
 
 // Messages may carry newlines from deeper layers; the contract is one line.
@@ -39,6 +43,7 @@ int main(int argc, char** argv) {
   commands.push_back(nvfp4moe::cli::add_inspect_command(app));
   commands.push_back(nvfp4moe::cli::add_run_command(app));
   commands.push_back(nvfp4moe::cli::add_demo_command(app));
+  commands.push_back(nvfp4moe::cli::add_bench_command(app));
 
   // CLI11 reports an unknown first word as "A subcommand is required"; name it instead.
   if (argc > 1 && argv[1][0] != '-') {
