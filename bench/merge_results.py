@@ -24,6 +24,11 @@ def load(path):
 
 
 def merge(ours_paths, torch_paths, gpu_info_path=None):
+    missing = [p for p in list(ours_paths) + list(torch_paths) if not os.path.exists(p)]
+    for p in missing:
+        print(f"merge_results: {p} does not exist (that step did not write it); left out", file=sys.stderr)
+    ours_paths = [p for p in ours_paths if p not in missing]
+    torch_paths = [p for p in torch_paths if p not in missing]
     ours_docs = [load(p) for p in ours_paths]
     torch_docs = [load(p) for p in torch_paths]
     ceilings, torch_meta = None, {}

@@ -385,202 +385,217 @@ void run_on_device(const BenchOpts& o, const BenchPlan& p, json& doc) {
 
   size_t combo = 0;
   for (Mode mode : p.modes) {
-    // ---- L distinct layers, each built, uploaded, its host copy freed before the next is built.
-    std::vector<DeviceLayer> layers;
-    std::vector<HostLayerInputs> host(static_cast<size_t>(o.layers));
-    const auto t_build = std::chrono::steady_clock::now();
-    int target = o.layers;
-    for (int l = 0; l < target; ++l) {
-      MoeWeights w = bench::random_bench_weights(spec, o.seed * 1000003ull + static_cast<uint64_t>(l));
-      host[static_cast<size_t>(l)].router_bias = w.router_bias;
-      MoeLayerOptions opt;
-      opt.backend = Backend::Cuda;
-      opt.mode = mode;
-      opt.max_tokens = maxT;
-      opt.device = o.device;
-      DeviceLayer d;
-      try {
-        d.layer = MoeLayer::create(std::move(w), opt);
-        d.hidden = DevBuf(static_cast<size_t>(maxT * H) * 2);
-        d.logits = DevBuf(static_cast<size_t>(maxT * E) * 4);
-        d.out = DevBuf(static_cast<size_t>(maxT * H) * static_cast<size_t>(p.out_bytes));
-      } catch (const Error& e) {
-        cudaGetLastError();
-        NVFP4MOE_CHECK(l > 0, Error, "bench: one layer of ", p.preset_name, " with max_tokens ", maxT,
-                       " does not fit on the device: ", e.what());
-        doc["layers_reduced"].push_back({{"mode", mode_name(mode)}, {"requested", o.layers}, {"used", l},
-                                         {"reason", std::string("allocation failed: ") + e.what()}});
-        target = l;
-        break;
-      }
-      const std::vector<uint16_t> hid = bench::random_hidden(maxT, H, o.seed * 7919ull + static_cast<uint64_t>(l));
-      ck(cudaMemcpy(d.hidden.get(), hid.data(), hid.size() * 2, cudaMemcpyHostToDevice), "cudaMemcpy (hidden)");
-      if (l == 0) {  // does the stack fit? (weights + workspace + buffers of this layer, times L, plus headroom)
-        size_t free_b = 0, total_b = 0;
-        ck(cudaMemGetInfo(&free_b, &total_b), "cudaMemGetInfo");
-        const size_t per = d.layer->weight_bytes() + d.layer->workspace_bytes() +
-                           static_cast<size_t>(maxT * H * (2 + p.out_bytes) + maxT * E * 4) + (size_t(8) << 20);
-        const size_t reserve = std::max<size_t>(size_t(2) << 30, total_b / 50);
-        const size_t more = free_b > reserve ? (free_b - reserve) / per : 0;
-        const int fit = static_cast<int>(std::min<size_t>(static_cast<size_t>(o.layers), 1 + more));
-        doc["memory"].push_back({{"mode", mode_name(mode)}, {"per_layer_device_bytes", per},
-                                 {"weight_bytes", d.layer->weight_bytes()},
-                                 {"workspace_bytes", d.layer->workspace_bytes()}, {"free_after_first", free_b},
-                                 {"total", total_b}, {"max_tokens", maxT}});
-        if (fit < o.layers) {
-          doc["layers_reduced"].push_back({{"mode", mode_name(mode)}, {"requested", o.layers}, {"used", fit},
-                                           {"reason", "device memory: per layer " + format_bytes(per) + ", free " +
-                                                          format_bytes(free_b)}});
-          std::printf("bench: %s %s: %d layers fit in device memory (asked %d)\n", p.preset_name.c_str(),
-                      mode_name(mode), fit, o.layers);
-          target = fit;
-        }
-      }
-      layers.push_back(std::move(d));
-    }
-    host.resize(layers.size());
-    const int L = static_cast<int>(layers.size());
-    std::printf("bench: %s %s: %d layers built and uploaded in %.1f s (%s of weights each)\n", p.preset_name.c_str(),
-                mode_name(mode), L, elapsed_since(t_build), format_bytes(layers[0].layer->weight_bytes()).c_str());
-    std::fflush(stdout);
-
-    for (RoutingKind rk : p.routings) {
-      const double deadline = deadlines[combo++];
-      for (int l = 0; l < L; ++l) {
-        host[static_cast<size_t>(l)].logits =
-            bench::random_logits(maxT, E, rk, o.seed * 104729ull + static_cast<uint64_t>(l) * 31 + (rk == RoutingKind::Skewed));
-        ck(cudaMemcpy(layers[static_cast<size_t>(l)].logits.get(), host[static_cast<size_t>(l)].logits.data(),
-                      host[static_cast<size_t>(l)].logits.size() * 4, cudaMemcpyHostToDevice),
-           "cudaMemcpy (logits)");
-      }
-      double last_replay_s = 0;
-      int64_t last_T = 0;
-      bool dropping = false;
-      for (int64_t T : p.tokens) {
-        const double now = elapsed_since(t_start);
-        const int replays = o.warmup + o.iters;
-        const double predicted = last_T ? last_replay_s * static_cast<double>(T) / static_cast<double>(last_T) * replays : 0;
-        auto drop = [&](const std::string& why, double est) {
-          doc["dropped"].push_back({{"preset", p.preset_name}, {"mode", mode_name(mode)},
-                                    {"routing", bench::routing_kind_name(rk)}, {"tokens", T}, {"reason", why},
-                                    {"estimated_s", est}, {"budget_s", o.time_budget}});
-          std::printf("bench: %s %s %s T=%lld dropped (%s)\n", p.preset_name.c_str(), mode_name(mode),
-                      bench::routing_kind_name(rk), static_cast<long long>(T), why.c_str());
-          write_json(o.json_path, doc);
-        };
-        if (dropping) {
-          drop("a smaller T already exceeded the time budget", predicted);
-          continue;
-        }
-        if (last_T && now + 0.5 * predicted > deadline) {  // even at half the linear estimate it cannot fit
-          dropping = true;
-          drop("time budget (predicted from the previous T)", predicted);
-          continue;
-        }
-        const PointAccounting acc = account_point(spec, host, T, p.out_bytes);
-
-        // ---- capture ONE graph: forward() of every layer, each on its own buffers.
-        std::vector<TensorRef> hid(static_cast<size_t>(L)), lg(static_cast<size_t>(L)), out(static_cast<size_t>(L));
-        std::vector<RoutingArgs> ra(static_cast<size_t>(L));
-        for (int l = 0; l < L; ++l) {
-          const size_t i = static_cast<size_t>(l);
-          hid[i] = TensorRef{layers[i].hidden.get(), DType::BF16, {T, H}, {}, DeviceType::CUDA, o.device};
-          lg[i] = TensorRef{layers[i].logits.get(), DType::F32, {T, E}, {}, DeviceType::CUDA, o.device};
-          out[i] = TensorRef{layers[i].out.get(), p.out_bytes == 2 ? DType::BF16 : DType::F32, {T, H}, {},
-                             DeviceType::CUDA, o.device};
-          ra[i].router_logits = &lg[i];
-        }
-        // eager once (layer 0: the same kernels as the others): module loading stays out of the capture
-        layers[0].layer->forward(hid[0], ra[0], out[0], stream);
-        ck(cudaStreamSynchronize(stream), "forward (eager, before capture)");
-        cudaGraph_t graph = nullptr;
-        cudaGraphExec_t exec = nullptr;
-        ck(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
+    const size_t combo_begin = combo;
+    try {
+      // ---- L distinct layers, each built, uploaded, its host copy freed before the next is built.
+      std::vector<DeviceLayer> layers;
+      std::vector<HostLayerInputs> host(static_cast<size_t>(o.layers));
+      const auto t_build = std::chrono::steady_clock::now();
+      int target = o.layers;
+      for (int l = 0; l < target; ++l) {
+        MoeWeights w = bench::random_bench_weights(spec, o.seed * 1000003ull + static_cast<uint64_t>(l));
+        host[static_cast<size_t>(l)].router_bias = w.router_bias;
+        MoeLayerOptions opt;
+        opt.backend = Backend::Cuda;
+        opt.mode = mode;
+        opt.max_tokens = maxT;
+        opt.device = o.device;
+        DeviceLayer d;
         try {
-          for (int l = 0; l < L; ++l)
-            layers[static_cast<size_t>(l)].layer->forward(hid[static_cast<size_t>(l)], ra[static_cast<size_t>(l)],
-                                                          out[static_cast<size_t>(l)], stream);
-        } catch (...) {
-          cudaStreamEndCapture(stream, &graph);
-          if (graph) cudaGraphDestroy(graph);
-          throw;
+          d.layer = MoeLayer::create(std::move(w), opt);
+          d.hidden = DevBuf(static_cast<size_t>(maxT * H) * 2);
+          d.logits = DevBuf(static_cast<size_t>(maxT * E) * 4);
+          d.out = DevBuf(static_cast<size_t>(maxT * H) * static_cast<size_t>(p.out_bytes));
+        } catch (const Error& e) {
+          cudaGetLastError();
+          NVFP4MOE_CHECK(l > 0, Error, "bench: one layer of ", p.preset_name, " with max_tokens ", maxT,
+                         " does not fit on the device: ", e.what());
+          doc["layers_reduced"].push_back({{"mode", mode_name(mode)}, {"requested", o.layers}, {"used", l},
+                                           {"reason", std::string("allocation failed: ") + e.what()}});
+          target = l;
+          break;
         }
-        ck(cudaStreamEndCapture(stream, &graph), "cudaStreamEndCapture");
-        ck(cudaGraphInstantiate(&exec, graph, 0), "cudaGraphInstantiate");
-
-        // ---- first warm-up replay, timed: is there budget for the rest?
-        ck(cudaEventRecord(ev[0], stream), "cudaEventRecord");
-        ck(cudaGraphLaunch(exec, stream), "cudaGraphLaunch (warm-up)");
-        ck(cudaEventRecord(ev[1], stream), "cudaEventRecord");
-        ck(cudaEventSynchronize(ev[1]), "graph replay (warm-up)");
-        float first_ms = 0;
-        ck(cudaEventElapsedTime(&first_ms, ev[0], ev[1]), "cudaEventElapsedTime");
-        last_replay_s = first_ms * 1e-3;
-        last_T = T;
-        const double rest = last_replay_s * (replays - 1);
-        if (o.time_budget > 0 && elapsed_since(t_start) + rest > deadline) {
-          cudaGraphExecDestroy(exec);
-          cudaGraphDestroy(graph);
-          dropping = true;
-          drop("time budget (one replay of the " + std::to_string(L) + " layers took " +
-                   std::to_string(first_ms) + " ms)", rest);
-          continue;
-        }
-        for (int w = 1; w < o.warmup; ++w) ck(cudaGraphLaunch(exec, stream), "cudaGraphLaunch (warm-up)");
-        for (int i = 0; i < o.iters; ++i) {
-          ck(cudaEventRecord(ev[2 * static_cast<size_t>(i)], stream), "cudaEventRecord");
-          ck(cudaGraphLaunch(exec, stream), "cudaGraphLaunch");
-          ck(cudaEventRecord(ev[2 * static_cast<size_t>(i) + 1], stream), "cudaEventRecord");
-        }
-        ck(cudaStreamSynchronize(stream), "graph replays");
-        std::vector<double> us(static_cast<size_t>(o.iters));
-        for (int i = 0; i < o.iters; ++i) {
-          float ms = 0;
-          ck(cudaEventElapsedTime(&ms, ev[2 * static_cast<size_t>(i)], ev[2 * static_cast<size_t>(i) + 1]),
-             "cudaEventElapsedTime");
-          us[static_cast<size_t>(i)] = ms * 1e3 / L;
-        }
-        cudaGraphExecDestroy(exec);
-        cudaGraphDestroy(graph);
-
-        // ---- the output of layer 0 must be finite (a broken kernel must not produce a fast number).
-        size_t nonfinite = 0;
-        {
-          const size_t n = static_cast<size_t>(T * H);
-          if (p.out_bytes == 2) {
-            std::vector<uint16_t> o0(n);
-            ck(cudaMemcpy(o0.data(), layers[0].out.get(), n * 2, cudaMemcpyDeviceToHost), "cudaMemcpy (out)");
-            for (uint16_t v : o0) nonfinite += (v & 0x7F80) == 0x7F80;
-          } else {
-            std::vector<float> o0(n);
-            ck(cudaMemcpy(o0.data(), layers[0].out.get(), n * 4, cudaMemcpyDeviceToHost), "cudaMemcpy (out)");
-            for (float v : o0) nonfinite += !std::isfinite(v);
+        const std::vector<uint16_t> hid = bench::random_hidden(maxT, H, o.seed * 7919ull + static_cast<uint64_t>(l));
+        ck(cudaMemcpy(d.hidden.get(), hid.data(), hid.size() * 2, cudaMemcpyHostToDevice), "cudaMemcpy (hidden)");
+        if (l == 0) {  // does the stack fit? (weights + workspace + buffers of this layer, times L, plus headroom)
+          size_t free_b = 0, total_b = 0;
+          ck(cudaMemGetInfo(&free_b, &total_b), "cudaMemGetInfo");
+          const size_t per = d.layer->weight_bytes() + d.layer->workspace_bytes() +
+                             static_cast<size_t>(maxT * H * (2 + p.out_bytes) + maxT * E * 4) + (size_t(8) << 20);
+          const size_t reserve = std::max<size_t>(size_t(2) << 30, total_b / 50);
+          const size_t more = free_b > reserve ? (free_b - reserve) / per : 0;
+          const int fit = static_cast<int>(std::min<size_t>(static_cast<size_t>(o.layers), 1 + more));
+          doc["memory"].push_back({{"mode", mode_name(mode)}, {"per_layer_device_bytes", per},
+                                   {"weight_bytes", d.layer->weight_bytes()},
+                                   {"workspace_bytes", d.layer->workspace_bytes()}, {"free_after_first", free_b},
+                                   {"total", total_b}, {"max_tokens", maxT}});
+          if (fit < o.layers) {
+            doc["layers_reduced"].push_back({{"mode", mode_name(mode)}, {"requested", o.layers}, {"used", fit},
+                                             {"reason", "device memory: per layer " + format_bytes(per) + ", free " +
+                                                            format_bytes(free_b)}});
+            std::printf("bench: %s %s: %d layers fit in device memory (asked %d)\n", p.preset_name.c_str(),
+                        mode_name(mode), fit, o.layers);
+            target = fit;
           }
         }
-
-        json row = row_json(p, mode, rk, T, L, acc);
-        const double med = percentile(us, 0.5);
-        row["us_per_layer"] = med;
-        row["p10"] = percentile(us, 0.1);
-        row["p90"] = percentile(us, 0.9);
-        row["iters"] = o.iters;
-        row["warmup"] = o.warmup;
-        row["TBps"] = acc.bytes / (med * 1e-6) / 1e12;
-        row["TFLOPs"] = acc.flops / (med * 1e-6) / 1e12;
-        row["out_nonfinite"] = nonfinite;
-        doc["rows"].push_back(row);
-        write_json(o.json_path, doc);
-        std::printf("%-14s %-5s %-7s T=%-6lld L=%d %10.1f us/layer (p10 %.1f, p90 %.1f)  %8.1f MB  %6.3f TB/s  "
-                    "%7.1f TFLOP/s  experts %.1f%s\n",
-                    p.preset_name.c_str(), mode_name(mode), bench::routing_kind_name(rk), static_cast<long long>(T), L,
-                    med, row["p10"].get<double>(), row["p90"].get<double>(), acc.bytes / 1e6,
-                    row["TBps"].get<double>(), row["TFLOPs"].get<double>(), acc.experts_mean,
-                    nonfinite ? "  NONFINITE OUTPUT" : "");
-        std::fflush(stdout);
+        layers.push_back(std::move(d));
       }
+      host.resize(layers.size());
+      const int L = static_cast<int>(layers.size());
+      std::printf("bench: %s %s: %d layers built and uploaded in %.1f s (%s of weights each)\n", p.preset_name.c_str(),
+                  mode_name(mode), L, elapsed_since(t_build), format_bytes(layers[0].layer->weight_bytes()).c_str());
+      std::fflush(stdout);
+
+      for (RoutingKind rk : p.routings) {
+        const double deadline = deadlines[combo++];
+        for (int l = 0; l < L; ++l) {
+          host[static_cast<size_t>(l)].logits =
+              bench::random_logits(maxT, E, rk, o.seed * 104729ull + static_cast<uint64_t>(l) * 31 + (rk == RoutingKind::Skewed));
+          ck(cudaMemcpy(layers[static_cast<size_t>(l)].logits.get(), host[static_cast<size_t>(l)].logits.data(),
+                        host[static_cast<size_t>(l)].logits.size() * 4, cudaMemcpyHostToDevice),
+             "cudaMemcpy (logits)");
+        }
+        double last_replay_s = 0;
+        int64_t last_T = 0;
+        bool dropping = false;
+        for (int64_t T : p.tokens) {
+          const double now = elapsed_since(t_start);
+          const int replays = o.warmup + o.iters;
+          const double predicted = last_T ? last_replay_s * static_cast<double>(T) / static_cast<double>(last_T) * replays : 0;
+          auto drop = [&](const std::string& why, double est) {
+            doc["dropped"].push_back({{"preset", p.preset_name}, {"mode", mode_name(mode)},
+                                      {"routing", bench::routing_kind_name(rk)}, {"tokens", T}, {"reason", why},
+                                      {"estimated_s", est}, {"budget_s", o.time_budget}});
+            std::printf("bench: %s %s %s T=%lld dropped (%s)\n", p.preset_name.c_str(), mode_name(mode),
+                        bench::routing_kind_name(rk), static_cast<long long>(T), why.c_str());
+            write_json(o.json_path, doc);
+          };
+          if (dropping) {
+            drop("a smaller T already exceeded the time budget", predicted);
+            continue;
+          }
+          if (last_T && now + 0.5 * predicted > deadline) {  // even at half the linear estimate it cannot fit
+            dropping = true;
+            drop("time budget (predicted from the previous T)", predicted);
+            continue;
+          }
+          const PointAccounting acc = account_point(spec, host, T, p.out_bytes);
+
+          // ---- capture ONE graph: forward() of every layer, each on its own buffers.
+          std::vector<TensorRef> hid(static_cast<size_t>(L)), lg(static_cast<size_t>(L)), out(static_cast<size_t>(L));
+          std::vector<RoutingArgs> ra(static_cast<size_t>(L));
+          for (int l = 0; l < L; ++l) {
+            const size_t i = static_cast<size_t>(l);
+            hid[i] = TensorRef{layers[i].hidden.get(), DType::BF16, {T, H}, {}, DeviceType::CUDA, o.device};
+            lg[i] = TensorRef{layers[i].logits.get(), DType::F32, {T, E}, {}, DeviceType::CUDA, o.device};
+            out[i] = TensorRef{layers[i].out.get(), p.out_bytes == 2 ? DType::BF16 : DType::F32, {T, H}, {},
+                               DeviceType::CUDA, o.device};
+            ra[i].router_logits = &lg[i];
+          }
+          // eager once (layer 0: the same kernels as the others): module loading stays out of the capture
+          layers[0].layer->forward(hid[0], ra[0], out[0], stream);
+          ck(cudaStreamSynchronize(stream), "forward (eager, before capture)");
+          cudaGraph_t graph = nullptr;
+          cudaGraphExec_t exec = nullptr;
+          ck(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
+          try {
+            for (int l = 0; l < L; ++l)
+              layers[static_cast<size_t>(l)].layer->forward(hid[static_cast<size_t>(l)], ra[static_cast<size_t>(l)],
+                                                            out[static_cast<size_t>(l)], stream);
+          } catch (...) {
+            cudaStreamEndCapture(stream, &graph);
+            if (graph) cudaGraphDestroy(graph);
+            throw;
+          }
+          ck(cudaStreamEndCapture(stream, &graph), "cudaStreamEndCapture");
+          ck(cudaGraphInstantiate(&exec, graph, 0), "cudaGraphInstantiate");
+
+          // ---- first warm-up replay, timed: is there budget for the rest?
+          ck(cudaEventRecord(ev[0], stream), "cudaEventRecord");
+          ck(cudaGraphLaunch(exec, stream), "cudaGraphLaunch (warm-up)");
+          ck(cudaEventRecord(ev[1], stream), "cudaEventRecord");
+          ck(cudaEventSynchronize(ev[1]), "graph replay (warm-up)");
+          float first_ms = 0;
+          ck(cudaEventElapsedTime(&first_ms, ev[0], ev[1]), "cudaEventElapsedTime");
+          last_replay_s = first_ms * 1e-3;
+          last_T = T;
+          const double rest = last_replay_s * (replays - 1);
+          if (o.time_budget > 0 && elapsed_since(t_start) + rest > deadline) {
+            cudaGraphExecDestroy(exec);
+            cudaGraphDestroy(graph);
+            dropping = true;
+            drop("time budget (one replay of the " + std::to_string(L) + " layers took " +
+                     std::to_string(first_ms) + " ms)", rest);
+            continue;
+          }
+          for (int w = 1; w < o.warmup; ++w) ck(cudaGraphLaunch(exec, stream), "cudaGraphLaunch (warm-up)");
+          for (int i = 0; i < o.iters; ++i) {
+            ck(cudaEventRecord(ev[2 * static_cast<size_t>(i)], stream), "cudaEventRecord");
+            ck(cudaGraphLaunch(exec, stream), "cudaGraphLaunch");
+            ck(cudaEventRecord(ev[2 * static_cast<size_t>(i) + 1], stream), "cudaEventRecord");
+          }
+          ck(cudaStreamSynchronize(stream), "graph replays");
+          std::vector<double> us(static_cast<size_t>(o.iters));
+          for (int i = 0; i < o.iters; ++i) {
+            float ms = 0;
+            ck(cudaEventElapsedTime(&ms, ev[2 * static_cast<size_t>(i)], ev[2 * static_cast<size_t>(i) + 1]),
+               "cudaEventElapsedTime");
+            us[static_cast<size_t>(i)] = ms * 1e3 / L;
+          }
+          cudaGraphExecDestroy(exec);
+          cudaGraphDestroy(graph);
+
+          // ---- the output of layer 0 must be finite (a broken kernel must not produce a fast number).
+          size_t nonfinite = 0;
+          {
+            const size_t n = static_cast<size_t>(T * H);
+            if (p.out_bytes == 2) {
+              std::vector<uint16_t> o0(n);
+              ck(cudaMemcpy(o0.data(), layers[0].out.get(), n * 2, cudaMemcpyDeviceToHost), "cudaMemcpy (out)");
+              for (uint16_t v : o0) nonfinite += (v & 0x7F80) == 0x7F80;
+            } else {
+              std::vector<float> o0(n);
+              ck(cudaMemcpy(o0.data(), layers[0].out.get(), n * 4, cudaMemcpyDeviceToHost), "cudaMemcpy (out)");
+              for (float v : o0) nonfinite += !std::isfinite(v);
+            }
+          }
+
+          json row = row_json(p, mode, rk, T, L, acc);
+          const double med = percentile(us, 0.5);
+          row["us_per_layer"] = med;
+          row["p10"] = percentile(us, 0.1);
+          row["p90"] = percentile(us, 0.9);
+          row["iters"] = o.iters;
+          row["warmup"] = o.warmup;
+          row["TBps"] = acc.bytes / (med * 1e-6) / 1e12;
+          row["TFLOPs"] = acc.flops / (med * 1e-6) / 1e12;
+          row["out_nonfinite"] = nonfinite;
+          doc["rows"].push_back(row);
+          write_json(o.json_path, doc);
+          std::printf("%-14s %-5s %-7s T=%-6lld L=%d %10.1f us/layer (p10 %.1f, p90 %.1f)  %8.1f MB  %6.3f TB/s  "
+                      "%7.1f TFLOP/s  experts %.1f%s\n",
+                      p.preset_name.c_str(), mode_name(mode), bench::routing_kind_name(rk), static_cast<long long>(T), L,
+                      med, row["p10"].get<double>(), row["p90"].get<double>(), acc.bytes / 1e6,
+                      row["TBps"].get<double>(), row["TFLOPs"].get<double>(), acc.experts_mean,
+                      nonfinite ? "  NONFINITE OUTPUT" : "");
+          std::fflush(stdout);
+        }
+      }
+      layers.clear();  // frees this mode's device memory before the next mode builds its layers
+      ck(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+    } catch (const Error& e) {  // recorded; the next mode still runs (a sticky CUDA error fails it too, visibly)
+      cudaGetLastError();
+      cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+      if (cudaStreamIsCapturing(stream, &cs) == cudaSuccess && cs != cudaStreamCaptureStatusNone) {
+        cudaGraph_t g = nullptr;
+        cudaStreamEndCapture(stream, &g);
+        if (g) cudaGraphDestroy(g);
+      }
+      std::fprintf(stderr, "bench: %s %s failed: %s\n", p.preset_name.c_str(), mode_name(mode), e.what());
+      doc["errors"].push_back({{"preset", p.preset_name}, {"mode", mode_name(mode)}, {"error", e.what()}});
+      write_json(o.json_path, doc);
+      combo = combo_begin + p.routings.size();
     }
-    layers.clear();  // frees this mode's device memory before the next mode builds its layers
-    ck(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
   }
   for (auto& e : ev) cudaEventDestroy(e);
   cudaStreamDestroy(stream);
@@ -685,7 +700,8 @@ Command add_bench_command(CLI::App& parent) {
                         {"rows", json::array()},
                         {"dropped", json::array()},
                         {"layers_reduced", json::array()},
-                        {"memory", json::array()}};
+                        {"memory", json::array()},
+                        {"errors", json::array()}};
             (void)app;
             if (o->dry_run) {
               doc["dry_run"] = true;
