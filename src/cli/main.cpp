@@ -32,6 +32,11 @@ int fail(int code, const std::string& message) {
 
 }  // namespace
 
+namespace nvfp4moe::cli {
+Command add_quantize_command(CLI::App& parent);   // cmd_quantize.cpp
+Command add_calibrate_command(CLI::App& parent);  // cmd_calibrate.cpp
+}  // namespace nvfp4moe::cli
+
 int main(int argc, char** argv) {
   CLI::App app{"nvfp4moe: run the MoE layers of NVFP4 (ModelOpt) checkpoints exactly, on CPU or CUDA"};
   app.set_version_flag("--version", "nvfp4moe 0.1.0");
@@ -44,6 +49,8 @@ int main(int argc, char** argv) {
   commands.push_back(nvfp4moe::cli::add_run_command(app));
   commands.push_back(nvfp4moe::cli::add_demo_command(app));
   commands.push_back(nvfp4moe::cli::add_bench_command(app));
+  commands.push_back(nvfp4moe::cli::add_quantize_command(app));
+  commands.push_back(nvfp4moe::cli::add_calibrate_command(app));
 
   // CLI11 reports an unknown first word as "A subcommand is required"; name it instead.
   if (argc > 1 && argv[1][0] != '-') {

@@ -1,0 +1,63 @@
+// bf16/fp16/fp32 HF MoE checkpoints -> NVFP4 ModelOpt-layout checkpoints (`nvfp4moe quantize`), and input-scale
+// re-calibration of an NVFP4 checkpoint (`nvfp4moe calibrate`). CPU only.
+//
+// quantize: every routed and shared expert projection (<...>.layers.L.<module>.experts.E.{gate,up,down}_proj.weight,
+// Mixtral w1/w3/w2, <module>.shared_expert(s).*) is quantized exactly as nvfp4-format.md section 3 with the fmt::
+// quantizer (gate and up of one expert share one amax, so one weight_scale_2); every other tensor is copied through
+// unchanged. input_scale: per expert, amax of the GEMM1 input (the routed tokens' hidden states) and of the GEMM2
+// input (act(gate) * up in bf16), divided by 6*448, measured by the cpu reference layer in w4a16 over sample hidden
+// states routed by the checkpoint's own router; an expert that saw no token gets the max over the layer (what the
+// exporter does, and what MoeLayer::end_calibration does). Gate and up get the same (GEMM1) input_scale.
+//
+// Output: OUT/config.json (the input's, plus quantization_config quant_method "modelopt"), OUT/hf_quant_config.json,
+// sharded safetensors + index, and every other file of IN copied. Written to OUT.tmp-<pid> and renamed at the end;
+// on failure nothing is left. The quantized experts of the whole checkpoint are held in memory (packed NVFP4 size).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "nvfp4moe/weights.h"
+
+namespace nvfp4moe::model {
+
+// Sample activations: a safetensors file with "layer.L.hidden" [N, H] (BF16, F16 or F32) per MoE layer, or
+// random_tokens random N(0, 1) bf16 tokens per layer (a smoke test; seeded).
+struct CalibrationSource {
+  std::string file;
+  int64_t random_tokens = 0;
+  uint64_t seed = 1;
+};
+
+struct QuantizeOptions {
+  CalibrationSource calibration;
+  size_t max_shard_bytes = size_t(4) << 30;
+};
+
+struct QuantizeResult {
+  std::vector<int> moe_layers;
+  size_t quantized_projections = 0;
+  size_t copied_tensors = 0;
+  double seconds = 0;
+};
+
+QuantizeResult quantize_checkpoint(const std::string& in_dir, const std::string& out_dir, const QuantizeOptions& options);
+
+struct CalibrateResult {
+  std::vector<int> moe_layers;
+  size_t input_scales_written = 0;
+  double seconds = 0;
+};
+// Re-measures every MoE layer's input scales of a ModelOpt NVFP4 checkpoint and writes a copy with them.
+CalibrateResult calibrate_checkpoint(const std::string& in_dir, const std::string& out_dir,
+                                     const CalibrationSource& calibration);
+
+// One weight [n, k] (fp32 values) quantized with weight_scale_2 = ws2: packed codes [n, k/2], block scales [n, k/16].
+void quantize_weight(const float* w, int64_t n, int64_t k, float ws2, uint8_t* packed, uint8_t* scales);
+
+// Replaces w's input scales by the calibrated ones (the rule above) from tokens hidden_bf16 [T, H].
+void calibrate_input_scales(MoeWeights& w, const uint16_t* hidden_bf16, int64_t tokens, const std::string& what);
+
+}  // namespace nvfp4moe::model
