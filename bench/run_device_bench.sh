@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The whole benchmark of ../shared/docs/benchmarks.md in ONE device call, building nothing (the binary is
 # carried): ceilings + torch bf16 baseline (bench/torch_baseline.py), then `nvfp4moe bench` over the presets
-# and T in {1 .. 16384}, both modes, uniform routing (+ skewed for deepseek-v3 and qwen3-30b), each preset
-# with its own time budget so that everything fits in ~9 minutes (points that would overrun are dropped and
+# and T in {1 .. 16384}, both modes, uniform routing (+ skewed for deepseek-v3 and qwen3-30b; torch skewed:
+# qwen3-30b), each preset with its own time budget so that everything fits in ~9 minutes (points that would overrun are dropped and
 # recorded in the JSON), then bench/merge_results.py writes ONE JSON (ours + ceilings + baseline, ratios,
 # efficiencies) and a summary table, and bench/plot_roofline.py the PNG when matplotlib is there.
 #
@@ -37,18 +37,29 @@ log "git $SHA, binary $BIN, budget ${TOTAL}s"
 
 # ---- 1. ceilings + torch bf16 baseline (same shapes; uniform routing for all presets, skewed for a subset)
 if [ "${SKIP_TORCH:-0}" != 1 ]; then
-  t=$(min "${TORCH_TIMEOUT:-130}" "$(( $(left) - 300 ))")
-  log "torch baseline + ceilings (timeout ${t}s)"
-  timeout "$t" python3 bench/torch_baseline.py --out "$OUT/torch.json" --tokens "$TOKENS" \
-    --presets "$(echo $PRESETS | tr ' ' ',')" 2>&1 | tee "$OUT/torch.log"
-  if [ ! -s "$OUT/torch.json" ]; then
-    log "torch baseline did not finish: ceilings only"
-    timeout 60 python3 bench/torch_baseline.py --ceilings-only --out "$OUT/torch.json" 2>&1 | tee -a "$OUT/torch.log"
+  # torch_baseline.py writes its JSON only when it finishes: deepseek-v3 (the slow one) gets its own call, so a
+  # timeout there cannot lose the other presets' rows or the ceilings.
+  small=$(echo $PRESETS | tr ' ' '\n' | grep -v '^deepseek-v3$' | paste -sd, -)
+  t=$(min "${TORCH_TIMEOUT:-80}" "$(( $(left) - 330 ))")
+  if [ -n "$small" ] && [ "$t" -ge 20 ]; then
+    log "torch baseline + ceilings: $small (timeout ${t}s)"
+    timeout "$t" python3 bench/torch_baseline.py --out "$OUT/torch.json" --tokens "$TOKENS" --presets "$small" \
+      2>&1 | tee "$OUT/torch.log"
   fi
-  t=$(min "${TORCH_SKEW_TIMEOUT:-40}" "$(( $(left) - 280 ))")
-  if [ "$t" -gt 10 ]; then
-    log "torch baseline, skewed subset (timeout ${t}s)"
-    timeout "$t" python3 bench/torch_baseline.py --out "$OUT/torch_skewed.json" --presets qwen3-30b,deepseek-v3 \
+  t=$(min "${TORCH_DS_TIMEOUT:-70}" "$(( $(left) - 300 ))")
+  if echo " $PRESETS " | grep -q ' deepseek-v3 ' && [ "$t" -ge 20 ]; then
+    log "torch baseline + ceilings: deepseek-v3 (timeout ${t}s)"
+    timeout "$t" python3 bench/torch_baseline.py --out "$OUT/torch_deepseek.json" --tokens "$TOKENS" \
+      --presets deepseek-v3 2>&1 | tee "$OUT/torch_deepseek.log"
+  fi
+  if [ ! -s "$OUT/torch.json" ] && [ ! -s "$OUT/torch_deepseek.json" ]; then
+    log "no torch baseline finished: ceilings only"
+    timeout 60 python3 bench/torch_baseline.py --ceilings-only --out "$OUT/torch_ceilings.json" 2>&1 | tee -a "$OUT/torch.log"
+  fi
+  t=$(min "${TORCH_SKEW_TIMEOUT:-35}" "$(( $(left) - 280 ))")
+  if [ "$t" -ge 20 ]; then
+    log "torch baseline, skewed subset: qwen3-30b (timeout ${t}s)"
+    timeout "$t" python3 bench/torch_baseline.py --out "$OUT/torch_skewed.json" --presets qwen3-30b \
       --tokens 1,16,256,4096 --skewed 2>&1 | tee "$OUT/torch_skewed.log"
   fi
 fi
@@ -59,14 +70,15 @@ budget_of() {
     deepseek-v3) echo 110 ;; qwen3-235b) echo 70 ;; qwen3-30b) echo 50 ;; gpt-oss-120b) echo 55 ;; *) echo 45 ;;
   esac
 }
-n_left=$(echo $PRESETS | wc -w)
+want_left=0
+for p in $PRESETS; do want_left=$(( want_left + $(budget_of "$p") )); done
 for p in $PRESETS; do
   routing=uniform
   case $p in deepseek-v3|qwen3-30b) routing=uniform,skewed ;; esac
   want=$(budget_of "$p")
-  share=$(( ($(left) - 15) / n_left ))   # never starve the presets still to come
+  share=$(( want * ($(left) - 15) / want_left ))   # short of time: every preset still to come gets its share
   b=$(min "$want" "$share")
-  n_left=$(( n_left - 1 ))
+  want_left=$(( want_left - want ))
   if [ "$b" -lt 15 ]; then log "$p: skipped (no time left)"; echo "{\"preset\":\"$p\",\"skipped\":\"no time left\"}" > "$OUT/ours-$p.skipped.json"; continue; fi
   log "nvfp4moe bench --preset $p (budget ${b}s, routing $routing)"
   timeout $(( b + 60 )) "$BIN" bench --preset "$p" --tokens "$TOKENS" --mode w4a16,w4a4 --routing "$routing" \
@@ -78,8 +90,9 @@ done
 
 # ---- 3. one JSON + summary table (+ plot if matplotlib is installed on this machine)
 torch_args=()
-[ -s "$OUT/torch.json" ] && torch_args+=(--torch "$OUT/torch.json")
-[ -s "$OUT/torch_skewed.json" ] && torch_args+=(--torch "$OUT/torch_skewed.json")
+for f in torch.json torch_deepseek.json torch_ceilings.json torch_skewed.json; do
+  [ -s "$OUT/$f" ] && torch_args+=(--torch "$OUT/$f")
+done
 python3 bench/merge_results.py --ours "$OUT"/ours-*.json "${torch_args[@]}" --gpu-info "$OUT/gpu-info.txt" \
   --out "$OUT/bench-$SHA.json" --markdown "$OUT/summary-$SHA.md" 2>&1 | tee "$OUT/summary.txt"
 python3 bench/plot_roofline.py "$OUT/bench-$SHA.json" --out "$OUT/roofline-$SHA.png" 2>&1 | tail -2 || true
