@@ -13,7 +13,9 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <random>
+#include <tuple>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
@@ -373,6 +375,71 @@ TEST_F(Quantize, BadInputOneErrorNoOutput) {
   write_bf16_checkpoint(in2, bad);
   expect_error(cli("quantize '" + in2 + "' '" + tmp / "o2" + "' --random-calibration 8"), 1, "expert 2");
   EXPECT_FALSE(fs::exists(tmp / "o2"));
+}
+
+// DeepSeek-style: F32 expert weights, a shared expert (mlp.shared_experts.*) and e_score_correction_bias.
+TEST_F(Quantize, DeepSeekSharedExpertAndF32Weights) {
+  TempDir tmp;
+  const std::string in = tmp / "ds", out = tmp / "ds_nvfp4";
+  fs::create_directories(in);
+  std::mt19937_64 rng(9);
+  std::normal_distribution<float> nd(0.0f, 0.02f);
+  std::vector<std::pair<std::string, std::vector<int64_t>>> specs = {{"model.layers.0.mlp.gate.weight", {E, H}}};
+  for (int e = 0; e < E; ++e)
+    for (auto [p, n, k] : {std::tuple{"gate_proj", I, H}, {"up_proj", I, H}, {"down_proj", H, I}})
+      specs.push_back({"model.layers.0.mlp.experts." + std::to_string(e) + "." + p + ".weight", {n, k}});
+  for (auto [p, n, k] : {std::tuple{"gate_proj", 2 * I, H}, {"up_proj", 2 * I, H}, {"down_proj", H, 2 * I}})
+    specs.push_back({std::string("model.layers.0.mlp.shared_experts.") + p + ".weight", {n, k}});
+  std::map<std::string, std::vector<float>> vals;
+  std::vector<io::TensorToWrite> w;
+  for (const auto& [name, shape] : specs) {
+    auto& v = vals[name];
+    v.resize(static_cast<size_t>(shape[0] * shape[1]));
+    for (auto& x : v) x = nd(rng) * (name.find(".gate.") != std::string::npos ? 50.0f : 1.0f);
+    io::TensorToWrite t;
+    t.name = name;
+    t.dtype = DType::F32;
+    t.shape = shape;
+    const float* d = v.data();
+    t.fill = [d](uint8_t* dst, size_t n) { std::memcpy(dst, d, n); };
+    w.push_back(std::move(t));
+  }
+  auto& bias = vals["model.layers.0.mlp.gate.e_score_correction_bias"];
+  bias = {0.01f, -0.02f, 0.0f, 0.03f};
+  io::TensorToWrite b;
+  b.name = "model.layers.0.mlp.gate.e_score_correction_bias";
+  b.dtype = DType::F32;
+  b.shape = {E};
+  b.fill = [&bias](uint8_t* dst, size_t n) { std::memcpy(dst, bias.data(), n); };
+  w.push_back(std::move(b));
+  io::write_safetensors(in + "/model.safetensors", w);
+  nlohmann::json c = {{"model_type", "deepseek_v3"}, {"hidden_size", H}, {"num_hidden_layers", 1},
+                      {"moe_intermediate_size", I}, {"n_routed_experts", E}, {"n_shared_experts", 2},
+                      {"num_experts_per_tok", K}, {"n_group", 1}, {"topk_group", 1}, {"first_k_dense_replace", 0},
+                      {"scoring_func", "sigmoid"}, {"topk_method", "noaux_tc"}, {"routed_scaling_factor", 2.5}};
+  std::ofstream(in + "/config.json") << c.dump(2);
+  const Result r = cli("quantize '" + in + "' '" + out + "' --random-calibration 16");
+  ASSERT_EQ(r.code, 0) << r.all();
+  auto ck = Checkpoint::open(out);
+  const MoeWeights mw = ck->load_layer(0);
+  ASSERT_TRUE(mw.has_shared());
+  EXPECT_EQ(mw.spec.shared_intermediate, 2 * I);
+  EXPECT_EQ(mw.router_bias, bias);
+  const std::string sb = "model.layers.0.mlp.shared_experts.";
+  const auto& g = vals[sb + "gate_proj.weight"];
+  const auto& u = vals[sb + "up_proj.weight"];
+  const auto& d = vals[sb + "down_proj.weight"];
+  const float ws13 = fmt::weight_global_scale(std::max(amax(g), amax(u)));
+  std::vector<uint8_t> p, s;
+  ref_quantize(u, 2 * I, H, ws13, p, s);
+  EXPECT_EQ(mw.shared.w13_up_scale2[0], ws13);
+  EXPECT_EQ(0, std::memcmp(mw.shared.w13.data() + p.size(), p.data(), p.size()));
+  EXPECT_EQ(0, std::memcmp(mw.shared.w13_scale.data() + s.size(), s.data(), s.size()));
+  ref_quantize(d, H, 2 * I, fmt::weight_global_scale(amax(d)), p, s);
+  EXPECT_EQ(0, std::memcmp(mw.shared.w2.data(), p.data(), p.size()));
+  EXPECT_GT(mw.shared.w13_input_scale[0], 0.0f);
+  const Result rr = cli("run '" + out + "' --layer 0 --mode w4a4 --tokens 4");
+  EXPECT_EQ(rr.code, 0) << rr.all();
 }
 
 }  // namespace
