@@ -541,9 +541,10 @@ CalibrateResult calibrate_checkpoint(const std::string& in_dir, const std::strin
   const double t0 = now_s();
   CalibrateResult res;
   auto ck = Checkpoint::open(in_dir);
-  NVFP4MOE_CHECK(ck->format() == CheckpointFormat::ModelOpt, ArgumentError, "IN_NVFP4: ", in_dir,
-                 ": expected a ModelOpt-layout NVFP4 checkpoint, got compressed-tensors (calibrate writes ModelOpt "
-                 "input_scale tensors)");
+  // ModelOpt: input_scale tensors rewritten. compressed-tensors: input_global_scale = 1.0f / input_scale written
+  // (added where a W4A16 checkpoint has none, and config_groups.*.input_activations set to NVFP4 dynamic "local").
+  const bool ct = ck->format() == CheckpointFormat::CompressedTensors;
+  const std::string in_suffix = ct ? ".input_global_scale" : ".input_scale", w_suffix = ct ? ".weight_packed" : ".weight";
   const Calibration calib(source);
   const io::SafetensorsSet files = io::SafetensorsSet::open(in_dir);
   std::map<std::string, float> new_scale;  // input_scale tensor name -> value
@@ -557,9 +558,9 @@ CalibrateResult calibrate_checkpoint(const std::string& in_dir, const std::strin
     const std::string pn[3] = {mixtral ? "w1" : "gate_proj", mixtral ? "w3" : "up_proj", mixtral ? "w2" : "down_proj"};
     auto set = [&](const std::string& base, float s13, float s2) {
       for (int r = 0; r < 3; ++r) {
-        const std::string n = base + pn[r] + ".input_scale";
-        if (!files.find(n)) continue;
-        new_scale[n] = r < 2 ? s13 : s2;
+        if (!files.find(base + pn[r] + w_suffix)) continue;
+        const float v = r < 2 ? s13 : s2;
+        new_scale[base + pn[r] + in_suffix] = ct ? 1.0f / v : v;
       }
     };
     for (int64_t e = 0; e < w.spec.num_experts; ++e)
@@ -572,7 +573,22 @@ CalibrateResult calibrate_checkpoint(const std::string& in_dir, const std::strin
   }
   StagedDir out(out_dir);
   std::vector<io::TensorToWrite> tensors;
-  for (const std::string& name : files.names()) {
+  std::vector<std::string> names = files.names();
+  for (const auto& [n, v] : new_scale)
+    if (!files.find(n)) names.push_back(n);  // a W4A16 compressed-tensors checkpoint had none
+  std::sort(names.begin(), names.end());
+  for (const std::string& name : names) {
+    if (!files.find(name)) {
+      io::TensorToWrite x;
+      x.name = name;
+      x.dtype = DType::F32;
+      x.shape = {1};
+      const float* v = &new_scale.at(name);
+      x.fill = [v](uint8_t* dst, size_t n) { std::memcpy(dst, v, n); };
+      ++res.input_scales_written;
+      tensors.push_back(std::move(x));
+      continue;
+    }
     const io::TensorInfo& t = files.get(name);
     io::TensorToWrite x;
     x.name = name;
@@ -593,7 +609,16 @@ CalibrateResult calibrate_checkpoint(const std::string& in_dir, const std::strin
   for (const auto& name : files.names()) total += files.get(name).nbytes();
   const size_t shard = std::max<size_t>(total / std::max<size_t>(1, files.num_files()) + 1, size_t(1) << 20);
   io::write_sharded_safetensors(out.path(), tensors, shard);
-  fs::copy_file(fs::path(in_dir) / "config.json", fs::path(out.path()) / "config.json");
+  if (ct) {
+    json config = read_json_file((fs::path(in_dir) / "config.json").string());
+    json in_args = {{"num_bits", 4}, {"type", "float"}, {"strategy", "tensor_group"}, {"group_size", 16},
+                    {"symmetric", true}, {"dynamic", "local"}};
+    for (auto& [gname, g] : config["quantization_config"]["config_groups"].items())
+      if (!g.contains("input_activations") || g["input_activations"].is_null()) g["input_activations"] = in_args;
+    write_json(fs::path(out.path()) / "config.json", config);
+  } else {
+    fs::copy_file(fs::path(in_dir) / "config.json", fs::path(out.path()) / "config.json");
+  }
   if (fs::exists(fs::path(in_dir) / "hf_quant_config.json"))
     fs::copy_file(fs::path(in_dir) / "hf_quant_config.json", fs::path(out.path()) / "hf_quant_config.json");
   copy_side_files(in_dir, out.path());

@@ -50,7 +50,10 @@ struct CalibrateResult {
   size_t input_scales_written = 0;
   double seconds = 0;
 };
-// Re-measures every MoE layer's input scales of a ModelOpt NVFP4 checkpoint and writes a copy with them.
+// Re-measures every MoE layer's input scales of an NVFP4 checkpoint and writes a copy with them: ModelOpt
+// input_scale tensors, or for compressed-tensors input_global_scale = 1.0f / input_scale (fp32; loading takes
+// 1.0f / that again, which is the measured scale or 1 ulp away), added where a W4A16 checkpoint had none, with
+// config_groups.*.input_activations set to NVFP4 (dynamic "local") so the result is a W4A4 checkpoint.
 CalibrateResult calibrate_checkpoint(const std::string& in_dir, const std::string& out_dir,
                                      const CalibrationSource& calibration);
 

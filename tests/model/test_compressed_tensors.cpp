@@ -19,6 +19,7 @@
 #include "cpu/reference.h"
 #include "format/nvfp4.h"
 #include "io/safetensors.h"
+#include "model/quantize.h"
 #include "model/synthetic.h"
 #include "nvfp4moe/checkpoint.h"
 #include "nvfp4moe/error.h"
@@ -427,6 +428,33 @@ TEST_F(CompressedTensors, UnsupportedConfigsRefused) {
   auto ck = Checkpoint::open(dir);
   expect_error<FormatError>([&] { ck->load_layer(0); },
                             {"expert 2", "model.layers.0.mlp.experts.2.down_proj.input_global_scale"});
+}
+
+// `nvfp4moe calibrate` on a W4A16 compressed-tensors checkpoint: the result is W4A4 (input_global_scale written,
+// input_activations set), its input scales within 1 ulp of the ModelOpt checkpoint calibrated the same way.
+TEST_F(CompressedTensors, CalibrateW4A16GivesW4A4) {
+  const auto [mo, ct] = both(*qwen_, "cal_w4a16", true, false);
+  model::CalibrationSource src;
+  src.random_tokens = 24;
+  const std::string out_ct = fresh_dir("cal_w4a16_out_ct"), out_mo = fresh_dir("cal_w4a16_out_mo");
+  const auto r = model::calibrate_checkpoint(ct, out_ct, src);
+  EXPECT_EQ(r.input_scales_written, 12u);  // 4 experts x 3 projections
+  model::calibrate_checkpoint(mo, out_mo, src);
+  auto a = Checkpoint::open(out_mo);
+  auto b = Checkpoint::open(out_ct);
+  EXPECT_NE(b->inspect().find("NVFP4 W4A4"), std::string::npos);
+  const MoeWeights wa = a->load_layer(0), wb = b->load_layer(0);
+  for (size_t e = 0; e < wa.experts.w13_input_scale.size(); ++e) {
+    for (auto [x, y] : {std::pair{wa.experts.w13_input_scale[e], wb.experts.w13_input_scale[e]},
+                        {wa.experts.w2_input_scale[e], wb.experts.w2_input_scale[e]}}) {
+      EXPECT_TRUE(x == y || y == std::nextafter(x, 0.0f) || y == std::nextafter(x, 1e30f)) << x << " vs " << y;
+      EXPECT_GT(x, 0.0f);
+    }
+  }
+  MoeLayerOptions o;
+  o.mode = Mode::W4A4;
+  EXPECT_NO_THROW(MoeLayer::create(*b, 0, o));
+  EXPECT_EQ(0, std::memcmp(wa.experts.w13.data(), wb.experts.w13.data(), wa.experts.w13.size()));
 }
 
 }  // namespace
