@@ -1,4 +1,4 @@
-// The `nvfp4moe` command: gen, inspect, run, demo. Every failure ends in ONE line on stderr,
+// The `nvfp4moe` command: gen, inspect, run, demo, bench, quantize, calibrate. Every failure ends in ONE line on stderr,
 // "nvfp4moe: error: ...", with exit code 1 (runtime errors) or 2 (command-line errors).
 #include <CLI/CLI.hpp>
 
@@ -58,7 +58,7 @@ int main(int argc, char** argv) {
     for (const auto& c : commands) known = known || c.app->get_name() == argv[1];
     if (!known)
       return fail(2, std::string("unknown command '") + argv[1] +
-                         "' (expected one of: gen, inspect, run, demo; see nvfp4moe --help)");
+                         "' (expected one of: gen, inspect, run, demo, bench, quantize, calibrate; see nvfp4moe --help)");
   }
 
   try {
