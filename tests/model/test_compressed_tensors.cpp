@@ -24,97 +24,23 @@
 #include "nvfp4moe/checkpoint.h"
 #include "nvfp4moe/error.h"
 #include "nvfp4moe/moe.h"
+#include "support/checkpoint_files.h"
 
 namespace nvfp4moe {
 namespace {
 
 namespace fs = std::filesystem;
 using nlohmann::json;
-
-struct TempRoot {
-  fs::path path;
-  TempRoot() : path(fs::temp_directory_path() / ("nvfp4moe_test_ct_" + std::to_string(::getpid()))) {
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~TempRoot() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-};
-const fs::path& temp_root() {
-  static TempRoot root;
-  return root.path;
-}
-std::string fresh_dir(const std::string& name) {
-  const fs::path p = temp_root() / name;
-  fs::remove_all(p);
-  return p.string();
-}
-
-template <typename E>
-void expect_error(const std::function<void()>& fn, std::initializer_list<std::string> parts) {
-  try {
-    fn();
-    ADD_FAILURE() << "expected an exception containing \"" << *parts.begin() << "\"";
-  } catch (const E& e) {
-    const std::string msg = e.what();
-    for (const auto& p : parts) EXPECT_NE(msg.find(p), std::string::npos) << "message: " << msg << "\nmissing: " << p;
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << "wrong exception type: " << e.what();
-  }
-}
-
-struct Tensor {
-  std::string name;
-  DType dtype;
-  std::vector<int64_t> shape;
-  std::vector<uint8_t> bytes;
-  float scalar() const {
-    float f;
-    std::memcpy(&f, bytes.data(), 4);
-    return f;
-  }
-  void set_scalar(float f) { std::memcpy(bytes.data(), &f, 4); }
-};
-
-std::vector<Tensor> read_all(const std::string& dir) {
-  const auto set = io::SafetensorsSet::open(dir);
-  std::vector<Tensor> out;
-  for (const auto& n : set.names()) {
-    const auto& t = set.get(n);
-    out.push_back({n, t.dtype, t.shape, std::vector<uint8_t>(t.data, t.data + t.nbytes())});
-  }
-  return out;
-}
-json read_json(const fs::path& p) {
-  std::ifstream f(p);
-  return json::parse(f);
-}
-void write_json(const fs::path& p, const json& j) {
-  std::ofstream f(p);
-  f << j.dump(2);
-}
+using test::ends_with;
+using test::expect_error;
+using test::read_json;
+using test::write_json;
+using Tensor = test::FileTensor;
+std::vector<Tensor> read_all(const std::string& dir) { return test::read_all_tensors(dir); }
 void write_dir(const std::string& dir, const std::vector<Tensor>& tensors, const json& config, const json& hf_quant) {
-  fs::create_directories(dir);
-  std::vector<io::TensorToWrite> w;
-  for (const auto& t : tensors) {
-    io::TensorToWrite x;
-    x.name = t.name;
-    x.dtype = t.dtype;
-    x.shape = t.shape;
-    const Tensor* tp = &t;
-    x.fill = [tp](uint8_t* dst, size_t n) { std::memcpy(dst, tp->bytes.data(), n); };
-    w.push_back(std::move(x));
-  }
-  io::write_safetensors((fs::path(dir) / "model.safetensors").string(), w);
-  write_json(fs::path(dir) / "config.json", config);
-  if (!hf_quant.is_null()) write_json(fs::path(dir) / "hf_quant_config.json", hf_quant);
+  test::write_checkpoint_dir(dir, tensors, config, hf_quant);
 }
-
-bool ends_with(const std::string& s, const std::string& suf) {
-  return s.size() >= suf.size() && s.compare(s.size() - suf.size(), suf.size(), suf) == 0;
-}
+std::string fresh_dir(const std::string& name) { return test::fresh_dir("test_ct", name); }
 
 bool roundtrips(float x) { return 1.0f / (1.0f / x) == x; }
 
