@@ -23,6 +23,7 @@
 #include "cpu/reference.h"
 #include "format/nvfp4.h"
 #include "io/safetensors.h"
+#include "support/cli_runner.h"
 #include "nvfp4moe/checkpoint.h"
 #include "nvfp4moe/error.h"
 
@@ -31,70 +32,12 @@ using namespace nvfp4moe;
 
 namespace {
 
-std::string cli_path() {
-  const char* p = std::getenv("NVFP4MOE_CLI");
-  return p ? p : "";
-}
-
-std::string slurp(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-
-struct Result {
-  int code = -1;
-  std::string out, err;
-  std::string all() const { return "exit " + std::to_string(code) + "\n--- stdout\n" + out + "--- stderr\n" + err; }
-};
-
-class TempDir {
- public:
-  TempDir() {
-    std::string tmpl = (fs::temp_directory_path() / "nvfp4moe-cli-test-XXXXXX").string();
-    std::vector<char> buf(tmpl.begin(), tmpl.end());
-    buf.push_back('\0');
-    if (!mkdtemp(buf.data())) throw std::runtime_error("mkdtemp failed");
-    path_ = buf.data();
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  std::string operator/(const std::string& name) const { return path_ + "/" + name; }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
-
-// Runs `nvfp4moe ARGS` with stdout and stderr captured separately.
-Result cli(const std::string& args) {
-  static TempDir io_dir;
-  static int n = 0;
-  const std::string o = io_dir / ("out" + std::to_string(n)), e = io_dir / ("err" + std::to_string(n));
-  ++n;
-  const std::string cmd = "'" + cli_path() + "' " + args + " >'" + o + "' 2>'" + e + "' </dev/null";
-  const int status = std::system(cmd.c_str());
-  Result r;
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  r.out = slurp(o);
-  r.err = slurp(e);
-  return r;
-}
-
-// The error contract: the given exit code, exactly one line on stderr of the form
-// "nvfp4moe: error: ...", containing `needle`.
-void expect_error(const Result& r, int code, const std::string& needle) {
-  EXPECT_EQ(r.code, code) << r.all();
-  const std::string prefix = "nvfp4moe: error: ";
-  EXPECT_EQ(r.err.compare(0, prefix.size(), prefix), 0) << r.all();
-  ASSERT_FALSE(r.err.empty()) << r.all();
-  EXPECT_EQ(r.err.back(), '\n') << r.all();
-  EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << "error must be ONE line\n" << r.all();
-  EXPECT_NE(r.err.find(needle), std::string::npos) << "expected '" << needle << "' in the error\n" << r.all();
-}
+using test::cli;
+using test::cli_path;
+using test::slurp;
+using test::TempDir;
+using Result = test::CliResult;
+void expect_error(const Result& r, int code, const std::string& needle) { test::expect_cli_error(r, code, needle); }
 
 constexpr int64_t H = 64, I = 32, E = 4, K = 2, L = 2;
 
