@@ -11,6 +11,7 @@
 #include <map>
 #include <sstream>
 
+#include "model/tensor_names.h"
 #include "model/checkpoint_format.h"
 #include "io/safetensors.h"
 #include "format/nvfp4.h"
@@ -290,29 +291,6 @@ std::optional<QuantConfig> parse_modelopt_quant(const std::string& dir, const js
 
 // ------------------------------------------------------------------ tensor-name discovery
 namespace {
-
-bool parse_index(const std::string& s, int64_t* out) {
-  if (s.empty() || s.size() > 9) return false;
-  int64_t v = 0;
-  for (char ch : s) {
-    if (ch < '0' || ch > '9') return false;
-    v = v * 10 + (ch - '0');
-  }
-  *out = v;
-  return true;
-}
-
-std::vector<std::string> split_dots(const std::string& s) {
-  std::vector<std::string> out;
-  size_t b = 0;
-  for (;;) {
-    const size_t e = s.find('.', b);
-    out.push_back(s.substr(b, e == std::string::npos ? std::string::npos : e - b));
-    if (e == std::string::npos) break;
-    b = e + 1;
-  }
-  return out;
-}
 
 std::string join_dots(const std::vector<std::string>& t, size_t b, size_t e) {
   std::string s;

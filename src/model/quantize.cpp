@@ -17,6 +17,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cpu/reference.h"
+#include "model/tensor_names.h"
 #include "format/nvfp4.h"
 #include "io/safetensors.h"
 #include "model/checkpoint_format.h"
@@ -182,28 +183,6 @@ class Calibration {
 };
 
 // ---- discovery of expert tensors in an unquantized checkpoint
-bool parse_index(const std::string& s, int64_t* out) {
-  if (s.empty() || s.size() > 9) return false;
-  int64_t v = 0;
-  for (char ch : s) {
-    if (ch < '0' || ch > '9') return false;
-    v = v * 10 + (ch - '0');
-  }
-  *out = v;
-  return true;
-}
-std::vector<std::string> split_dots(const std::string& s) {
-  std::vector<std::string> out;
-  size_t b = 0;
-  for (;;) {
-    const size_t e = s.find('.', b);
-    out.push_back(s.substr(b, e == std::string::npos ? std::string::npos : e - b));
-    if (e == std::string::npos) break;
-    b = e + 1;
-  }
-  return out;
-}
-
 // Role of a projection name: 0 gate, 1 up, 2 down, -1 other.
 int proj_role(const std::string& p) {
   if (p == "gate_proj" || p == "w1") return 0;

@@ -18,6 +18,7 @@
 #include "model/synthetic.h"
 #include "nvfp4moe/checkpoint.h"
 #include "nvfp4moe/error.h"
+#include "support/checkpoint_files.h"
 
 namespace nvfp4moe {
 namespace {
@@ -391,31 +392,10 @@ TEST(GeneratedCheckpoint, PresetsResolveAtFullSize) {
 }
 
 // ------------------------------------------------------------------ crafted checkpoints
-struct Tensor {
-  std::string name;
-  DType dtype;
-  std::vector<int64_t> shape;
-  std::vector<uint8_t> bytes;
-};
-
-std::vector<Tensor> read_all(const std::string& dir) {
-  const auto set = io::SafetensorsSet::open(dir);
-  std::vector<Tensor> out;
-  for (const auto& n : set.names()) {
-    const auto& t = set.get(n);
-    out.push_back({n, t.dtype, t.shape, std::vector<uint8_t>(t.data, t.data + t.nbytes())});
-  }
-  return out;
-}
-
-nlohmann::json read_json(const fs::path& p) {
-  std::ifstream f(p);
-  return nlohmann::json::parse(f);
-}
-void write_json(const fs::path& p, const nlohmann::json& j) {
-  std::ofstream f(p);
-  f << j.dump(2);
-}
+using Tensor = test::FileTensor;
+std::vector<Tensor> read_all(const std::string& dir) { return test::read_all_tensors(dir); }
+using test::read_json;
+using test::write_json;
 
 // A small base checkpoint (qwen3 style, H 32, I 32, E 3, one layer) rewritten with one mutation.
 class Crafted : public ::testing::Test {
