@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# On the H200 (device machine): build the Python extension with its CUDA backend against the image's own
+# python3 (3.12, with torch), then run the GPU half of the pytest suite (python/tests -m gpu: torch CUDA
+# tensors, the caller's stream, torch.cuda.graph, torch.compile, the T=1 call overhead) and the CPU half too.
+# Logs and python.json under $OUT. Usage: OUT=out NVFP4MOE_GIT_SHA=<sha> bash scripts/device_python_gpu.sh
+set -u -o pipefail
+OUT=${OUT:-out}
+mkdir -p "$OUT"
+SHA=${NVFP4MOE_GIT_SHA:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
+export CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}
+export NCCL_NVLS_ENABLE=0
+t0=$SECONDS
+python3 -c 'import sys, torch; print(sys.version); print("torch", torch.__version__, torch.cuda.get_device_name())' \
+  > "$OUT/python-env.log" 2>&1
+# --target: the image's venv may be read-only; --no-build-isolation: nothing can be fetched there (the image
+# has scikit-build-core and nanobind).
+rm -rf /tmp/nvfp4moe-site
+if ! python3 -m pip install -v --no-build-isolation --no-deps --disable-pip-version-check \
+     -C build-dir=/tmp/nvfp4moe-pybuild --target /tmp/nvfp4moe-site . > "$OUT/pip-install.log" 2>&1; then
+  tail -n 60 "$OUT/pip-install.log"; echo "device_python_gpu.sh: pip install failed"; exit 1
+fi
+echo "pip install took $(( SECONDS - t0 )) s; $(grep -m1 -o 'CUDA backend [A-Z]*' "$OUT/pip-install.log")" | tee -a "$OUT/python-env.log"
+export PYTHONPATH=/tmp/nvfp4moe-site
+export NVFP4MOE_GPU_RESULTS="$OUT/$SHA-python-gpu.json"
+[ -x build-bench/nvfp4moe ] && export NVFP4MOE_CLI=$PWD/build-bench/nvfp4moe LD_LIBRARY_PATH=$PWD/build-bench:${LD_LIBRARY_PATH:-}
+cd /tmp && python3 -m pytest -p no:cacheprovider -ra -v --rootdir "$OLDPWD" "$OLDPWD/python/tests" \
+  2>&1 | tee "$OUT/$SHA-python-pytest.log" | tail -n 40
+exit "${PIPESTATUS[0]}"
