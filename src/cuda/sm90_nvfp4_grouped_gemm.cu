@@ -23,7 +23,9 @@ cudaError_t fail(const std::string& msg) {
 #define NVFP4MOE_SM90_GEMM_CONFIGS(X) \
   X(16, 14, 2)  /* decode, 2 consumer warpgroups (the first version's decode tile; kept for comparison) */ \
   X(16, 9, 4)   /* decode: 1..16 rows per expert; 4 consumer warpgroups = more dequant/wgmma chains per SM */ \
+  X(16, 14, 3)  /* decode: 3 consumer warpgroups (entry cap 128 registers, consumers 160: no spills) */      \
   X(32, 12, 2)  /* 17..32 rows per expert (4 warpgroups spill at BT = 32) */                                 \
+  X(32, 12, 3)  /* 17..32 rows per expert, 3 consumer warpgroups */                                         \
   X(64, 10, 2)  /* 33..64 rows per expert */                                                              \
   X(128, 8, 2)  /* prefill: > 64 rows per expert */
 

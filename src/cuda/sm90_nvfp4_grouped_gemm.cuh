@@ -15,11 +15,13 @@
 // Prepared weight layout (sm90_prepare_weights writes it; lossless: the checkpoint's bits, reordered):
 //   bytes [E][units][k_tiles][2 blocks][2304]; one 2304-byte chunk = 64 weight rows x 64 k:
 //     [0, 2048): FP4 codes, 16 bytes per consumer thread tid (warp w = tid/32, g = (tid%32)/4, t = tid%4);
-//                32-bit word j (k16 step j) holds, for wgmma A register i (0..3), its low element at nibble i
-//                and its high element at nibble i + 4. Register i covers row r0 = 16w + g (i even) or r0 + 8
-//                (i odd), k = 16j + 2t + 8 * (i / 2) (low) and k + 1 (high): the m64k16 A fragment.
-//     [2048, 2304): e4m3 block scales, 8 bytes per row pair (w * 8 + g): byte 2j + h = scale of row r0 + 8h,
-//                k16 block j of the tile (the 4 threads t of one row pair read the same bytes).
+//                32-bit word j (k16 step j) holds the 8 codes of wgmma A registers i = 0..3 (low element e = 0,
+//                high e = 1), each bit at fp4_src_bit(i, e, q) (a fixed permutation, below). Register i covers
+//                row r0 = 16w + g (i even) or r0 + 8 (i odd), k = 16j + 2t + 8 * (i / 2) (low) and k + 1
+//                (high): the m64k16 A fragment.
+//     [2048, 2304): e4m3 block scales, 8 bytes per row pair (w * 8 + g): word h2 = 0, 1 holds the scales of
+//                k16 steps 2*h2 + jj for rows r0 + 8h, bit b at scale_src_bit(jj, h, b) (the 4 threads t of one
+//                row pair read the same bytes).
 //   Rows past N and k past K are zero codes with zero scales (contribute exactly 0).
 #pragma once
 
@@ -166,44 +168,118 @@ template <> struct Wgmma<128> {
 };
 
 // ------------------------------------------------------------------------------------------- dequantization
-// FP4 register i of a prepared word -> bf16x2 "tiny" values: the 3 magnitude bits go to bf16 bits 8..6
-// (exponent low bits + top mantissa bit) and the sign to bit 15. That reads as e2m1 * 2^-126 for every code,
-// 0.5 included (it becomes the bf16 subnormal 2^-127). 4 integer ops, no table.
+// The prepared bit order (layout version 2). Everything below is a permutation of the checkpoint's bits inside
+// one 32-bit word; the kernel undoes it with rotates and masks, the prepare kernel applies it with these maps.
+//
+// FP4: word j of a thread (k16 step j) holds its 4 A registers i (8 bits each: two e2m1 codes, e = 0 the low
+// k element, e = 1 the high one). Register i is extracted as rotl(w, R) & mask, which must leave the code's
+// magnitude bits q = 0..2 at bf16 bits 6..8 (+16e) and its sign (q = 3) at bit 15 (+16e): the "tiny" pattern
+// (below). No 4 rotations of that 8-bit pattern tile 32 bits (exhaustive search), so registers 0..2 are one
+// rotate + one AND each (register 0: rotation 0, the AND alone), and register 3 takes its m0, m1 and sign
+// through rotation 2 and its m2 through rotation 10: 9 integer ops per word instead of 15.
+__host__ __device__ constexpr int fp4_rotation(int i, int q) {
+  return i == 0 ? 0 : i == 1 ? 6 : i == 2 ? 12 : (q == 2 ? 10 : 2);
+}
+__host__ __device__ constexpr int fp4_target_bit(int e, int q) { return 16 * e + (q < 3 ? 6 + q : 15); }
+// Bit of the prepared word that holds bit q of code e of register i.
+__host__ __device__ constexpr int fp4_src_bit(int i, int e, int q) {
+  return (fp4_target_bit(e, q) - fp4_rotation(i, q) + 32) % 32;
+}
+// Block scales: word h2 (0, 1) of a row pair's 8 bytes holds the scales of k16 steps j = 2*h2 + jj (jj = 0, 1)
+// for rows r0 (h = 0) and r0 + 8 (h = 1). Step jj = 0 sits where its "tiny" bf16 pattern goes (magnitude bits
+// b = 0..6 at 4 + b (+16h), sign at 15 (+16h)): extracted by one AND; step jj = 1 fills the other 16 bits and
+// comes out of rotl 4 (b = 0..3 and the sign) and rotl 28 (b = 4..6): two rotates and two LOP3s.
+__host__ __device__ constexpr int scale_src_bit(int jj, int h, int b) {
+  const int target = 16 * h + (b < 7 ? 4 + b : 15);
+  if (jj == 0) return target;
+  return (b < 4 || b == 7) ? (target - 4 + 32) % 32 : (target + 4) % 32;
+}
+__host__ __device__ constexpr bool prepared_bit_order_is_a_permutation() {
+  unsigned fp4 = 0, sc = 0;
+  for (int i = 0; i < 4; ++i)
+    for (int e = 0; e < 2; ++e)
+      for (int q = 0; q < 4; ++q) {
+        const unsigned bit = 1u << fp4_src_bit(i, e, q);
+        if (fp4 & bit) return false;
+        fp4 |= bit;
+      }
+  for (int jj = 0; jj < 2; ++jj)
+    for (int h = 0; h < 2; ++h)
+      for (int b = 0; b < 8; ++b) {
+        const unsigned bit = 1u << scale_src_bit(jj, h, b);
+        if (sc & bit) return false;
+        sc |= bit;
+      }
+  return fp4 == 0xFFFFFFFFu && sc == 0xFFFFFFFFu;
+}
+static_assert(prepared_bit_order_is_a_permutation(), "the prepared bit order must be lossless");
+
+// The prepared word of one k16 step from the 8 codes of its 4 registers (code[i][e], 4 bits each).
+__host__ __device__ inline uint32_t pack_fp4_word(const uint32_t (&code)[4][2]) {
+  uint32_t w = 0;
+  for (int i = 0; i < 4; ++i)
+    for (int e = 0; e < 2; ++e)
+      for (int q = 0; q < 4; ++q) w |= ((code[i][e] >> q) & 1u) << fp4_src_bit(i, e, q);
+  return w;
+}
+// The prepared scale word of steps 2*h2, 2*h2 + 1 from sc[jj][h] (e4m3 bytes).
+__host__ __device__ inline uint32_t pack_scale_word(const uint8_t (&sc)[2][2]) {
+  uint32_t w = 0;
+  for (int jj = 0; jj < 2; ++jj)
+    for (int h = 0; h < 2; ++h)
+      for (int b = 0; b < 8; ++b) w |= ((static_cast<uint32_t>(sc[jj][h]) >> b) & 1u) << scale_src_bit(jj, h, b);
+  return w;
+}
+
+__device__ __forceinline__ uint32_t rotl(uint32_t w, int n) { return __funnelshift_l(w, w, n); }
+__device__ __forceinline__ uint32_t lop_or_and(uint32_t x, uint32_t mx, uint32_t y, uint32_t my) {
+  return (x & mx) | (y & my);
+}
+// FP4 register I of a prepared word -> bf16x2 "tiny" values: magnitude bits at bf16 bits 8..6 (exponent low
+// bits + top mantissa bit), sign at bit 15. That reads as e2m1 * 2^-126 for every code, 0.5 included (it
+// becomes the bf16 subnormal 2^-127).
+inline constexpr uint32_t kTinyFp4Mask = 0x81C081C0u;
 template <int I>
 __device__ __forceinline__ uint32_t fp4x2_tiny(uint32_t w) {
-  constexpr int s1 = 6 - 4 * I, s2 = 12 - 4 * I;
-  const uint32_t t1 = s1 >= 0 ? (w << (s1 >= 0 ? s1 : 0)) : (w >> (s1 < 0 ? -s1 : 0));
-  const uint32_t t2 = w << s2;
-  return (t1 & 0x01C001C0u) | (t2 & 0x80008000u);
+  if constexpr (I == 0) return w & kTinyFp4Mask;
+  else if constexpr (I == 1) return rotl(w, 6) & kTinyFp4Mask;
+  else if constexpr (I == 2) return rotl(w, 12) & kTinyFp4Mask;
+  else return lop_or_and(rotl(w, 2), 0x80C080C0u, rotl(w, 10), 0x01000100u);
 }
 __device__ __forceinline__ uint32_t bf16x2_mul(uint32_t a, uint32_t b) {
   uint32_t d;
   asm("mul.rn.bf16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
   return d;
 }
-// Two e4m3 block scales (bytes lo, hi of s16) -> bf16x2 {lo, lo} and {hi, hi} times 2^100: e4m3 -> f16 (exact,
-// cvt.rn.f16x2.e4m3x2) -> f32 -> * 2^100 -> bf16 (exact: 4 significant bits, exponent in range).
-// tiny(e2m1) * (s * 2^100) = e2m1 * s * 2^-26: a normal bf16 for every nonzero product (>= 2^-36), exact.
-__device__ __forceinline__ void scale_pair(uint32_t s16, uint32_t& lo, uint32_t& hi) {
-  uint32_t h2;
-  asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h2) : "h"(static_cast<uint16_t>(s16)));
-  float f0, f1;
-  asm("cvt.f32.f16 %0, %1;" : "=f"(f0) : "h"(static_cast<uint16_t>(h2 & 0xFFFF)));
-  asm("cvt.f32.f16 %0, %1;" : "=f"(f1) : "h"(static_cast<uint16_t>(h2 >> 16)));
-  f0 *= 1.2676506002282294e30f;  // 2^100
-  f1 *= 1.2676506002282294e30f;
-  asm("cvt.rn.bf16x2.f32 %0, %1, %1;" : "=r"(lo) : "f"(f0));
-  asm("cvt.rn.bf16x2.f32 %0, %1, %1;" : "=r"(hi) : "f"(f1));
+// Scale word -> the 4 bf16x2 multipliers {s, s} * 2^100 (sc[jj][h]). The e4m3 bits placed at bf16 bits 10..4
+// (sign at 15) read as s * 2^-120 for every scale, subnormal e4m3 included (they become bf16 subnormals, which
+// mul.bf16x2 keeps); two exact multiplications by 2^110 (2^-10 s: normal, 4 significant bits; then 2^100 s)
+// and a PRMT broadcast of each half. 5 integer ops + 4 multiplications + 4 PRMT for 4 scales (was ~9 ops per
+// 2 scales through cvt e4m3 -> f16 -> f32 -> bf16). A NaN scale (0x7F / 0xFF, never written by a quantizer)
+// reads as the finite +-480 here.
+inline constexpr uint32_t kTinyScaleMask = 0x87F087F0u;
+inline constexpr uint32_t kBf16x2Pow110 = 0x76807680u;  // {2^110, 2^110}
+__device__ __forceinline__ void scale_word(uint32_t w, uint32_t (&s)[2][2]) {
+  uint32_t q[2];
+  q[0] = w & kTinyScaleMask;
+  q[1] = lop_or_and(rotl(w, 4), 0x80F080F0u, rotl(w, 28), 0x07000700u);
+#pragma unroll
+  for (int jj = 0; jj < 2; ++jj) {
+    const uint32_t v = bf16x2_mul(bf16x2_mul(q[jj], kBf16x2Pow110), kBf16x2Pow110);
+    s[jj][0] = __byte_perm(v, 0, 0x1010);
+    s[jj][1] = __byte_perm(v, 0, 0x3232);
+  }
 }
 // One 64x64 block for this thread: 16 bytes of codes + 8 bytes of scales -> 16 bf16x2 A registers
-// (a[4j + i]: k16 step j, fragment register i), each exact e2m1 * e4m3 * 2^-26.
+// (a[4j + i]: k16 step j, fragment register i), each exact e2m1 * e4m3 * 2^-26: tiny(e2m1) * (s * 2^100).
 __device__ __forceinline__ void dequant_block(const uint4 codes, const uint2 sc, uint32_t (&a)[16]) {
   const uint32_t words[4] = {codes.x, codes.y, codes.z, codes.w};
-  const uint32_t sw[2] = {sc.x, sc.y};
+  uint32_t s[2][2][2];  // [h2][jj][h]
+  scale_word(sc.x, s[0]);
+  scale_word(sc.y, s[1]);
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
-    uint32_t s0, s1;  // rows r0 and r0 + 8
-    scale_pair((sw[j >> 1] >> ((j & 1) * 16)) & 0xFFFFu, s0, s1);
+    const uint32_t s0 = s[j >> 1][j & 1][0], s1 = s[j >> 1][j & 1][1];  // rows r0 and r0 + 8
     const uint32_t w = words[j];
     a[4 * j + 0] = bf16x2_mul(fp4x2_tiny<0>(w), s0);
     a[4 * j + 1] = bf16x2_mul(fp4x2_tiny<1>(w), s1);
@@ -255,12 +331,13 @@ __device__ __forceinline__ void quantize_pair(float x, float x2, float gs, uint1
 template <int BT, int WGS, int STAGES, Epilogue EPI>
 struct KernelTraits {
   static_assert(BT % 16 == 0 && BT >= 16 && BT <= 128, "BT: wgmma N in 16..128, two m64 blocks per thread");
-  static_assert(WGS == 2 || (WGS == 4 && BT <= 16), "WGS 4 only with the small accumulators of BT = 16");
+  static_assert(WGS == 2 || (WGS == 3 && BT <= 32) || (WGS == 4 && BT <= 16),
+                "WGS 3 only up to BT = 32, WGS 4 only with the small accumulators of BT = 16");
   static constexpr int kThreads = (WGS + 1) * 128;
   // setmaxnreg budgets. The CTA owns kThreads x (registers ptxas gave the kernel) registers; asking for more
   // than that in setmaxnreg.inc blocks forever, so the launcher checks kRegsNeeded against the compiled count.
   static constexpr int kProducerRegs = WGS <= 2 ? 40 : 24;
-  static constexpr int kConsumerRegs = WGS <= 2 ? 232 : 112;
+  static constexpr int kConsumerRegs = WGS <= 2 ? 232 : WGS == 3 ? 160 : 112;
   static constexpr int kRegsNeeded = 128 * kProducerRegs + WGS * 128 * kConsumerRegs;
   static constexpr int kABytes = BT * 128;                  // one stage of A: BT rows x 64 bf16, swizzled
   static constexpr int kWBytes = WGS * kUnitBytes;          // one stage of weights
@@ -483,7 +560,7 @@ __global__ void __launch_bounds__((WGS + 1) * 128, 1)
 // pair's 8 scales from the checkpoint layout (packed [E][N][K/2], scales [E][N][K/16]).
 // gated: N = 2I, block 0 of unit u = gate rows [64u, 64u + 64), block 1 = the up rows I + [64u, 64u + 64).
 // (A template only so that the header can be included by several translation units.)
-template <int kLayoutVersion = 1>
+template <int kLayoutVersion = 2>
 __global__ void sm90_prepare_weights_kernel(const uint8_t* __restrict__ packed, const uint8_t* __restrict__ scales,
                                             uint8_t* __restrict__ out, int num_experts, int n, int k, int units,
                                             int k_tiles, int gated) {
@@ -517,27 +594,29 @@ __global__ void sm90_prepare_weights_kernel(const uint8_t* __restrict__ packed, 
     };
     uint32_t words[4];
     for (int j = 0; j < 4; ++j) {
-      uint32_t w = 0;
+      uint32_t cw[4][2];
       for (int i = 0; i < 4; ++i) {
         const int row = rows[i & 1];
         const int kk = kt * 64 + 16 * j + 2 * t + 8 * (i / 2);
-        w |= code(row, kk) << (4 * i);
-        w |= code(row, kk + 1) << (4 * (i + 4));
+        cw[i][0] = code(row, kk);
+        cw[i][1] = code(row, kk + 1);
       }
-      words[j] = w;
+      words[j] = pack_fp4_word(cw);
     }
     uint8_t* chunk = out + ((static_cast<int64_t>(e) * units + u) * k_tiles + kt) * kUnitBytes + b * kChunkBytes;
     *reinterpret_cast<uint4*>(chunk + tid * 16) = make_uint4(words[0], words[1], words[2], words[3]);
     if (t == 0) {
-      uint8_t sb[8];
-      for (int j = 0; j < 4; ++j)
-        for (int h = 0; h < 2; ++h) {
-          const int row = rows[h], blk = kt * 4 + j;
-          sb[2 * j + h] = (row >= 0 && blk * 16 < k) ? scales[(static_cast<int64_t>(e) * n + row) * ks + blk] : 0;
-        }
-      uint2 v;
-      v.x = sb[0] | (sb[1] << 8) | (sb[2] << 16) | (static_cast<uint32_t>(sb[3]) << 24);
-      v.y = sb[4] | (sb[5] << 8) | (sb[6] << 16) | (static_cast<uint32_t>(sb[7]) << 24);
+      uint32_t sw[2];
+      for (int h2 = 0; h2 < 2; ++h2) {
+        uint8_t sb[2][2];
+        for (int jj = 0; jj < 2; ++jj)
+          for (int h = 0; h < 2; ++h) {
+            const int row = rows[h], blk = kt * 4 + 2 * h2 + jj;
+            sb[jj][h] = (row >= 0 && blk * 16 < k) ? scales[(static_cast<int64_t>(e) * n + row) * ks + blk] : 0;
+          }
+        sw[h2] = pack_scale_word(sb);
+      }
+      const uint2 v = make_uint2(sw[0], sw[1]);
       *reinterpret_cast<uint2*>(chunk + kCodeBytes + (warp * 8 + g) * 8) = v;
     }
   }

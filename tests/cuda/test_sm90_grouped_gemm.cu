@@ -282,39 +282,66 @@ void check(const Problem& p, Sm90GemmEpilogue epi, const Sm90GemmConfig& cfg, co
 }
 
 // ------------------------------------------------------------------------------------ tests
-// The register dequantization: every (code, scale) pair equals fmt::dequant_operand * 2^-26 exactly.
-__global__ void dequant_all_kernel(uint16_t* out) {
+// The register dequantization: every (code, scale) pair equals fmt::dequant_operand * 2^-26 exactly, in every
+// one of the 16 registers x 2 halves of a thread's block and every one of its 8 scale slots (the prepared bit
+// order puts each at different bits). Thread c of block s: code c in all 32 slots, scale s in all 8 slots; and
+// a second pass (code slot v gets code (c + v) % 16, scale slot u gets (s + 37u) % 256) so that neighbouring
+// slots hold different values.
+__global__ void dequant_all_kernel(uint16_t* out, int mix) {
   const int s = blockIdx.x;   // scale code 0..255
   const int c = threadIdx.x;  // code 0..15
-  uint4 codes;
-  const uint32_t word = c | (c << 16);  // register 0: low nibble 0, high nibble 4
-  codes.x = codes.y = codes.z = codes.w = word;
-  const uint32_t sc = s | (s << 8);
-  uint2 scs = make_uint2(sc | (sc << 16), sc | (sc << 16));
+  uint32_t w[4];
+  for (int j = 0; j < 4; ++j) {
+    uint32_t code[4][2];
+    for (int i = 0; i < 4; ++i)
+      for (int e = 0; e < 2; ++e) code[i][e] = mix ? (c + 8 * j + 2 * i + e) % 16 : c;
+    w[j] = sm90::pack_fp4_word(code);
+  }
+  uint32_t sw[2];
+  for (int h2 = 0; h2 < 2; ++h2) {
+    uint8_t sc[2][2];
+    for (int jj = 0; jj < 2; ++jj)
+      for (int h = 0; h < 2; ++h) sc[jj][h] = static_cast<uint8_t>(mix ? (s + 37 * (4 * h2 + 2 * jj + h)) % 256 : s);
+    sw[h2] = sm90::pack_scale_word(sc);
+  }
   uint32_t a[16];
-  sm90::dequant_block(codes, scs, a);
-  out[s * 16 + c] = static_cast<uint16_t>(a[0] & 0xFFFF);
+  sm90::dequant_block(make_uint4(w[0], w[1], w[2], w[3]), make_uint2(sw[0], sw[1]), a);
+  for (int r = 0; r < 16; ++r) {
+    out[(s * 16 + c) * 32 + 2 * r] = static_cast<uint16_t>(a[r] & 0xFFFF);
+    out[(s * 16 + c) * 32 + 2 * r + 1] = static_cast<uint16_t>(a[r] >> 16);
+  }
 }
 
 TEST(Sm90GroupedGemm, DequantIsExactForEveryCodeAndScale) {
-  DevBuf<uint16_t> out(256 * 16);
-  dequant_all_kernel<<<256, 16>>>(out.p);
-  CUDA_OK(cudaGetLastError());
-  CUDA_OK(cudaDeviceSynchronize());
-  const std::vector<uint16_t> h = out.get();
-  int bad = 0;
-  for (int s = 0; s < 256; ++s) {
-    if ((s & 0x7F) == 0x7F) continue;  // NaN scales: NaN either way
-    for (int c = 0; c < 16; ++c) {
-      const float want = fmt::dequant_operand(static_cast<uint8_t>(c), static_cast<uint8_t>(s)) / sm90::kWeightUnscale;
-      const float got = fmt::bf16_to_float(h[s * 16 + c]);
-      if (!(want == got)) {
-        if (++bad < 10) ADD_FAILURE() << "code " << c << " scale 0x" << std::hex << s << std::dec << ": got " << got
-                                      << " want " << want;
-      }
-    }
+  for (int mix = 0; mix < 2; ++mix) {
+    DevBuf<uint16_t> out(256 * 16 * 32);
+    dequant_all_kernel<<<256, 16>>>(out.p, mix);
+    CUDA_OK(cudaGetLastError());
+    CUDA_OK(cudaDeviceSynchronize());
+    const std::vector<uint16_t> h = out.get();
+    int bad = 0;
+    for (int s = 0; s < 256; ++s)
+      for (int c = 0; c < 16; ++c)
+        for (int r = 0; r < 16; ++r)
+          for (int e = 0; e < 2; ++e) {
+            const int j = r / 4, i = r % 4;
+            const int code = mix ? (c + 8 * j + 2 * i + e) % 16 : c;
+            const int slot = 2 * j + (i & 1);  // scale slot 4*h2 + 2*jj + h with j = 2*h2 + jj, h = i & 1
+            const int sc = mix ? (s + 37 * slot) % 256 : s;
+            if ((sc & 0x7F) == 0x7F) continue;  // NaN scales: never written by a quantizer (see scale_word)
+            const float want =
+                fmt::dequant_operand(static_cast<uint8_t>(code), static_cast<uint8_t>(sc)) / sm90::kWeightUnscale;
+            const uint16_t got_bits = h[(s * 16 + c) * 32 + 2 * r + e];
+            const float got = fmt::bf16_to_float(got_bits);
+            // the same value (a zero's sign does not reach the fp32 accumulator)
+            if (!(want == got)) {
+              if (++bad < 10)
+                ADD_FAILURE() << "mix " << mix << " code " << code << " scale 0x" << std::hex << sc << std::dec
+                              << " reg " << r << " half " << e << ": got " << got << " want " << want;
+            }
+          }
+    EXPECT_EQ(bad, 0);
   }
-  EXPECT_EQ(bad, 0);
 }
 
 TEST(Sm90GroupedGemm, EveryConfigEveryEpilogueRandomOffsets) {
