@@ -134,12 +134,15 @@ Sm90GemmConfig sm90_pick_config(double rows_per_expert, int /*n*/, int /*k*/) {
   // all 256 experts), except when only a few experts are active (T * k << E, rows_per_expert < 0.5): then the
   // CTA tiles of the 2-warpgroup config (twice as many) are what fills the 132 SMs (85 vs 123 us at T = 1).
   const auto& list = sm90_gemm_configs();
-  const int want_wgs = rows_per_expert < 0.5 ? 2 : 4;
+  // Otherwise the most consumer warpgroups the tile has (bt16: wg4; bt32: wg3, 2.64 vs 2.49 / 2.37 TB/s at 16
+  // rows/expert in bench/results/9b5c8c4-*).
+  const bool few = rows_per_expert < 0.5;
   const Sm90GemmConfig* best = nullptr;
   for (const auto& c : list) {
     if (rows_per_expert > c.block_t) continue;
     if (best == nullptr) { best = &c; continue; }
-    if (c.block_t == best->block_t && c.consumer_warpgroups == want_wgs) best = &c;
+    if (c.block_t != best->block_t) continue;
+    if (few ? c.consumer_warpgroups == 2 : c.consumer_warpgroups > best->consumer_warpgroups) best = &c;
   }
   return best != nullptr ? *best : list.back();
 }

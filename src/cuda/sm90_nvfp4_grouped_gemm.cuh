@@ -242,9 +242,11 @@ inline constexpr uint32_t kTinyFp4Mask = 0x81C081C0u;
 template <int I>
 __device__ __forceinline__ uint32_t fp4x2_tiny(uint32_t w) {
   if constexpr (I == 0) return w & kTinyFp4Mask;
-  else if constexpr (I == 1) return rotl(w, 6) & kTinyFp4Mask;
+  // Where no masked bit wraps around, a plain shift gives the rotate's bits (ptxas may issue it as IMAD.SHL on
+  // the FMA pipe instead of SHF on the integer pipe, which is the busier one).
+  else if constexpr (I == 1) return (w << 6) & kTinyFp4Mask;
   else if constexpr (I == 2) return rotl(w, 12) & kTinyFp4Mask;
-  else return lop_or_and(rotl(w, 2), 0x80C080C0u, rotl(w, 10), 0x01000100u);
+  else return lop_or_and(w << 2, 0x80C080C0u, rotl(w, 10), 0x01000100u);
 }
 __device__ __forceinline__ uint32_t bf16x2_mul(uint32_t a, uint32_t b) {
   uint32_t d;
@@ -254,7 +256,7 @@ __device__ __forceinline__ uint32_t bf16x2_mul(uint32_t a, uint32_t b) {
 // Scale word -> the 4 bf16x2 multipliers {s, s} * 2^100 (sc[jj][h]). The e4m3 bits placed at bf16 bits 10..4
 // (sign at 15) read as s * 2^-120 for every scale, subnormal e4m3 included (they become bf16 subnormals, which
 // mul.bf16x2 keeps); two exact multiplications by 2^110 (2^-10 s: normal, 4 significant bits; then 2^100 s)
-// and a PRMT broadcast of each half. 5 integer ops + 4 multiplications + 4 PRMT for 4 scales (was ~9 ops per
+// and a broadcast of each half (PRMT, or an operand selector). 5 integer ops + 4 multiplications + 4 PRMT for 4 scales (was ~9 ops per
 // 2 scales through cvt e4m3 -> f16 -> f32 -> bf16). A NaN scale (0x7F / 0xFF, never written by a quantizer)
 // reads as the finite +-480 here.
 inline constexpr uint32_t kTinyScaleMask = 0x87F087F0u;
@@ -262,12 +264,14 @@ inline constexpr uint32_t kBf16x2Pow110 = 0x76807680u;  // {2^110, 2^110}
 __device__ __forceinline__ void scale_word(uint32_t w, uint32_t (&s)[2][2]) {
   uint32_t q[2];
   q[0] = w & kTinyScaleMask;
-  q[1] = lop_or_and(rotl(w, 4), 0x80F080F0u, rotl(w, 28), 0x07000700u);
+  q[1] = lop_or_and(w << 4, 0x80F080F0u, w >> 4, 0x07000700u);  // = rotl 4 / rotl 28 under these masks
 #pragma unroll
   for (int jj = 0; jj < 2; ++jj) {
     const uint32_t v = bf16x2_mul(bf16x2_mul(q[jj], kBf16x2Pow110), kBf16x2Pow110);
-    s[jj][0] = __byte_perm(v, 0, 0x1010);
-    s[jj][1] = __byte_perm(v, 0, 0x3232);
+    // The half broadcast as a b16 pack (ptxas can fold it into the consumer's .H0_H0 / .H1_H1 operand).
+    asm("{\n.reg .b16 l, h;\nmov.b32 {l, h}, %2;\nmov.b32 %0, {l, l};\nmov.b32 %1, {h, h};\n}"
+        : "=r"(s[jj][0]), "=r"(s[jj][1])
+        : "r"(v));
   }
 }
 // One 64x64 block for this thread: 16 bytes of codes + 8 bytes of scales -> 16 bf16x2 A registers
