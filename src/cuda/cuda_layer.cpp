@@ -1,9 +1,11 @@
-// The cuda backend's runner: upload (streamed through a bounded pinned staging buffer), workspace, and the
-// graph-safe forward() that enqueues route -> plan -> gather(+quant) -> GEMM1(+act+quant) -> GEMM2 -> combine.
+// The cuda backend's runner: upload (streamed through a bounded pinned staging buffer; on the sm90 path also
+// through a bounded device scratch, prepared into the final allocation), workspace, and the graph-safe forward()
+// that enqueues route -> plan -> gather(+quant) -> GEMM1(+act+quant) -> GEMM2 -> combine.
 #include "cuda/cuda_layer.h"
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 
@@ -24,6 +26,13 @@ void check_cuda(cudaError_t err, const char* what) {
 void check_launch(cudaError_t err, const char* launch) {
   NVFP4MOE_CHECK(err == cudaSuccess, Error, "cuda backend: kernel launch '", launch, "' failed: ",
                  cudaGetErrorName(err), " (", cudaGetErrorString(err), ")");
+}
+
+// An sm90 GEMM / prepare failure: cudaErrorInvalidValue carries the API's reason.
+void check_sm90(cudaError_t err, const char* launch) {
+  NVFP4MOE_CHECK(err == cudaSuccess, Error, "cuda backend: kernel launch '", launch, "' failed: ",
+                 cudaGetErrorName(err), " (",
+                 err == cudaErrorInvalidValue ? sm90_gemm_last_error_message() : cudaGetErrorString(err), ")");
 }
 
 // Makes `device` current for the scope (and restores the caller's device).
@@ -106,6 +115,9 @@ class PinnedStager {
     }
   }
   void finish() { check_cuda(cudaStreamSynchronize(stream_), "cudaStreamSynchronize (upload)"); }
+  // The copies' stream: work enqueued on it after copy() runs after those bytes have landed, and later copies
+  // into the same device memory wait for it (so one device scratch can be reused chunk after chunk).
+  cudaStream_t stream() const { return stream_; }
 
  private:
   cudaStream_t stream_ = nullptr;
@@ -114,7 +126,28 @@ class PinnedStager {
   int cur_ = 0;
 };
 
+// A device allocation freed at scope exit (after the caller synchronized what uses it).
+struct DeviceScratch {
+  void* p = nullptr;
+  DeviceScratch() = default;
+  DeviceScratch(const DeviceScratch&) = delete;
+  DeviceScratch& operator=(const DeviceScratch&) = delete;
+  ~DeviceScratch() {
+    if (p) cudaFree(p);
+  }
+};
+
 }  // namespace
+
+const char* gemm_path_name(GemmPath p) { return p == GemmPath::kMmaSync ? "mma_sync" : "sm90_wgmma"; }
+
+GemmPath gemm_path_from_env() {
+  const char* v = std::getenv("NVFP4MOE_GEMM");
+  const std::string s = v ? v : "";
+  if (s.empty() || s == "sm90_wgmma" || s == "sm90" || s == "wgmma") return GemmPath::kSm90Wgmma;
+  if (s == "mma_sync" || s == "mma") return GemmPath::kMmaSync;
+  throw ArgumentError("NVFP4MOE_GEMM: expected sm90_wgmma (the default) or mma_sync, got '" + s + "'");
+}
 
 bool device_available() {
   int n = 0;
@@ -125,7 +158,11 @@ std::unique_ptr<MoeLayer> create_cuda_moe_layer(MoeWeights weights, const MoeLay
   return std::make_unique<CudaMoeLayer>(std::move(weights), options);
 }
 
-CudaMoeLayer::CudaMoeLayer(MoeWeights w, const MoeLayerOptions& options) : spec_(w.spec), options_(options) {
+CudaMoeLayer::CudaMoeLayer(MoeWeights w, const MoeLayerOptions& options)
+    : CudaMoeLayer(std::move(w), options, gemm_path_from_env()) {}
+
+CudaMoeLayer::CudaMoeLayer(MoeWeights w, const MoeLayerOptions& options, GemmPath gemm)
+    : gemm_(gemm), spec_(w.spec), options_(options) {
   w.validate();
   NVFP4MOE_CHECK(options.backend == Backend::Cuda, ArgumentError, "MoeLayerOptions.backend: expected cuda, got ",
                  backend_name(options.backend));
@@ -143,6 +180,14 @@ CudaMoeLayer::CudaMoeLayer(MoeWeights w, const MoeLayerOptions& options) : spec_
   check_cuda(cudaGetDeviceCount(&count), "cudaGetDeviceCount");
   NVFP4MOE_CHECK(options.device >= 0 && options.device < count, ArgumentError,
                  "MoeLayerOptions.device: expected 0..", count - 1, ", got ", options.device);
+  if (gemm_ == GemmPath::kSm90Wgmma) {
+    // wgmma / setmaxnreg / TMA exist on sm_90 only, and the kernels are built for sm_90a alone.
+    int major = 0, minor = 0;
+    check_cuda(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, options.device), "cudaDeviceGetAttribute");
+    check_cuda(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, options.device), "cudaDeviceGetAttribute");
+    NVFP4MOE_CHECK(major == 9 && minor == 0, Error, "cuda backend: the sm90_wgmma grouped GEMM needs an sm_90 device"
+                   " (H100/H200), cuda:", options.device, " is sm_", major, minor);
+  }
   if (options.shared_max_input_scale) use_shared_max_input_scales(w);
   DeviceGuard warm(options.device);
   (void)device_sm_count();  // cached now, so no attribute query ever happens inside a captured forward()
@@ -150,6 +195,7 @@ CudaMoeLayer::CudaMoeLayer(MoeWeights w, const MoeLayerOptions& options) : spec_
   try {
     upload(w);
     layout_workspace(true);
+    if (gemm_ == GemmPath::kSm90Wgmma) warm_up_sm90();
   } catch (...) {
     if (weights_) cudaFree(weights_);
     if (calib_) cudaFree(calib_);
@@ -183,6 +229,16 @@ void CudaMoeLayer::upload(MoeWeights& w) {
   };
   describe(w.experts, routed_);
   if (w.has_shared()) describe(w.shared, shared_);
+  const bool sm90 = gemm_ == GemmPath::kSm90Wgmma;
+  if (sm90) {
+    for (DeviceExperts* d : {&routed_, &shared_}) {
+      if (d->num_experts == 0) continue;
+      const int e = static_cast<int>(d->num_experts), h = static_cast<int>(d->hidden);
+      const int i = static_cast<int>(d->intermediate), n1 = static_cast<int>(d->n1);
+      d->w13_shape = sm90_prepared_shape(e, n1, h, d->gated);  // gated: [gate; up] rows -> the SwiGLU units
+      d->w2_shape = sm90_prepared_shape(e, h, i, false);
+    }
+  }
 
   // Pass 1 sizes the allocation, pass 2 carves it.
   auto carve = [&](uint8_t* base) {
@@ -190,10 +246,15 @@ void CudaMoeLayer::upload(MoeWeights& w) {
     for (DeviceExperts* d : {&routed_, &shared_}) {
       const StackedExperts& s = d == &routed_ ? w.experts : w.shared;
       if (d->num_experts == 0) continue;
-      d->w13 = c.take<uint8_t>(s.w13.size());
-      d->w13_scale = c.take<uint8_t>(s.w13_scale.size());
-      d->w2 = c.take<uint8_t>(s.w2.size());
-      d->w2_scale = c.take<uint8_t>(s.w2_scale.size());
+      if (sm90) {  // only the layout the chosen GEMM reads is allocated
+        d->w13_sm90 = c.take<uint8_t>(d->w13_shape.bytes);
+        d->w2_sm90 = c.take<uint8_t>(d->w2_shape.bytes);
+      } else {
+        d->w13 = c.take<uint8_t>(s.w13.size());
+        d->w13_scale = c.take<uint8_t>(s.w13_scale.size());
+        d->w2 = c.take<uint8_t>(s.w2.size());
+        d->w2_scale = c.take<uint8_t>(s.w2_scale.size());
+      }
       const size_t e = static_cast<size_t>(d->num_experts);
       d->alpha13_gate = c.take<float>(e);
       d->alpha13_up = c.take<float>(e);
@@ -226,19 +287,71 @@ void CudaMoeLayer::upload(MoeWeights& w) {
   const auto t0 = std::chrono::steady_clock::now();
   size_t bytes = 0;
   {
+    DeviceScratch scratch;  // declared first: freed after the stager's destructor drained its stream
     PinnedStager stager;
     load_stats_.staging_bytes = 2 * PinnedStager::kBufferBytes;
-    auto put = [&](const void* dst, const HostBuffer& src) {
-      stager.copy(const_cast<void*>(dst), src.data(), src.size());
-      bytes += src.size();
-    };
-    for (DeviceExperts* d : {&routed_, &shared_}) {
-      if (d->num_experts == 0) continue;
-      const StackedExperts& s = d == &routed_ ? w.experts : w.shared;
-      put(d->w13, s.w13);
-      put(d->w13_scale, s.w13_scale);
-      put(d->w2, s.w2);
-      put(d->w2_scale, s.w2_scale);
+    if (!sm90) {
+      auto put = [&](const void* dst, const HostBuffer& src) {
+        stager.copy(const_cast<void*>(dst), src.data(), src.size());
+        bytes += src.size();
+      };
+      for (DeviceExperts* d : {&routed_, &shared_}) {
+        if (d->num_experts == 0) continue;
+        const StackedExperts& s = d == &routed_ ? w.experts : w.shared;
+        put(d->w13, s.w13);
+        put(d->w13_scale, s.w13_scale);
+        put(d->w2, s.w2);
+        put(d->w2_scale, s.w2_scale);
+      }
+    } else {
+      // One packed copy on the device: the checkpoint-layout bytes of `chunk` experts at a time go through one
+      // device scratch and are prepared straight into their final place (the prepared layout is per expert
+      // contiguous, so expert e0's bytes start at e0 * shape.bytes / E). The copy and the prepare kernel share
+      // the stager's stream, so the next chunk's copy into the scratch waits for the previous prepare.
+      struct Job {
+        const HostBuffer* codes;
+        const HostBuffer* scales;
+        Sm90PreparedShape shape;
+        uint8_t* out;
+        const char* what;
+      };
+      std::vector<Job> jobs;
+      for (DeviceExperts* d : {&routed_, &shared_}) {
+        if (d->num_experts == 0) continue;
+        const StackedExperts& s = d == &routed_ ? w.experts : w.shared;
+        const bool r = d == &routed_;
+        jobs.push_back({&s.w13, &s.w13_scale, d->w13_shape, const_cast<uint8_t*>(d->w13_sm90),
+                        r ? "sm90_prepare_weights (w13)" : "sm90_prepare_weights (shared w13)"});
+        jobs.push_back({&s.w2, &s.w2_scale, d->w2_shape, const_cast<uint8_t*>(d->w2_sm90),
+                        r ? "sm90_prepare_weights (w2)" : "sm90_prepare_weights (shared w2)"});
+      }
+      auto per_expert = [](const Job& j, const HostBuffer* b) { return b->size() / j.shape.num_experts; };
+      auto chunk_of = [&](const Job& j) {
+        const size_t pe = per_expert(j, j.codes) + per_expert(j, j.scales);
+        return std::clamp<size_t>(kSm90UploadStagingBytes / pe, 1, j.shape.num_experts);
+      };
+      auto scratch_of = [&](const Job& j, size_t n) {  // codes, then the scales at an aligned offset
+        return align_up(n * per_expert(j, j.codes)) + n * per_expert(j, j.scales);
+      };
+      size_t scratch_bytes = 0;
+      for (const Job& j : jobs) scratch_bytes = std::max(scratch_bytes, scratch_of(j, chunk_of(j)));
+      check_cuda(cudaMalloc(&scratch.p, std::max<size_t>(scratch_bytes, 1)), "cudaMalloc (upload scratch)");
+      load_stats_.device_staging_bytes = scratch_bytes;
+      uint8_t* stage = static_cast<uint8_t*>(scratch.p);
+      for (const Job& j : jobs) {
+        const size_t E = static_cast<size_t>(j.shape.num_experts), chunk = chunk_of(j);
+        const size_t pc = per_expert(j, j.codes), ps = per_expert(j, j.scales), pp = j.shape.bytes / E;
+        for (size_t e0 = 0; e0 < E; e0 += chunk) {
+          const size_t n = std::min(chunk, E - e0);
+          uint8_t* stage_scales = stage + align_up(n * pc);
+          stager.copy(stage, j.codes->data() + e0 * pc, n * pc);
+          stager.copy(stage_scales, j.scales->data() + e0 * ps, n * ps);
+          const Sm90PreparedShape part =
+              sm90_prepared_shape(static_cast<int>(n), j.shape.n, j.shape.k, j.shape.gated);
+          check_sm90(sm90_prepare_weights(stage, stage_scales, part, j.out + e0 * pp, stager.stream()), j.what);
+          bytes += n * (pc + ps);
+        }
+      }
     }
     stager.finish();
   }
@@ -311,6 +424,45 @@ void CudaMoeLayer::layout_workspace(bool allocate) {
   if (!allocate) return;
   check_cuda(cudaMalloc(&workspace_, std::max<size_t>(workspace_bytes_, 1)), "cudaMalloc (workspace)");
   carve(workspace_);
+}
+
+// Launches every configuration of the sm90 GEMM once, for every GEMM of this layer, on zero rows (offsets all 0:
+// each CTA finds no tile and exits). This does the one-time per-kernel host work (module load, the shared-memory
+// attribute, the register-budget check that refuses a config which would hang) here at creation, where a
+// failure is reported with its reason, instead of inside the first (possibly captured) forward().
+void CudaMoeLayer::warm_up_sm90() {
+  if (options_.max_tokens == 0) return;  // forward() never launches a GEMM (T <= max_tokens = 0)
+  const size_t E = static_cast<size_t>(spec_.num_experts);
+  check_cuda(cudaMemset(offsets_, 0, (E + 1) * sizeof(int32_t)), "cudaMemset (warm-up offsets)");
+  if (shared_.num_experts) check_cuda(cudaMemset(shared_offsets_, 0, 2 * sizeof(int32_t)), "cudaMemset (warm-up offsets)");
+  const int64_t cap = std::max<int64_t>(1, options_.max_tokens * spec_.top_k);
+  for (const DeviceExperts* d : {&routed_, &shared_}) {
+    if (d->num_experts == 0) continue;
+    const bool routed = d == &routed_;
+    const int32_t* offsets = routed ? offsets_ : shared_offsets_;
+    for (const Sm90GemmConfig& c : sm90_gemm_configs()) {
+      Sm90GemmArgs g1;
+      g1.a = routed ? a1_ : sa1_;
+      g1.a_rows_capacity = routed ? cap : std::max<int64_t>(1, options_.max_tokens);
+      g1.w = d->w13_sm90;
+      g1.shape = d->w13_shape;
+      g1.offsets = offsets;
+      g1.alpha0 = d->alpha13_gate;
+      g1.alpha1 = d->alpha13_up;
+      g1.out = routed ? act_ : sact_;
+      g1.epilogue = d->gated ? Sm90GemmEpilogue::kSwiGLU : Sm90GemmEpilogue::kRelu2;
+      check_sm90(sm90_nvfp4_grouped_gemm(g1, c, nullptr, device_sm_count()), "sm90 gemm1 (warm-up)");
+      Sm90GemmArgs g2 = g1;
+      g2.a = routed ? act_ : sact_;
+      g2.w = d->w2_sm90;
+      g2.shape = d->w2_shape;
+      g2.alpha1 = nullptr;
+      g2.out = routed ? y_ : sy_;
+      g2.epilogue = Sm90GemmEpilogue::kF32;
+      check_sm90(sm90_nvfp4_grouped_gemm(g2, c, nullptr, device_sm_count()), "sm90 gemm2 (warm-up)");
+    }
+  }
+  check_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize (sm90 warm-up)");
 }
 
 PlanView CudaMoeLayer::plan_view() const {
@@ -427,8 +579,11 @@ void CudaMoeLayer::forward(const TensorRef& hidden, const RoutingArgs& routing, 
   check_launch(launch_plan(pl, stream), "plan");
 
   // 3-5. gather(+quant) -> GEMM1(+act+quant) -> GEMM2, for the routed experts and the shared one.
+  // max_rows: this forward's upper bound of the rows (T*k or T); capacity: the rows the workspace holds (fixed
+  // at creation: the sm90 GEMM's TMA descriptor encodes it, so a captured graph stays valid for any routing).
   auto run_group = [&](const DeviceExperts& d, const int32_t* perm, const int32_t* offsets, const int32_t* tiles,
-                       int max_rows, uint16_t* a1, uint16_t* act, float* y, const char* what) {
+                       int max_rows, int64_t capacity, uint16_t* a1, uint16_t* act, float* y, const char* what) {
+    const bool routed = what[0] == 'r';
     GatherArgs g;
     g.hidden = hidden.data;
     g.hidden_f32 = f32_in;
@@ -445,7 +600,52 @@ void CudaMoeLayer::forward(const TensorRef& hidden, const RoutingArgs& routing, 
     g.gate_out = (!perm && shared_gate_weight_) ? sgate_ : nullptr;
     g.out = a1;
     g.max_rows = max_rows;
-    check_launch(launch_gather(g, stream), what[0] == 'r' ? "gather (routed)" : "gather (shared)");
+    check_launch(launch_gather(g, stream), routed ? "gather (routed)" : "gather (shared)");
+
+    if (gemm_ == GemmPath::kSm90Wgmma) {
+      // The tile config from host-known numbers only (T, k, E, shapes): never from the routing.
+      const double rows_per_expert = static_cast<double>(max_rows) / static_cast<double>(d.num_experts);
+      Sm90GemmArgs s1;
+      s1.a = a1;
+      s1.a_rows_capacity = capacity;
+      s1.w = d.w13_sm90;
+      s1.shape = d.w13_shape;
+      s1.offsets = offsets;
+      s1.alpha0 = d.gated ? d.alpha13_gate : d.alpha13_up;
+      s1.alpha1 = d.alpha13_up;
+      // Calibration wants the amax of the unquantized activation: GEMM1 then writes plain bf16 and
+      // launch_act_amax quantizes in place after measuring (the same bits as the fused epilogue).
+      s1.gs = (a4 && !calibrating_) ? d.gs2 : nullptr;
+      s1.out = act;
+      s1.epilogue = d.gated ? Sm90GemmEpilogue::kSwiGLU : Sm90GemmEpilogue::kRelu2;
+      check_sm90(sm90_nvfp4_grouped_gemm(s1, sm90_pick_config(rows_per_expert, s1.shape.n, s1.shape.k), stream,
+                                         device_sm_count()),
+                 routed ? "sm90 gemm1 (routed)" : "sm90 gemm1 (shared)");
+      if (calibrating_) {
+        ActAmaxArgs am;
+        am.act = act;
+        am.cols = static_cast<int>(d.intermediate);
+        am.experts = static_cast<int>(d.num_experts);
+        am.offsets = offsets;
+        am.amax = d.amax2;
+        am.gs = a4 ? d.gs2 : nullptr;
+        am.max_rows = max_rows;
+        check_launch(launch_act_amax(am, stream), routed ? "act_amax (routed)" : "act_amax (shared)");
+      }
+      Sm90GemmArgs s2;
+      s2.a = act;
+      s2.a_rows_capacity = capacity;
+      s2.w = d.w2_sm90;
+      s2.shape = d.w2_shape;
+      s2.offsets = offsets;
+      s2.alpha0 = d.alpha2;
+      s2.out = y;
+      s2.epilogue = Sm90GemmEpilogue::kF32;
+      check_sm90(sm90_nvfp4_grouped_gemm(s2, sm90_pick_config(rows_per_expert, s2.shape.n, s2.shape.k), stream,
+                                         device_sm_count()),
+                 routed ? "sm90 gemm2 (routed)" : "sm90 gemm2 (shared)");
+      return;
+    }
 
     const int max_m_tiles = static_cast<int>(gemm_max_m_tiles(max_rows, d.num_experts));
     GroupedGemmArgs g1;
@@ -465,7 +665,7 @@ void CudaMoeLayer::forward(const TensorRef& hidden, const RoutingArgs& routing, 
     g1.epilogue = d.gated ? GemmEpilogue::kSwiGLU : GemmEpilogue::kRelu2;
     const int n_tiles1 = d.gated ? static_cast<int>((d.intermediate + 31) / 32) : static_cast<int>((d.n1 + 63) / 64);
     g1.max_tiles = max_m_tiles * n_tiles1;
-    check_launch(launch_grouped_gemm(g1, stream), what[0] == 'r' ? "gemm1 (routed)" : "gemm1 (shared)");
+    check_launch(launch_grouped_gemm(g1, stream), routed ? "gemm1 (routed)" : "gemm1 (shared)");
 
     GroupedGemmArgs g2;
     g2.a = act;
@@ -480,10 +680,12 @@ void CudaMoeLayer::forward(const TensorRef& hidden, const RoutingArgs& routing, 
     g2.out = y;
     g2.epilogue = GemmEpilogue::kF32;
     g2.max_tiles = max_m_tiles * ((H + 63) / 64);
-    check_launch(launch_grouped_gemm(g2, stream), what[0] == 'r' ? "gemm2 (routed)" : "gemm2 (shared)");
+    check_launch(launch_grouped_gemm(g2, stream), routed ? "gemm2 (routed)" : "gemm2 (shared)");
   };
-  run_group(routed_, perm_, offsets_, tile_offsets_, pairs, a1_, act_, y_, "routed");
-  if (shared_.num_experts) run_group(shared_, nullptr, shared_offsets_, shared_tile_offsets_, T, sa1_, sact_, sy_, "shared");
+  const int64_t max_t = options_.max_tokens;
+  run_group(routed_, perm_, offsets_, tile_offsets_, pairs, max_t * K, a1_, act_, y_, "routed");
+  if (shared_.num_experts)
+    run_group(shared_, nullptr, shared_offsets_, shared_tile_offsets_, T, max_t, sa1_, sact_, sy_, "shared");
 
   // 6. combine
   CombineArgs c;

@@ -1,7 +1,7 @@
 // The cuda backend's MoeLayer: one packed device copy of the weights, a workspace sized at creation for
 // max_tokens, and a forward() that only enqueues kernels (no host sync, allocation or data-dependent host
 // decision: capturable in a CUDA graph). Declared here (not only in the .cpp) so the GPU tests can read the
-// plan and poison the workspace.
+// plan, poison the workspace and pick the grouped GEMM.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -10,19 +10,41 @@
 #include <cstdint>
 #include <vector>
 
+#include "cuda/sm90_nvfp4_grouped_gemm.h"
 #include "nvfp4moe/moe.h"
 
 namespace nvfp4moe::cuda {
+
+// Which grouped GEMM serves GEMM1 and GEMM2. Chosen once at creation; only that GEMM's weight layout is kept on
+// the device. The mma.sync kernel stays as the A/B baseline and the fallback.
+enum class GemmPath : int {
+  kSm90Wgmma = 0,  // sm90_nvfp4_grouped_gemm (TMA + wgmma), weights in its prepared layout (the default)
+  kMmaSync = 1,    // sm80_nvfp4_grouped_gemm_mma.cuh, weights in the checkpoint layout
+};
+const char* gemm_path_name(GemmPath p);  // "sm90_wgmma" / "mma_sync"
+// The environment's choice: NVFP4MOE_GEMM unset or empty or "sm90_wgmma" (also "sm90", "wgmma") -> kSm90Wgmma;
+// "mma_sync" (also "mma") -> kMmaSync; anything else -> ArgumentError naming the accepted values.
+GemmPath gemm_path_from_env();
+
+// Device staging for the sm90 upload: checkpoint-layout bytes of a chunk of experts go here, then
+// sm90_prepare_weights writes them into the final allocation. The chunk is as many experts as fit, at least one,
+// so the staging is at most max(kSm90UploadStagingBytes, one expert's codes + scales of its largest tensor).
+inline constexpr size_t kSm90UploadStagingBytes = size_t(64) << 20;
 
 // One group of same-shaped experts (the routed ones, or the fused shared expert) on the device.
 struct DeviceExperts {
   int64_t num_experts = 0, hidden = 0, intermediate = 0, n1 = 0;
   bool gated = true;
-  // Checkpoint layout, bytes unchanged (weights bytes = 0.5625 B/param).
+  // GemmPath::kMmaSync: the checkpoint layout, bytes unchanged (0.5625 B/param); null on the sm90 path.
   const uint8_t* w13 = nullptr;        // [E, N1, H/2]
   const uint8_t* w13_scale = nullptr;  // [E, N1, H/16]
   const uint8_t* w2 = nullptr;         // [E, H, I/2]
   const uint8_t* w2_scale = nullptr;   // [E, H, I/16]
+  // GemmPath::kSm90Wgmma: the same bits in sm90_prepare_weights' layout (zero-padded to 128 rows / 64 k when the
+  // dims are not multiples); null on the mma.sync path.
+  const uint8_t* w13_sm90 = nullptr;   // [E][units][k_tiles][2][2304], gated = SwiGLU
+  const uint8_t* w2_sm90 = nullptr;
+  Sm90PreparedShape w13_shape, w2_shape;
   // Per-expert f32 factors the kernels read, [E] each (recomputed when calibration ends).
   float* alpha13_gate = nullptr;  // gate weight_scale_2 (* input_scale in w4a4)
   float* alpha13_up = nullptr;    // up weight_scale_2 (* input_scale in w4a4)
@@ -40,6 +62,7 @@ struct LoadStats {
   double seconds = 0.0;   // upload wall time (allocation excluded)
   double gb_per_s = 0.0;
   size_t staging_bytes = 0;  // pinned staging buffer size (host memory beyond MoeWeights)
+  size_t device_staging_bytes = 0;  // sm90 path: device scratch of the prepare step (freed after the upload)
 };
 
 // Device pointers of the plan of the last forward (valid after the stream has finished it).
@@ -54,7 +77,9 @@ struct PlanView {
 
 class CudaMoeLayer final : public MoeLayer {
  public:
+  // The GEMM from gemm_path_from_env().
   CudaMoeLayer(MoeWeights weights, const MoeLayerOptions& options);
+  CudaMoeLayer(MoeWeights weights, const MoeLayerOptions& options, GemmPath gemm);
   ~CudaMoeLayer() override;
   CudaMoeLayer(const CudaMoeLayer&) = delete;
   CudaMoeLayer& operator=(const CudaMoeLayer&) = delete;
@@ -69,6 +94,8 @@ class CudaMoeLayer final : public MoeLayer {
   void end_calibration() override;
 
   const LoadStats& load_stats() const { return load_stats_; }
+  GemmPath gemm_path() const { return gemm_; }
+  const char* gemm_name() const { return gemm_path_name(gemm_); }  // for logs: which GEMM produced a number
   PlanView plan_view() const;
   void* workspace() const { return workspace_; }  // [workspace_bytes()] (tests poison it)
   const DeviceExperts& routed() const { return routed_; }
@@ -78,6 +105,9 @@ class CudaMoeLayer final : public MoeLayer {
   void upload(MoeWeights& w);
   void upload_factors(DeviceExperts& d);
   void layout_workspace(bool allocate);
+  void warm_up_sm90();
+
+  GemmPath gemm_ = GemmPath::kSm90Wgmma;
 
   MoeSpec spec_;
   MoeLayerOptions options_;

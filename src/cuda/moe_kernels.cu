@@ -97,6 +97,56 @@ cudaError_t launch_grouped_gemm(const GroupedGemmArgs& a, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
+namespace kernels {
+inline constexpr int kActAmaxWarps = 8;
+
+// One warp per row (grid-stride over rows, so the grid is fixed); each lane one 16-element block at a time.
+__global__ void __launch_bounds__(kActAmaxWarps * 32) act_amax_kernel(ActAmaxArgs a) {
+  const int lane = threadIdx.x & 31;
+  const int rows = a.offsets[a.experts];
+  for (int r = blockIdx.x * kActAmaxWarps + (threadIdx.x >> 5); r < rows; r += gridDim.x * kActAmaxWarps) {
+    // Invariant offsets[lo] <= r < offsets[hi]: ends at the expert that owns row r (skipping empty ones).
+    int lo = 0, hi = a.experts;
+    while (hi - lo > 1) {
+      const int mid = (lo + hi) >> 1;
+      if (a.offsets[mid] <= r) lo = mid;
+      else hi = mid;
+    }
+    const int e = lo;
+    uint16_t* row = a.act + static_cast<size_t>(r) * a.cols;
+    const float gs = a.gs ? a.gs[e] : 0.0f;
+    float amax = 0.0f;
+    for (int col = lane * 16; col < a.cols; col += 32 * 16) {
+      float x[16];
+      uint32_t bits[8];
+      load_block16<false>(row, col, x, bits);
+#pragma unroll
+      for (int i = 0; i < 16; ++i) amax = fmaxf(amax, fabsf(x[i]));
+      if (a.gs) {
+        quant_block16_operand(x, gs, bits);
+        uint4* d = reinterpret_cast<uint4*>(row + col);
+        d[0] = make_uint4(bits[0], bits[1], bits[2], bits[3]);
+        d[1] = make_uint4(bits[4], bits[5], bits[6], bits[7]);
+      }
+    }
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
+    if (lane == 0 && amax > 0.0f) atomicMax(reinterpret_cast<int*>(a.amax + e), __float_as_int(amax));
+  }
+}
+}  // namespace kernels
+
+cudaError_t launch_act_amax(const ActAmaxArgs& a, cudaStream_t stream) {
+  if (a.max_rows <= 0) return cudaSuccess;
+  if (!a.act || !a.offsets || !a.amax || a.experts <= 0 || a.cols <= 0 || a.cols % 16 != 0 ||
+      (reinterpret_cast<uintptr_t>(a.act) & 15) != 0)
+    return cudaErrorInvalidValue;
+  const int grid = std::max(1, std::min((a.max_rows + kernels::kActAmaxWarps - 1) / kernels::kActAmaxWarps,
+                                        device_sm_count() * 8));
+  kernels::act_amax_kernel<<<grid, kernels::kActAmaxWarps * 32, 0, stream>>>(a);
+  return cudaGetLastError();
+}
+
 cudaError_t launch_combine(const CombineArgs& a, cudaStream_t stream) {
   if (a.tokens <= 0) return cudaSuccess;
   if (!a.out || !a.inv || !a.topk_weights || a.hidden_size % 4 != 0) return cudaErrorInvalidValue;

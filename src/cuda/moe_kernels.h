@@ -111,6 +111,26 @@ inline int64_t gemm_max_m_tiles(int64_t rows, int64_t experts) {
   return (rows + kGemmBlockM - 1) / kGemmBlockM + (rows < experts ? rows : experts);
 }
 
+// ---------------------------------------------------------------- calibration amax of the GEMM2 operand
+// For a GEMM1 without an amax epilogue (the sm90 wgmma GEMM). Rows r < offsets[E] (read on the device) of act
+// [rows, cols] bf16 bits; the expert of row r is the e with offsets[e] <= r < offsets[e+1] (binary search, so
+// empty experts are fine): amax[e] = max(amax[e], max_c |act[r][c]|) by atomicMax on the float bits
+// (non-negative floats order like their bits: exact and order-free, hence deterministic).
+// gs != nullptr (w4a4): then the row is NVFP4-quantized IN PLACE with gs[e] into the exact bf16 operand e2m1*sf,
+// i.e. what GEMM1's fused epilogue writes outside calibration; the runner launches GEMM1 without quantization
+// while calibrating so that the amax is the one of the unquantized activation (what the CPU reference records).
+// Only launched between begin_calibration and end_calibration.
+struct ActAmaxArgs {
+  uint16_t* act = nullptr;           // [rows, cols] bf16 bits
+  int cols = 0;                      // % 16 == 0
+  int experts = 0;
+  const int32_t* offsets = nullptr;  // [E+1] device
+  float* amax = nullptr;             // [E] device
+  const float* gs = nullptr;         // [E] device or nullptr (no quantization)
+  int max_rows = 0;                  // upper bound of rows (T*k or T): sizes the fixed grid
+};
+cudaError_t launch_act_amax(const ActAmaxArgs& a, cudaStream_t stream);
+
 // ---------------------------------------------------------------- combine
 // out[t] = sum_{j < k} w[t,j] * y[inv[t*k+j]] (in slot order, masked slots skipped)
 //          + (shared_y ? (shared_gate ? shared_gate[t] : 1) * shared_y[t] : 0), f32 or bf16.

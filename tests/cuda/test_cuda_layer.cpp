@@ -2,7 +2,9 @@
 // plan bitwise against a CPU plan, the layer against a CPU oracle of nvfp4-format.md section 9 in both modes
 // (rel L2 <= 1e-3, RMS ratio within 1%), adversarial routing, every preset's dims with reduced E, determinism,
 // poisoned buffers, batch invariance, CUDA-graph capture + replay with changing routing, memory stability,
-// calibration, and API refusals that leave no sticky CUDA error.
+// calibration, bounded upload staging, and API refusals that leave no sticky CUDA error. Each runs on both
+// grouped GEMMs (GemmPath: the sm90 wgmma kernel, the default, and the mma.sync fallback); the test names of
+// the default path carry no suffix, the mma.sync ones end in _mma_sync.
 #include <gtest/gtest.h>
 
 #include <cuda_runtime.h>
@@ -12,12 +14,14 @@
 #include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstdio>
 #include <cstring>
 #include <limits>
 #include <numeric>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "cpu/reference.h"
@@ -29,6 +33,8 @@
 
 namespace nvfp4moe::cuda {
 namespace {
+
+constexpr GemmPath kBothPaths[] = {GemmPath::kSm90Wgmma, GemmPath::kMmaSync};
 
 #define CUDA_OK(x)                                                                            \
   do {                                                                                        \
@@ -402,7 +408,7 @@ struct Harness {
   DevBuf<float> weights;
   DevBuf<float> out;
 
-  Harness(const LayerDims& d, Mode mode, int64_t max_t, uint64_t seed = 1)
+  Harness(const LayerDims& d, Mode mode, int64_t max_t, uint64_t seed = 1, GemmPath gemm = GemmPath::kSm90Wgmma)
       : max_tokens(max_t),
         hidden(max_t * d.H),
         logits(max_t * d.E),
@@ -415,7 +421,7 @@ struct Harness {
     o.backend = Backend::Cuda;
     o.mode = mode;
     o.max_tokens = max_t;
-    layer = create_cuda_moe_layer(std::move(w), o);
+    layer = std::make_unique<CudaMoeLayer>(std::move(w), o, gemm);
     cuda = dynamic_cast<CudaMoeLayer*>(layer.get());
     // Garbage everywhere first: rows beyond T must never matter.
     cudaMemset(hidden.p, 0xFF, hidden.n * 2);  // bf16 NaN
@@ -536,9 +542,9 @@ void check_layer_logits(Harness& hs, Mode mode, int64_t T, uint64_t seed, int64_
   cpu::route(hs.spec(), logits.data(), hs.host.router_bias.empty() ? nullptr : hs.host.router_bias.data(), T,
              cids.data(), cws.data());
   EXPECT_EQ(gids, cids) << what << ": routing ids vs cpu::route";
-  std::printf("  %-34s %-5s T=%-5lld oracle rel_l2=%.2e rms=%.5f | cpu::moe_forward rel_l2=%.2e rms=%.5f\n",
-              what.c_str(), mode_name(mode), static_cast<long long>(T), m.rel_l2, m.rms_ratio, mc.rel_l2,
-              mc.rms_ratio);
+  std::printf("  %-34s %-5s %-10s T=%-5lld oracle rel_l2=%.2e rms=%.5f | cpu::moe_forward rel_l2=%.2e rms=%.5f\n",
+              what.c_str(), mode_name(mode), hs.cuda->gemm_name(), static_cast<long long>(T), m.rel_l2,
+              m.rms_ratio, mc.rel_l2, mc.rms_ratio);
   EXPECT_CLOSE(m, what << " T=" << T);
   EXPECT_CLOSE(mc, what << " T=" << T << " vs cpu::moe_forward");
 }
@@ -548,21 +554,26 @@ const LayerDims kSmallSigmoid{"small-sigmoid+shared", 384, 128, 32, 6, Activatio
                               Routing::SigmoidGroupedTopK, 8, 4, 2.5f, true, 256};
 
 // ------------------------------------------------------------------------------------ tests
-class ModeTest : public ::testing::TestWithParam<Mode> {};
+// (mode, GEMM): every test of this suite runs on both grouped GEMMs.
+class ModeTest : public ::testing::TestWithParam<std::tuple<Mode, GemmPath>> {
+ protected:
+  Mode mode() const { return std::get<0>(GetParam()); }
+  GemmPath gemm() const { return std::get<1>(GetParam()); }
+};
 
 TEST_P(ModeTest, LayerMatchesReferenceOverT) {
-  const Mode mode = GetParam();
-  Harness a(kSmallSoftmax, mode, 4097, 3);
+  const Mode mode = this->mode();
+  Harness a(kSmallSoftmax, mode, 4097, 3, gemm());
   for (int64_t T : {0, 1, 2, 3, 7, 8, 9, 16, 17, 127, 128, 129, 257, 4095, 4097})
     check_layer_logits(a, mode, T, 100 + T, 48, "softmax E40 k8");
-  Harness b(kSmallSigmoid, mode, 4097, 4);
+  Harness b(kSmallSigmoid, mode, 4097, 4, gemm());
   for (int64_t T : {1, 17, 257, 4097}) check_layer_logits(b, mode, T, 200 + T, 48, "sigmoid-grouped+shared E32 k6");
 }
 
 // Partial tiles (H % 64 != 0, I % 32 != 0), relu2 with a narrow shared expert, E = 1, k = E, E = 257 / 512,
 // k = 10: every edge of the tile walk and of the routing/plan kernels.
 TEST_P(ModeTest, OddShapesAndExtremeRouting) {
-  const Mode mode = GetParam();
+  const Mode mode = this->mode();
   const LayerDims dims[] = {
       {"H272 I144 E8 k3", 272, 144, 8, 3},
       {"relu2 H208 I80 shared48", 208, 80, 12, 2, Activation::Relu2, Routing::SigmoidGroupedTopK, 1, 1, 2.5f, true, 48},
@@ -572,13 +583,13 @@ TEST_P(ModeTest, OddShapesAndExtremeRouting) {
       {"E512 k8 sigmoid 8 groups", 128, 64, 512, 8, Activation::SwiGLU, Routing::SigmoidGroupedTopK, 8, 3, 1.5f, false},
   };
   for (const auto& d : dims) {
-    Harness h(d, mode, 300, 17);
+    Harness h(d, mode, 300, 17, gemm());
     for (int64_t T : {1, 17, 129, 300}) check_layer_logits(h, mode, T, 500 + T, 40, d.name);
   }
 }
 
 TEST_P(ModeTest, PresetDims) {
-  const Mode mode = GetParam();
+  const Mode mode = this->mode();
   const LayerDims presets[] = {
       {"deepseek-v3 (E=32)", 7168, 2048, 32, 8, Activation::SwiGLU, Routing::SigmoidGroupedTopK, 8, 4, 2.5f, true, 2048},
       {"qwen3-235b (E=16)", 4096, 1536, 16, 8},
@@ -588,25 +599,40 @@ TEST_P(ModeTest, PresetDims) {
       {"qwen2-style gated shared", 1024, 256, 16, 4, Activation::SwiGLU, Routing::SoftmaxTopK, 1, 1, 1.0f, true, 512, true},
   };
   for (const auto& d : presets) {
-    Harness h(d, mode, 300, 11);
+    Harness h(d, mode, 300, 11, gemm());
     const auto& ls = h.cuda->load_stats();
     const double params = static_cast<double>(d.E) * (h.spec().w13_rows() * d.H + d.H * d.I) +
                           (d.shared_I ? static_cast<double>(d.act == Activation::SwiGLU ? 2 : 1) * d.shared_I * d.H +
                                             static_cast<double>(d.H) * d.shared_I
                                       : 0.0);
-    std::printf("  %s: weights %zu B (%.4f B/param), workspace %zu B for 300 tokens, load %.3f s = %.2f GB/s\n",
-                d.name, h.layer->weight_bytes(), h.layer->weight_bytes() / params, h.layer->workspace_bytes(),
-                ls.seconds, ls.gb_per_s);
-    EXPECT_LE(h.layer->weight_bytes() / params, 0.5625 * 1.01);
+    std::printf("  %s (%s): weights %zu B (%.4f B/param), workspace %zu B for 300 tokens, load %.3f s = %.2f GB/s, "
+                "device staging %zu B\n",
+                d.name, h.cuda->gemm_name(), h.layer->weight_bytes(), h.layer->weight_bytes() / params,
+                h.layer->workspace_bytes(), ls.seconds, ls.gb_per_s, ls.device_staging_bytes);
+    if (gemm() == GemmPath::kMmaSync) {
+      EXPECT_LE(h.layer->weight_bytes() / params, 0.5625 * 1.01);
+    } else {
+      // The prepared layout pads N to 128 rows (gated: I to 64) and K to 64: exactly those bytes, plus the
+      // per-expert scalars, router bias and shared gate (< 64 KiB here).
+      size_t prepared = 0;
+      for (const DeviceExperts* g : {&h.cuda->routed(), &h.cuda->shared()}) {
+        if (g->num_experts == 0) continue;
+        EXPECT_EQ(g->w13, nullptr);  // only the sm90 layout is on the device
+        EXPECT_EQ(g->w2, nullptr);
+        prepared += g->w13_shape.bytes + g->w2_shape.bytes;
+      }
+      EXPECT_GE(h.layer->weight_bytes(), prepared);
+      EXPECT_LE(h.layer->weight_bytes(), prepared + 64 * 1024);
+    }
     check_layer_logits(h, mode, 9, 300, 9, d.name);
     check_layer_logits(h, mode, 300, 301, 4, d.name);
   }
 }
 
 TEST_P(ModeTest, AdversarialRouting) {
-  const Mode mode = GetParam();
+  const Mode mode = this->mode();
   const LayerDims d{"ids", 256, 128, 24, 4};
-  Harness hs(d, mode, 600, 5);
+  Harness hs(d, mode, 600, 5, gemm());
   const int64_t H = d.H, K = d.k;
   for (int scenario = 0; scenario < 4; ++scenario) {
     const int64_t T = scenario == 3 ? 513 : 257;
@@ -654,13 +680,23 @@ TEST_P(ModeTest, AdversarialRouting) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Modes, ModeTest, ::testing::Values(Mode::W4A16, Mode::W4A4),
-                         [](const auto& info) { return std::string(mode_name(info.param)); });
+// Names: "w4a16", "w4a4" on the default sm90 path (the names tests/cuda/run_gpu.sh filters on), then
+// "w4a16_mma_sync", "w4a4_mma_sync".
+INSTANTIATE_TEST_SUITE_P(Modes, ModeTest,
+                         ::testing::Combine(::testing::Values(Mode::W4A16, Mode::W4A4),
+                                            ::testing::Values(GemmPath::kSm90Wgmma, GemmPath::kMmaSync)),
+                         [](const auto& info) {
+                           const GemmPath g = std::get<1>(info.param);
+                           return std::string(mode_name(std::get<0>(info.param))) +
+                                  (g == GemmPath::kSm90Wgmma ? "" : std::string("_") + gemm_path_name(g));
+                         });
 
 // Same inputs, same bits: 5 runs, then with out and workspace poisoned (0xD5, ~0xD5, NaN); also bf16 output.
 TEST(CudaLayer, DeterministicAndPoisonProof) {
+  for (GemmPath gemm : kBothPaths)
   for (Mode mode : {Mode::W4A16, Mode::W4A4}) {
-    Harness hs(kSmallSigmoid, mode, 1000, 8);
+    SCOPED_TRACE(std::string(mode_name(mode)) + " " + gemm_path_name(gemm));
+    Harness hs(kSmallSigmoid, mode, 1000, 8, gemm);
     const int64_t T = 777, H = hs.H();
     hs.hidden.put(random_hidden(T, H, 1));
     hs.logits.put(random_logits(T, hs.spec().num_experts, 2));
@@ -690,8 +726,10 @@ TEST(CudaLayer, DeterministicAndPoisonProof) {
 
 // A token's row is bitwise the same alone and among 6 or 299 other tokens.
 TEST(CudaLayer, BatchInvariance) {
+  for (GemmPath gemm : kBothPaths)
   for (Mode mode : {Mode::W4A16, Mode::W4A4}) {
-    Harness hs(kSmallSigmoid, mode, 300, 9);
+    SCOPED_TRACE(std::string(mode_name(mode)) + " " + gemm_path_name(gemm));
+    Harness hs(kSmallSigmoid, mode, 300, 9, gemm);
     const int64_t H = hs.H(), E = hs.spec().num_experts;
     const auto hidden = random_hidden(300, H, 5);
     const auto logits = random_logits(300, E, 6);
@@ -718,8 +756,10 @@ TEST(CudaLayer, BatchInvariance) {
 // Capture forward() once per T (global capture mode: a sync or allocation inside would fail the capture),
 // then replay with new hidden states and new routing copied into the same buffers: equal to eager each time.
 TEST(CudaLayer, GraphCaptureReplay) {
+  for (GemmPath gemm : kBothPaths)
   for (Mode mode : {Mode::W4A16, Mode::W4A4}) {
-    Harness hs(kSmallSigmoid, mode, 600, 10);
+    SCOPED_TRACE(std::string(mode_name(mode)) + " " + gemm_path_name(gemm));
+    Harness hs(kSmallSigmoid, mode, 600, 10, gemm);
     const int64_t H = hs.H(), E = hs.spec().num_experts, K = hs.spec().top_k;
     cudaStream_t s;
     CUDA_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
@@ -766,7 +806,9 @@ TEST(CudaLayer, GraphCaptureReplay) {
 }
 
 TEST(CudaLayer, NoMemoryGrowthOver1000Forwards) {
-  Harness hs(kSmallSoftmax, Mode::W4A4, 256, 12);
+  for (GemmPath gemm : kBothPaths) {
+  SCOPED_TRACE(gemm_path_name(gemm));
+  Harness hs(kSmallSoftmax, Mode::W4A4, 256, 12, gemm);
   hs.hidden.put(random_hidden(256, hs.H(), 1));
   hs.logits.put(random_logits(256, hs.spec().num_experts, 2));
   hs.forward_logits(256, hs.out.p, DType::F32);
@@ -777,10 +819,13 @@ TEST(CudaLayer, NoMemoryGrowthOver1000Forwards) {
   CUDA_OK(cudaDeviceSynchronize());
   CUDA_OK(cudaMemGetInfo(&free1, &total));
   EXPECT_EQ(free0, free1);
+  }
 }
 
 TEST(CudaLayer, F32HiddenIsRoundedToBf16) {
-  Harness hs(kSmallSoftmax, Mode::W4A4, 64, 13);
+  for (GemmPath gemm : kBothPaths) {
+  SCOPED_TRACE(gemm_path_name(gemm));
+  Harness hs(kSmallSoftmax, Mode::W4A4, 64, 13, gemm);
   const int64_t T = 33, H = hs.H();
   const auto hidden = random_hidden(T, H, 3);
   std::vector<float> hf(T * H);
@@ -806,13 +851,18 @@ TEST(CudaLayer, F32HiddenIsRoundedToBf16) {
   CUDA_OK(cudaDeviceSynchronize());
   const auto got = hs.out.get(T * H);
   ASSERT_EQ(std::memcmp(got.data(), ref.data(), ref.size() * 4), 0);
+  }
 }
 
 // Calibration: the amax the GPU records equals the oracle's, and the layer then matches the oracle run with
-// scales amax / 2688.
+// scales amax / 2688. On the sm90 path the GEMM2 amax comes from launch_act_amax (GEMM1 without the fused
+// quantization while calibrating, then amax + quantization in place); a second calibrated forward checks that
+// the in-place quantization gave the same bits as the fused epilogue does outside calibration.
 TEST(CudaLayer, Calibration) {
+  for (GemmPath gemm : kBothPaths) {
+  SCOPED_TRACE(gemm_path_name(gemm));
   const LayerDims d{"calib", 256, 128, 8, 2};
-  Harness hs(d, Mode::W4A4, 128, 14);
+  Harness hs(d, Mode::W4A4, 128, 14, gemm);
   const int64_t H = d.H, K = d.k, T = 128;
   const auto hidden = random_hidden(T, H, 7);
   const auto logits = random_logits(T, d.E, 8);
@@ -820,6 +870,8 @@ TEST(CudaLayer, Calibration) {
   hs.logits.put(logits);
   hs.layer->begin_calibration();
   hs.forward_logits(T, hs.out.p, DType::F32);
+  CUDA_OK(cudaDeviceSynchronize());
+  const auto during = hs.out.get(T * H);  // computed with the checkpoint's scales, quantized in place
   hs.layer->end_calibration();
   std::vector<int32_t> ids(T * K);
   std::vector<float> ws(T * K);
@@ -845,6 +897,17 @@ TEST(CudaLayer, Calibration) {
   const auto tokens = token_subset(T, 32);
   const Metrics m = compare(rows_of(hs.out.get(T * H), tokens, H), layer_ref(hs.host, Mode::W4A4, hidden, ids, ws, tokens));
   EXPECT_CLOSE(m, "calibrated");
+  // The same layer with scales the checkpoint had: a fresh (non-calibrating) forward must reproduce the bits
+  // of the calibrating forward (fused quantization == measure-then-quantize-in-place).
+  Harness fresh(d, Mode::W4A4, 128, 14, gemm);
+  fresh.hidden.put(hidden);
+  fresh.logits.put(logits);
+  fresh.forward_logits(T, fresh.out.p, DType::F32);
+  CUDA_OK(cudaDeviceSynchronize());
+  const auto plain = fresh.out.get(T * H);
+  EXPECT_EQ(std::memcmp(plain.data(), during.data(), plain.size() * 4), 0)
+      << "the calibrating forward differs from the plain one";
+  }
 }
 
 // Bad arguments are refused with an ArgumentError before anything launches; no sticky CUDA error follows.
@@ -916,36 +979,67 @@ TEST(CudaLayer, RefusalsLeaveNoStickyError) {
   EXPECT_EQ(cudaGetLastError(), cudaSuccess);
 }
 
-// A multi-GB deepseek-v3-shaped layer: device bytes 0.5625 B/param (+ per-expert scalars), load rate.
+// A multi-GB deepseek-v3-shaped layer: device bytes 0.5625 B/param (+ per-expert scalars; the sm90 layout pads
+// nothing at these dims), load rate, and bounded staging: the pinned host buffers are 64 MB, the sm90 device
+// scratch at most max(kSm90UploadStagingBytes, one expert's largest tensor) and freed after the upload (the
+// device memory the layer holds afterwards is its weights + workspace + calibration buffer, nothing more).
 TEST(CudaLayer, LargeUpload) {
   const LayerDims d{"deepseek-v3 E=96", 7168, 2048, 96, 8, Activation::SwiGLU, Routing::SigmoidGroupedTopK, 8, 4,
                     2.5f, true, 2048};
-  MoeWeights w = make_weights(d, 21);
-  const size_t packed = w.packed_bytes();
-  MoeLayerOptions o;
-  o.backend = Backend::Cuda;
-  o.max_tokens = 64;
-  auto layer = create_cuda_moe_layer(std::move(w), o);
-  auto* c = dynamic_cast<CudaMoeLayer*>(layer.get());
-  const double params = (97.0) * (3.0 * 7168 * 2048);
-  std::printf("  %s: packed %zu B, device weights %zu B = %.5f B/param, workspace %zu B (64 tokens), "
-              "upload %.3f s = %.2f GB/s, pinned staging %zu B\n",
-              d.name, packed, layer->weight_bytes(), layer->weight_bytes() / params, layer->workspace_bytes(),
-              c->load_stats().seconds, c->load_stats().gb_per_s, c->load_stats().staging_bytes);
-  EXPECT_EQ(c->load_stats().bytes, packed);
-  EXPECT_LE(layer->weight_bytes(), packed + 64 * 1024);
-  struct rusage ru;
-  getrusage(RUSAGE_SELF, &ru);
-  std::printf("  host peak RSS of the process so far: %.2f GB (MoeWeights %.2f GB + 64 MB pinned staging)\n",
-              ru.ru_maxrss / 1048576.0, packed / 1e9);
+  for (GemmPath gemm : kBothPaths) {
+    SCOPED_TRACE(gemm_path_name(gemm));
+    MoeWeights w = make_weights(d, 21);
+    const size_t packed = w.packed_bytes();
+    // One expert's codes + scales of the largest tensor (w13: 2I x H): the scratch's lower bound of one chunk.
+    const size_t one_expert = static_cast<size_t>(2 * d.I) * d.H / 2 + static_cast<size_t>(2 * d.I) * d.H / 16;
+    MoeLayerOptions o;
+    o.backend = Backend::Cuda;
+    o.max_tokens = 64;
+    // A small layer first: its creation loads this path's kernels (code and local-memory reservations would
+    // otherwise show up in the measurement below).
+    { Harness warm(kSmallSoftmax, Mode::W4A16, 16, 1, gemm); }
+    CUDA_OK(cudaDeviceSynchronize());
+    size_t free0 = 0, free1 = 0, total = 0;
+    CUDA_OK(cudaMemGetInfo(&free0, &total));
+    auto layer = std::make_unique<CudaMoeLayer>(std::move(w), o, gemm);
+    CUDA_OK(cudaMemGetInfo(&free1, &total));
+    const LoadStats& ls = layer->load_stats();
+    const double params = (97.0) * (3.0 * 7168 * 2048);
+    std::printf("  %s (%s): packed %zu B, device weights %zu B = %.5f B/param, workspace %zu B (64 tokens), "
+                "upload %.3f s = %.2f GB/s, pinned staging %zu B, device staging %zu B\n",
+                d.name, layer->gemm_name(), packed, layer->weight_bytes(), layer->weight_bytes() / params,
+                layer->workspace_bytes(), ls.seconds, ls.gb_per_s, ls.staging_bytes, ls.device_staging_bytes);
+    EXPECT_EQ(ls.bytes, packed);
+    EXPECT_LE(layer->weight_bytes(), packed + 64 * 1024);
+    EXPECT_EQ(ls.staging_bytes, size_t(64) << 20);
+    if (gemm == GemmPath::kSm90Wgmma) {
+      EXPECT_GT(ls.device_staging_bytes, 0u);
+      EXPECT_LE(ls.device_staging_bytes, std::max(kSm90UploadStagingBytes, one_expert) + 256);
+      EXPECT_EQ(layer->routed().w13, nullptr);
+      EXPECT_NE(layer->routed().w13_sm90, nullptr);
+    } else {
+      EXPECT_EQ(ls.device_staging_bytes, 0u);
+      EXPECT_EQ(layer->routed().w13_sm90, nullptr);
+    }
+    // What stays allocated: weights + workspace + the calibration amax (+ allocation rounding, a few MB).
+    const size_t held = free0 - free1;
+    const size_t expected = layer->weight_bytes() + layer->workspace_bytes();
+    EXPECT_GE(held + (size_t(8) << 20), expected);
+    EXPECT_LE(held, expected + (size_t(16) << 20)) << "the upload left device memory behind";
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    std::printf("  host peak RSS of the process so far: %.2f GB (MoeWeights %.2f GB + 64 MB pinned staging)\n",
+                ru.ru_maxrss / 1048576.0, packed / 1e9);
+  }
 }
 
-// Not a benchmark (issue 4 has the protocol): eager forward times of this mma.sync path for the record.
+// Not a benchmark (issue 4 has the protocol): eager forward times of both GEMM paths for the record.
 TEST(CudaLayer, ForwardTimesForTheRecord) {
   const LayerDims d{"deepseek-v3 E=32", 7168, 2048, 32, 8, Activation::SwiGLU, Routing::SigmoidGroupedTopK, 8, 4,
                     2.5f, true, 2048};
+  for (GemmPath gemm : kBothPaths)
   for (Mode mode : {Mode::W4A16, Mode::W4A4}) {
-    Harness hs(d, mode, 4096, 23);
+    Harness hs(d, mode, 4096, 23, gemm);
     hs.hidden.put(random_hidden(4096, d.H, 1));
     hs.logits.put(random_logits(4096, d.E, 2));
     cudaEvent_t e0, e1;
@@ -962,8 +1056,8 @@ TEST(CudaLayer, ForwardTimesForTheRecord) {
       CUDA_OK(cudaEventElapsedTime(&ms, e0, e1));
       const double us = 1000.0 * ms / iters;
       const double flops = 2.0 * T * (d.k * (2.0 * d.I * d.H + d.H * d.I) + (2.0 * d.shared_I * d.H + d.H * d.shared_I));
-      std::printf("  %s %-5s T=%-5lld %10.1f us  %7.1f TFLOP/s\n", d.name, mode_name(mode),
-                  static_cast<long long>(T), us, flops / us * 1e-6);
+      std::printf("  %s %-5s %-10s T=%-5lld %10.1f us  %7.1f TFLOP/s\n", d.name, mode_name(mode),
+                  hs.cuda->gemm_name(), static_cast<long long>(T), us, flops / us * 1e-6);
     }
     CUDA_OK(cudaEventDestroy(e0));
     CUDA_OK(cudaEventDestroy(e1));
@@ -1018,10 +1112,96 @@ TEST(CudaLayer, PublicApiCudaVsCpuBackend) {
     gpu_layer->forward(hg, rg, og);
     CUDA_OK(cudaDeviceSynchronize());
     const Metrics m = compare(od.get(T * H), out_cpu);
-    std::printf("  public API cuda vs cpu backend %-5s rel_l2=%.2e rms=%.5f (weights %zu B, workspace %zu B)\n",
-                mode_name(mode), m.rel_l2, m.rms_ratio, gpu_layer->weight_bytes(), gpu_layer->workspace_bytes());
+    std::printf("  public API cuda (%s) vs cpu backend %-5s rel_l2=%.2e rms=%.5f (weights %zu B, workspace %zu B)\n",
+                dynamic_cast<CudaMoeLayer&>(*gpu_layer).gemm_name(), mode_name(mode), m.rel_l2, m.rms_ratio,
+                gpu_layer->weight_bytes(), gpu_layer->workspace_bytes());
     EXPECT_CLOSE(m, "public API " << mode_name(mode));
   }
+}
+
+// The sm90 GEMM's promise at the layer level (issue 4): same inputs, same bits across runs and across two layers
+// built from the same weights (the prepared layout is deterministic), and a token's row is bitwise the same
+// whatever batch it rides in: alone, among 6, 99, 299 or 999 others, at another position, with other tokens
+// around it. These T pick different tile configs (T*k/E = 0.19 .. 187: bt16 wg2 / wg4, bt32, bt64, bt128), so
+// this is also invariance across configs. Plus the A/B against mma.sync on the same inputs (not bitwise: the
+// two sum the exact products in different orders).
+TEST(CudaLayer, Sm90BitwiseAcrossRunsAndBatchCompositions) {
+  for (Mode mode : {Mode::W4A16, Mode::W4A4}) {
+    SCOPED_TRACE(mode_name(mode));
+    const int64_t maxT = 1000;
+    Harness a(kSmallSigmoid, mode, maxT, 41, GemmPath::kSm90Wgmma);
+    Harness b(kSmallSigmoid, mode, maxT, 41, GemmPath::kSm90Wgmma);
+    const int64_t H = a.H(), E = a.spec().num_experts;
+    const auto hidden = random_hidden(maxT, H, 51);
+    const auto logits = random_logits(maxT, E, 52);
+    // (EXPECT, not CUDA_OK: ASSERT_* cannot return a value from a lambda.)
+    auto run = [&](Harness& hs, const std::vector<uint16_t>& h, const std::vector<float>& l,
+                   int64_t T) -> std::vector<float> {
+      hs.hidden.put(h);
+      hs.logits.put(l);
+      EXPECT_EQ(cudaMemset(hs.out.p, 0xD5, hs.out.n * 4), cudaSuccess);
+      hs.forward_logits(T, hs.out.p, DType::F32);
+      EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      return hs.out.get(T * H);
+    };
+    const auto ref = run(a, hidden, logits, maxT);
+    ASSERT_EQ(std::memcmp(run(a, hidden, logits, maxT).data(), ref.data(), ref.size() * 4), 0) << "second run";
+    ASSERT_EQ(std::memcmp(run(b, hidden, logits, maxT).data(), ref.data(), ref.size() * 4), 0) << "second layer";
+    // Batches of T tokens: token `probe` of the reference batch at position T/2, the others drawn from the rest.
+    Rng r(53);
+    for (int64_t T : {1, 7, 100, 300, 1000}) {
+      for (int64_t probe : {int64_t(0), int64_t(517), maxT - 1}) {
+        std::vector<int64_t> src(T);
+        for (int64_t i = 0; i < T; ++i) src[i] = static_cast<int64_t>(r.next() % maxT);
+        src[T / 2] = probe;
+        std::vector<uint16_t> h(T * H);
+        std::vector<float> l(T * E);
+        for (int64_t i = 0; i < T; ++i) {
+          std::copy(hidden.begin() + src[i] * H, hidden.begin() + (src[i] + 1) * H, h.begin() + i * H);
+          std::copy(logits.begin() + src[i] * E, logits.begin() + (src[i] + 1) * E, l.begin() + i * E);
+        }
+        const auto got = run(a, h, l, T);
+        for (int64_t i = 0; i < T; ++i)
+          ASSERT_EQ(std::memcmp(got.data() + i * H, ref.data() + src[i] * H, H * 4), 0)
+              << "T=" << T << " position " << i << " token " << src[i];
+      }
+    }
+    Harness m(kSmallSigmoid, mode, maxT, 41, GemmPath::kMmaSync);
+    const Metrics ab = compare(run(m, hidden, logits, maxT), ref);
+    std::printf("  sm90_wgmma vs mma_sync %-5s T=%lld rel_l2=%.2e rms=%.6f\n", mode_name(mode),
+                static_cast<long long>(maxT), ab.rel_l2, ab.rms_ratio);
+    // w4a4: a last-bit difference can flip an NVFP4 rounding of the GEMM2 operand, so the bound is the
+    // suite's, not ~1e-7.
+    EXPECT_CLOSE(ab, "sm90 vs mma_sync");
+  }
+}
+
+// The GEMM comes from NVFP4MOE_GEMM at creation (default sm90_wgmma); a bad value is refused by name.
+TEST(CudaLayer, GemmPathFromEnvironment) {
+  const char* old = std::getenv("NVFP4MOE_GEMM");
+  const std::string saved = old ? old : "";
+  MoeLayerOptions o;
+  o.backend = Backend::Cuda;
+  o.max_tokens = 16;
+  auto make = [&] { return create_cuda_moe_layer(make_weights(kSmallSoftmax, 1), o); };
+  unsetenv("NVFP4MOE_GEMM");
+  EXPECT_EQ(gemm_path_from_env(), GemmPath::kSm90Wgmma);
+  EXPECT_STREQ(dynamic_cast<CudaMoeLayer&>(*make()).gemm_name(), "sm90_wgmma");
+  setenv("NVFP4MOE_GEMM", "mma_sync", 1);
+  EXPECT_STREQ(dynamic_cast<CudaMoeLayer&>(*make()).gemm_name(), "mma_sync");
+  setenv("NVFP4MOE_GEMM", "sm90_wgmma", 1);
+  EXPECT_STREQ(dynamic_cast<CudaMoeLayer&>(*make()).gemm_name(), "sm90_wgmma");
+  setenv("NVFP4MOE_GEMM", "cutlass", 1);
+  try {
+    make();
+    ADD_FAILURE() << "NVFP4MOE_GEMM=cutlass was accepted";
+  } catch (const ArgumentError& e) {
+    EXPECT_NE(std::string(e.what()).find("NVFP4MOE_GEMM"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("mma_sync"), std::string::npos) << e.what();
+  }
+  if (old) setenv("NVFP4MOE_GEMM", saved.c_str(), 1);
+  else unsetenv("NVFP4MOE_GEMM");
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
 }
 
 }  // namespace
