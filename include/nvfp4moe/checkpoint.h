@@ -12,7 +12,8 @@
 
 namespace nvfp4moe {
 
-enum class CheckpointFormat : uint8_t { ModelOpt, CompressedTensors };
+// Bf16: an unquantized (BF16/F16/F32) HF MoE checkpoint, quantized to NVFP4 at load (src/model/unquantized.h).
+enum class CheckpointFormat : uint8_t { ModelOpt, CompressedTensors, Bf16 };
 
 struct LayerSummary {
   int layer = 0;

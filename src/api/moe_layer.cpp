@@ -11,6 +11,7 @@
 
 #include "cpu/reference.h"
 #include "format/nvfp4.h"
+#include "model/unquantized.h"
 #include "nvfp4moe/error.h"
 #include "nvfp4moe/moe.h"
 
@@ -238,6 +239,18 @@ std::unique_ptr<MoeLayer> MoeLayer::create(MoeWeights weights, const MoeLayerOpt
 }
 
 std::unique_ptr<MoeLayer> MoeLayer::create(const Checkpoint& checkpoint, int layer, const MoeLayerOptions& options) {
+  // An unquantized checkpoint is quantized at load (model/unquantized.h): on the GPU for the cuda backend, on the
+  // CPU otherwise; it has no input scales, so w4a4 is refused before the (large) quantization runs.
+  if (const auto* u = dynamic_cast<const model::UnquantizedCheckpoint*>(&checkpoint)) {
+    NVFP4MOE_CHECK(options.mode != Mode::W4A4, ArgumentError, "MoeLayerOptions.mode: layer ", layer, " of ",
+                   checkpoint.path(), " is unquantized (bf16, quantized to NVFP4 at load) and has no activation input "
+                   "scales; expected w4a16, or w4a4 on a checkpoint with input scales: `nvfp4moe quantize IN OUT "
+                   "--calibration FILE` (or `nvfp4moe calibrate` on its output), got w4a4");
+    if (options.backend == Backend::Cuda) {  // (a parallel config slices the quantized layer in create(weights))
+      auto q = model::make_cuda_expert_quantizer(options.device);
+      return create(u->load_layer_with(layer, *q), options);
+    }
+  }
   return create(checkpoint.load_layer(layer), options);
 }
 

@@ -13,6 +13,7 @@
 
 #include "model/tensor_names.h"
 #include "model/checkpoint_format.h"
+#include "model/unquantized.h"
 #include "io/safetensors.h"
 #include "format/nvfp4.h"
 #include "nvfp4moe/error.h"
@@ -921,6 +922,8 @@ std::shared_ptr<Checkpoint> Checkpoint::open(const std::string& dir) {
   model::ModelConfig mc = model::parse_model_config(cfg, cfg_path);
   std::optional<model::QuantConfig> qc = model::parse_compressed_tensors_quant(dir, cfg);
   if (!qc) qc = model::parse_modelopt_quant(dir, cfg);
+  if (!qc && !cfg.contains("quantization_config"))  // an unquantized checkpoint: quantized to NVFP4 at load
+    if (auto ck = model::open_unquantized_checkpoint(dir, mc)) return ck;
   if (!qc) {
     std::string method = "nothing";
     if (cfg.contains("quantization_config") && cfg["quantization_config"].is_object() &&

@@ -13,6 +13,7 @@
 #include <map>
 #include <memory>
 #include <random>
+#include <set>
 
 #include <nlohmann/json.hpp>
 
@@ -22,6 +23,7 @@
 #include "io/safetensors.h"
 #include "model/checkpoint_format.h"
 #include "nvfp4moe/checkpoint.h"
+#include "model/unquantized.h"
 #include "nvfp4moe/error.h"
 
 namespace nvfp4moe::model {
@@ -80,15 +82,6 @@ std::vector<uint16_t> to_bf16(const io::TensorInfo& t, const std::string& file) 
   std::vector<uint16_t> v(f.size());
   for (size_t i = 0; i < f.size(); ++i) v[i] = fmt::bf16_from_float(f[i]);
   return v;
-}
-
-float amax_of(const std::vector<float>& v, const std::string& what) {
-  float a = 0.0f;
-  for (float x : v) {
-    NVFP4MOE_CHECK(std::isfinite(x), FormatError, what, ": expected finite weights, got ", x);
-    a = std::max(a, std::fabs(x));
-  }
-  return a;
 }
 
 // A temp directory next to `out`, removed unless commit() renamed it to out.
@@ -182,32 +175,6 @@ class Calibration {
   std::unique_ptr<io::SafetensorsSet> set_;
 };
 
-// ---- discovery of expert tensors in an unquantized checkpoint
-// Role of a projection name: 0 gate, 1 up, 2 down, -1 other.
-int proj_role(const std::string& p) {
-  if (p == "gate_proj" || p == "w1") return 0;
-  if (p == "up_proj" || p == "w3") return 1;
-  if (p == "down_proj" || p == "w2") return 2;
-  return -1;
-}
-
-struct ExpertSrc {  // one expert (routed e >= 0, shared e = -1): tensor names by role
-  std::string name[3];
-  std::string base;  // "<module>.experts.E." / "<module>.shared_experts."
-};
-struct LayerSrc {
-  int layer = 0;
-  std::string module;  // "model.layers.L.mlp"
-  std::map<int64_t, ExpertSrc> experts;
-  std::optional<ExpertSrc> shared;
-  std::string router, bias, shared_gate;
-};
-
-struct QuantProj {
-  std::vector<uint8_t> packed, scale;
-  float ws2 = 1.0f, input_scale = 1.0f;
-};
-
 }  // namespace
 
 void quantize_weight(const float* w, int64_t n, int64_t k, float ws2, uint8_t* packed, uint8_t* scales) {
@@ -273,202 +240,129 @@ QuantizeResult quantize_checkpoint(const std::string& in_dir, const std::string&
                  "); expected an unquantized bf16/fp16/fp32 checkpoint (use `nvfp4moe calibrate` for new input scales)");
   const ModelConfig mc = parse_model_config(config, cfg_path);
   const Calibration calib(opt.calibration);
-  const io::SafetensorsSet files = io::SafetensorsSet::open(in_dir);
+  // discovery and validation of every layer (shapes, dtypes, spec) before anything is quantized or written
+  const UnquantizedCheckpoint ck(in_dir, mc);
+  const io::SafetensorsSet& files = ck.files();
+  std::unique_ptr<ExpertQuantizer> quantizer =
+      opt.cuda ? make_cuda_expert_quantizer(opt.cuda_device) : make_cpu_expert_quantizer();
+  res.device = opt.cuda ? "cuda" : "cpu";
 
-  // ---- find the experts
-  std::map<int, LayerSrc> layers;
-  std::set<std::string> expert_tensors;
-  for (const std::string& name : files.names()) {
-    const auto t = split_dots(name);
-    size_t i = 0;
-    int64_t layer = -1;
-    for (; i + 1 < t.size(); ++i)
-      if (t[i] == "layers" && parse_index(t[i + 1], &layer)) break;
-    if (layer < 0 || layer >= mc.num_layers || i + 4 >= t.size()) continue;
-    std::string module;
-    for (size_t j = 0; j <= i + 2; ++j) module += (j ? "." : "") + t[j];
-    const std::string& child = t[i + 3];
-    LayerSrc& L = layers[static_cast<int>(layer)];
-    int64_t e = -1;
-    if (child == "experts" && t.size() == i + 7 && parse_index(t[i + 4], &e) && t[i + 6] == "weight" &&
-        proj_role(t[i + 5]) >= 0) {
-      ExpertSrc& x = L.experts[e];
-      x.base = cat(module, ".experts.", e, ".");
-      x.name[proj_role(t[i + 5])] = name;
-    } else if ((child == "shared_experts" || child == "shared_expert") && t.size() == i + 6 && t[i + 5] == "weight" &&
-               proj_role(t[i + 4]) >= 0) {
-      if (!L.shared) L.shared = ExpertSrc{};
-      L.shared->base = cat(module, ".", child, ".");
-      L.shared->name[proj_role(t[i + 4])] = name;
-    } else if ((child == "gate" || child == "router") && t.size() == i + 5) {
-      if (t[i + 4] == "weight") L.router = name;
-      if (t[i + 4] == "e_score_correction_bias") L.bias = name;
-      continue;
-    } else if (child == "shared_expert_gate" && t.size() == i + 5 && t[i + 4] == "weight") {
-      L.shared_gate = name;
-      continue;
-    } else {
-      continue;
-    }
-    L.layer = static_cast<int>(layer);
-    L.module = module;
-  }
-  for (auto it = layers.begin(); it != layers.end();)
-    it = it->second.experts.empty() ? layers.erase(it) : std::next(it);
-  NVFP4MOE_CHECK(!layers.empty(), FormatError, in_dir, ": no MoE expert weights found (expected tensors like "
-                 "model.layers.L.mlp.experts.E.{gate,up,down}_proj.weight)");
-
-  // ---- quantize and calibrate, layer by layer
-  std::map<std::string, QuantProj> quant;  // by the source tensor name (".weight")
-  for (auto& [l, L] : layers) {
-    const std::string what = cat(in_dir, ": layer ", l);
-    const int64_t H = mc.hidden;
-    const int64_t E = static_cast<int64_t>(L.experts.size());
-    NVFP4MOE_CHECK(L.experts.rbegin()->first == E - 1, FormatError, what, ": experts are not numbered 0..", E - 1,
-                   " (found ", E, " experts, the largest index ", L.experts.rbegin()->first, ")");
-    if (mc.num_experts > 0)
-      NVFP4MOE_CHECK(mc.num_experts == E, FormatError, what, ": ", cfg_path, " says num_experts = ", mc.num_experts,
-                     " but the tensors hold ", E, " experts");
-    auto width_of = [&](const ExpertSrc& x, const std::string& ew) {
-      bool gated = !x.name[0].empty();
-      NVFP4MOE_CHECK(!x.name[1].empty() && !x.name[2].empty(), FormatError, what, ": ", ew, ": expected ",
-                     x.base, "{up_proj|w3}.weight and {down_proj|w2}.weight, missing ",
-                     x.name[1].empty() ? "up" : "down");
-      const io::TensorInfo& d = files.get(x.name[2]);
-      NVFP4MOE_CHECK(d.shape.size() == 2 && d.shape[0] == H, FormatError, what, ": tensor ", d.name,
-                     ": expected shape [", H, ", I], got ", shape_str(d.shape));
-      const int64_t I = d.shape[1];
-      for (int r = 0; r < 2; ++r) {
-        if (r == 0 && !gated) continue;
-        const io::TensorInfo& g = files.get(x.name[r]);
-        NVFP4MOE_CHECK(g.shape == (std::vector<int64_t>{I, H}), FormatError, what, ": tensor ", g.name,
-                       ": expected shape ", shape_str({I, H}), ", got ", shape_str(g.shape));
-      }
-      NVFP4MOE_CHECK(H % 16 == 0 && I % 16 == 0, FormatError, what, ": ", ew, ": NVFP4 needs H and I multiples of 16, "
-                     "got H = ", H, ", I = ", I);
-      return std::make_pair(I, gated);
-    };
-    const auto [I, gated] = width_of(L.experts.begin()->second, "expert 0");
-    MoeSpec s;
-    s.layer = l;
-    s.hidden = H;
-    s.intermediate = I;
-    s.num_experts = E;
-    s.top_k = mc.top_k;
-    s.activation = mc.activation ? *mc.activation : (gated ? Activation::SwiGLU : Activation::Relu2);
-    s.routing = mc.routing;
-    s.norm_topk_prob = mc.norm_topk_prob;
-    s.n_group = mc.n_group;
-    s.topk_group = mc.topk_group;
-    s.routed_scaling_factor = mc.routed_scaling_factor;
-    s.has_router_bias = !L.bias.empty();
-    if (L.shared) s.shared_intermediate = width_of(*L.shared, "shared expert").first;
-    s.shared_expert_gated = !L.shared_gate.empty() && L.shared;
-    NVFP4MOE_CHECK(s.gated() == gated, FormatError, what, ": activation ", activation_name(s.activation),
-                   gated ? " is not gated but the experts have gate projections" : " needs gate projections");
-    try {
-      s.validate();
-    } catch (const ArgumentError& e) {
-      throw FormatError(cat(what, ": inconsistent MoE config (", cfg_path, "): ", e.what()));
-    }
-
-    MoeWeights w;
-    w.spec = s;
-    w.experts.allocate(E, H, I, gated);
-    if (L.shared) w.shared.allocate(1, H, s.shared_intermediate, gated);
-    auto quantize_expert = [&](const ExpertSrc& x, StackedExperts& dst, int64_t slot, int64_t width,
-                               const std::string& ew) {
-      NVFP4MOE_CHECK(gated == !x.name[0].empty(), FormatError, what, ": ", ew, ": ",
-                     gated ? "missing the gate projection " : "unexpected gate projection ", x.base,
-                     gated ? "{gate_proj|w1}.weight" : "");
-      for (int r = 1; r < 3; ++r)
-        NVFP4MOE_CHECK(!x.name[r].empty(), FormatError, what, ": ", ew, ": missing tensor ", x.base,
-                       r == 1 ? "{up_proj|w3}.weight" : "{down_proj|w2}.weight");
-      std::vector<float> v[3];
-      float amax[3] = {0, 0, 0};
-      for (int r = 0; r < 3; ++r) {
-        if (x.name[r].empty()) continue;
-        const io::TensorInfo& t = files.get(x.name[r]);
-        const std::vector<int64_t> want = r == 2 ? std::vector<int64_t>{H, width} : std::vector<int64_t>{width, H};
-        NVFP4MOE_CHECK(t.shape == want, FormatError, what, ": tensor ", t.name, ": expected shape ", shape_str(want),
-                       ", got ", shape_str(t.shape));
-        NVFP4MOE_CHECK(t.dtype == DType::BF16 || t.dtype == DType::F16 || t.dtype == DType::F32, FormatError, what,
-                       ": tensor ", t.name, ": expected dtype BF16, F16 or F32 (unquantized), got ", dtype_name(t.dtype));
-        v[r] = to_float(t, in_dir);
-        amax[r] = amax_of(v[r], cat(what, ": tensor ", t.name));
-      }
-      const float ws13 = fmt::weight_global_scale(std::max(amax[0], amax[1]));  // gate and up share one amax
-      const float ws2[3] = {ws13, ws13, fmt::weight_global_scale(amax[2])};
-      for (int r = 0; r < 3; ++r) {
-        if (x.name[r].empty()) continue;
-        const int64_t n = r == 2 ? H : width, k = r == 2 ? width : H;
-        QuantProj& q = quant[x.name[r]];
-        q.packed.resize(static_cast<size_t>(n * k / 2));
-        q.scale.resize(static_cast<size_t>(n * k / 16));
-        q.ws2 = ws2[r];
-        quantize_weight(v[r].data(), n, k, q.ws2, q.packed.data(), q.scale.data());
-        ++res.quantized_projections;
-        const size_t us = static_cast<size_t>(slot);
-        if (r < 2) {
-          const size_t off = (r == 1 && gated) ? q.packed.size() : 0, soff = (r == 1 && gated) ? q.scale.size() : 0;
-          std::memcpy(dst.w13.data() + us * dst.w13_bytes_per_expert() + off, q.packed.data(), q.packed.size());
-          std::memcpy(dst.w13_scale.data() + us * dst.w13_scale_bytes_per_expert() + soff, q.scale.data(), q.scale.size());
-          if (r == 0) dst.w13_gate_scale2[us] = q.ws2;
-          else dst.w13_up_scale2[us] = q.ws2;
-        } else {
-          std::memcpy(dst.w2.data() + us * dst.w2_bytes_per_expert(), q.packed.data(), q.packed.size());
-          std::memcpy(dst.w2_scale.data() + us * dst.w2_scale_bytes_per_expert(), q.scale.data(), q.scale.size());
-          dst.w2_scale2[us] = q.ws2;
-        }
-      }
-    };
-    for (const auto& [e, x] : L.experts) quantize_expert(x, w.experts, e, I, cat("expert ", e));
-    if (L.shared) quantize_expert(*L.shared, w.shared, 0, s.shared_intermediate, "shared expert");
-    if (!L.router.empty()) {
-      const io::TensorInfo& r = files.get(L.router);
-      NVFP4MOE_CHECK(r.shape == (std::vector<int64_t>{E, H}), FormatError, what, ": tensor ", r.name,
-                     ": expected shape ", shape_str({E, H}), ", got ", shape_str(r.shape));
-      w.router_weight = to_bf16(r, in_dir);
-    }
-    if (!L.bias.empty()) w.router_bias = to_float(files.get(L.bias), in_dir);
-    if (s.shared_expert_gated) w.shared_gate_weight = to_bf16(files.get(L.shared_gate), in_dir);
-    int64_t T = 0;
-    const std::vector<uint16_t> hidden = calib.hidden(l, H, &T);
-    calibrate_input_scales(w, hidden.data(), T, what);
+  // where each quantized projection comes from: (layer, expert (-1 = shared), role 0 gate / 1 up / 2 down)
+  struct Src {
+    int layer;
+    int64_t expert;
+    int role;
+  };
+  std::map<std::string, Src> qsrc;  // by the source tensor name (".weight")
+  for (int l : ck.moe_layers()) {
+    const UnquantizedLayer& L = ck.layer_source(l);
     for (const auto& [e, x] : L.experts)
       for (int r = 0; r < 3; ++r)
-        if (!x.name[r].empty())
-          quant[x.name[r]].input_scale = r < 2 ? w.experts.w13_input_scale[static_cast<size_t>(e)]
-                                               : w.experts.w2_input_scale[static_cast<size_t>(e)];
+        if (!x.name[r].empty()) qsrc[x.name[r]] = {l, e, r};
     if (L.shared)
       for (int r = 0; r < 3; ++r)
-        if (!L.shared->name[r].empty())
-          quant[L.shared->name[r]].input_scale = r < 2 ? w.shared.w13_input_scale[0] : w.shared.w2_input_scale[0];
+        if (!L.shared->name[r].empty()) qsrc[L.shared->name[r]] = {l, -1, r};
     res.moe_layers.push_back(l);
   }
+
+  // Streaming: the writer calls the fills in tensor order, and the tensors are ordered by layer, so one layer is
+  // quantized and calibrated when its first tensor is written and dropped when the next layer starts: peak memory
+  // is one layer's MoeWeights (plus one expert of staging), whatever the checkpoint size.
+  struct Current {
+    int layer = -1;
+    MoeWeights w;
+  };
+  auto cur = std::make_shared<Current>();
+  auto layer_weights = [&, cur](int l) -> const MoeWeights& {
+    if (cur->layer != l) {
+      cur->w = MoeWeights{};  // free the previous layer first
+      cur->layer = -1;
+      const double q0 = now_s();
+      MoeWeights w = ck.load_layer_with(l, *quantizer);
+      LayerTiming lt;
+      lt.layer = l;
+      lt.quantize_seconds = now_s() - q0;
+      lt.source_bytes = ck.layer_source_bytes(l);
+      int64_t T = 0;
+      const std::vector<uint16_t> hidden = calib.hidden(l, mc.hidden, &T);
+      const double c0 = now_s();
+      calibrate_input_scales(w, hidden.data(), T, cat(in_dir, ": layer ", l));
+      lt.calibrate_seconds = now_s() - c0;
+      res.layers.push_back(lt);
+      res.quantize_seconds += lt.quantize_seconds;
+      res.source_bytes += lt.source_bytes;
+      if (opt.on_layer) opt.on_layer(lt);
+      cur->w = std::move(w);
+      cur->layer = l;
+    }
+    return cur->w;
+  };
+  // the bytes of one output tensor of a quantized projection: 0 packed, 1 block scales, 2 ws2, 3 input scale
+  auto emit = [&layer_weights](const Src& q, int what, uint8_t* dst, size_t n) {
+    const MoeWeights& w = layer_weights(q.layer);
+    const StackedExperts& se = q.expert < 0 ? w.shared : w.experts;
+    const size_t slot = static_cast<size_t>(q.expert < 0 ? 0 : q.expert);
+    const bool second = q.role == 1 && se.gated;  // up rows follow gate rows in w13
+    const uint8_t* src = nullptr;
+    float v = 0;
+    switch (what) {
+      case 0:
+        src = q.role == 2 ? se.w2.data() + slot * se.w2_bytes_per_expert()
+                          : se.w13.data() + slot * se.w13_bytes_per_expert() + (second ? n : 0);
+        break;
+      case 1:
+        src = q.role == 2 ? se.w2_scale.data() + slot * se.w2_scale_bytes_per_expert()
+                          : se.w13_scale.data() + slot * se.w13_scale_bytes_per_expert() + (second ? n : 0);
+        break;
+      case 2:
+        v = q.role == 0 ? se.w13_gate_scale2[slot] : q.role == 1 ? se.w13_up_scale2[slot] : se.w2_scale2[slot];
+        break;
+      default:
+        v = q.role < 2 ? se.w13_input_scale[slot] : se.w2_input_scale[slot];
+    }
+    if (src) std::memcpy(dst, src, n);
+    else std::memcpy(dst, &v, n);
+  };
 
   // ---- write
   StagedDir out(out_dir);
   std::vector<io::TensorToWrite> tensors;
   std::vector<std::string> excluded;
-  auto scalar = [](const std::string& name, const float* v) {
-    io::TensorToWrite t;
-    t.name = name;
-    t.dtype = DType::F32;
-    t.shape = {};
-    t.fill = [v](uint8_t* dst, size_t n) { std::memcpy(dst, v, n); };
-    return t;
+  std::vector<std::string> names = files.names();
+  std::set<std::string> routers;  // router and shared-expert gate weights of the MoE layers
+  for (int l : ck.moe_layers()) {
+    const UnquantizedLayer& L = ck.layer_source(l);
+    for (const std::string* n : {&L.router, &L.shared_gate})
+      if (!n->empty()) routers.insert(*n);
+  }
+  auto layer_of = [&](const std::string& n) {
+    auto it = qsrc.find(n);
+    return it == qsrc.end() ? -1 : it->second.layer;
   };
-  for (const std::string& name : files.names()) {
-    auto it = quant.find(name);
-    if (it == quant.end()) {
-      const io::TensorInfo& t = files.get(name);
+  std::stable_sort(names.begin(), names.end(),
+                   [&](const std::string& x, const std::string& y) { return layer_of(x) < layer_of(y); });
+  for (const std::string& name : names) {
+    auto it = qsrc.find(name);
+    const io::TensorInfo& t = files.get(name);
+    if (it == qsrc.end()) {
       io::TensorToWrite x;
       x.name = name;
       x.dtype = t.dtype;
       x.shape = t.shape;
       const uint8_t* src = t.data;
       x.fill = [src](uint8_t* dst, size_t n) { std::memcpy(dst, src, n); };
+      if (t.dtype == DType::F16 && routers.count(name)) {  // the NVFP4 loader reads routers as BF16 (or F32)
+        x.dtype = DType::BF16;
+        const io::TensorInfo* ti = &t;
+        x.fill = [ti](uint8_t* dst, size_t n) {
+          std::vector<float> f(static_cast<size_t>(ti->numel()));
+          tensor_to_float(*ti, f.data());
+          for (size_t i = 0; i < f.size() && 2 * i < n; ++i) {
+            const uint16_t h = fmt::bf16_from_float(f[i]);
+            std::memcpy(dst + 2 * i, &h, 2);
+          }
+        };
+      }
       tensors.push_back(std::move(x));
       ++res.copied_tensors;
       if (t.shape.size() == 2 && name.size() > 7 && name.compare(name.size() - 7, 7, ".weight") == 0)
@@ -476,26 +370,28 @@ QuantizeResult quantize_checkpoint(const std::string& in_dir, const std::string&
       continue;
     }
     const std::string base = name.substr(0, name.size() - 7);  // drop ".weight"
-    const QuantProj& q = it->second;
-    const io::TensorInfo& t = files.get(name);
-    io::TensorToWrite pw;
-    pw.name = name;
-    pw.dtype = DType::U8;
-    pw.shape = {t.shape[0], t.shape[1] / 2};
-    pw.fill = [&q](uint8_t* dst, size_t n) { std::memcpy(dst, q.packed.data(), n); };
-    tensors.push_back(std::move(pw));
-    io::TensorToWrite sw;
-    sw.name = base + ".weight_scale";
-    sw.dtype = DType::F8_E4M3;
-    sw.shape = {t.shape[0], t.shape[1] / 16};
-    sw.fill = [&q](uint8_t* dst, size_t n) { std::memcpy(dst, q.scale.data(), n); };
-    tensors.push_back(std::move(sw));
-    tensors.push_back(scalar(base + ".weight_scale_2", &q.ws2));
-    tensors.push_back(scalar(base + ".input_scale", &q.input_scale));
+    const Src q = it->second;
+    const std::pair<std::string, std::pair<DType, std::vector<int64_t>>> outs[4] = {
+        {name, {DType::U8, {t.shape[0], t.shape[1] / 2}}},
+        {base + ".weight_scale", {DType::F8_E4M3, {t.shape[0], t.shape[1] / 16}}},
+        {base + ".weight_scale_2", {DType::F32, {}}},
+        {base + ".input_scale", {DType::F32, {}}}};
+    for (int k = 0; k < 4; ++k) {
+      io::TensorToWrite x;
+      x.name = outs[k].first;
+      x.dtype = outs[k].second.first;
+      x.shape = outs[k].second.second;
+      x.fill = [emit, q, k](uint8_t* dst, size_t n) { emit(q, k, dst, n); };
+      tensors.push_back(std::move(x));
+    }
+    ++res.quantized_projections;
   }
   io::write_sharded_safetensors(out.path(), tensors, opt.max_shard_bytes);
+  cur->w = MoeWeights{};
+  cur->layer = -1;
   json qcfg = {{"quant_method", "modelopt"}, {"quant_algo", "NVFP4"}, {"group_size", 16},
-               {"exclude_modules", excluded}, {"producer", "nvfp4moe quantize (CPU, nvfp4-format.md section 3)"}};
+               {"exclude_modules", excluded},
+               {"producer", cat("nvfp4moe quantize (", res.device, ", nvfp4-format.md section 3)")}};
   config["quantization_config"] = qcfg;
   write_json(fs::path(out.path()) / "config.json", config);
   json hf = {{"producer", {{"name", "nvfp4moe"}, {"version", "0.1.0"}}},
@@ -504,10 +400,10 @@ QuantizeResult quantize_checkpoint(const std::string& in_dir, const std::string&
                {"exclude_modules", excluded}}}};
   write_json(fs::path(out.path()) / "hf_quant_config.json", hf);
   copy_side_files(in_dir, out.path());
-  // the result must open and load as an NVFP4 checkpoint before it is published
+  // the result must open and load as an NVFP4 checkpoint before it is published (one layer at a time)
   {
-    auto ck = Checkpoint::open(out.path());
-    for (int l : ck->moe_layers()) ck->load_layer(l);
+    auto back = Checkpoint::open(out.path());
+    for (int l : back->moe_layers()) back->load_layer(l);
   }
   out.commit();
   res.seconds = now_s() - t0;
@@ -520,6 +416,9 @@ CalibrateResult calibrate_checkpoint(const std::string& in_dir, const std::strin
   const double t0 = now_s();
   CalibrateResult res;
   auto ck = Checkpoint::open(in_dir);
+  NVFP4MOE_CHECK(ck->format() != CheckpointFormat::Bf16, FormatError, in_dir,
+                 ": no NVFP4 quantization config: an unquantized (bf16/fp16/fp32) checkpoint; expected an NVFP4 one "
+                 "(quantize it with `nvfp4moe quantize IN OUT --calibration FILE`, which measures the input scales)");
   // ModelOpt: input_scale tensors rewritten. compressed-tensors: input_global_scale = 1.0f / input_scale written
   // (added where a W4A16 checkpoint has none, and config_groups.*.input_activations set to NVFP4 dynamic "local").
   const bool ct = ck->format() == CheckpointFormat::CompressedTensors;

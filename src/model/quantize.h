@@ -1,5 +1,6 @@
 // bf16/fp16/fp32 HF MoE checkpoints -> NVFP4 ModelOpt-layout checkpoints (`nvfp4moe quantize`), and input-scale
-// re-calibration of an NVFP4 checkpoint (`nvfp4moe calibrate`). CPU only.
+// re-calibration of an NVFP4 checkpoint (`nvfp4moe calibrate`). The experts are quantized on the CPU or the GPU
+// (QuantizeOptions::cuda; bitwise the same), through model/unquantized.h, the code that quantizes at load.
 //
 // quantize: every routed and shared expert projection (<...>.layers.L.<module>.experts.E.{gate,up,down}_proj.weight,
 // Mixtral w1/w3/w2, <module>.shared_expert(s).*) is quantized exactly as nvfp4-format.md section 3 with the fmt::
@@ -11,11 +12,14 @@
 //
 // Output: OUT/config.json (the input's, plus quantization_config quant_method "modelopt"), OUT/hf_quant_config.json,
 // sharded safetensors + index, and every other file of IN copied. Written to OUT.tmp-<pid> and renamed at the end;
-// on failure nothing is left. The quantized experts of the whole checkpoint are held in memory (packed NVFP4 size).
+// on failure nothing is left. Streaming: the output tensors are ordered by layer and each MoE layer is quantized and
+// calibrated when the writer reaches its first tensor, then dropped, so peak memory is one layer's MoeWeights (packed
+// NVFP4) plus one expert of staging, whatever the checkpoint size.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -31,9 +35,20 @@ struct CalibrationSource {
   uint64_t seed = 1;
 };
 
+// Per MoE layer: the time to quantize its experts (source bytes read, fp32 conversion, amax, block scales,
+// codes, into MoeWeights; on the GPU including the host staging copies and transfers) and to calibrate.
+struct LayerTiming {
+  int layer = 0;
+  size_t source_bytes = 0;  // unquantized expert bytes of the layer
+  double quantize_seconds = 0, calibrate_seconds = 0;
+};
+
 struct QuantizeOptions {
   CalibrationSource calibration;
   size_t max_shard_bytes = size_t(4) << 30;
+  bool cuda = false;   // quantize the experts on the GPU (cuda_device)
+  int cuda_device = 0;
+  std::function<void(const LayerTiming&)> on_layer;  // called after each layer is quantized (progress)
 };
 
 struct QuantizeResult {
@@ -41,6 +56,10 @@ struct QuantizeResult {
   size_t quantized_projections = 0;
   size_t copied_tensors = 0;
   double seconds = 0;
+  std::string device;  // "cpu" / "cuda"
+  std::vector<LayerTiming> layers;
+  double quantize_seconds = 0;  // sum over layers
+  size_t source_bytes = 0;
 };
 
 QuantizeResult quantize_checkpoint(const std::string& in_dir, const std::string& out_dir, const QuantizeOptions& options);
