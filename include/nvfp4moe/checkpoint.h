@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "nvfp4moe/parallel.h"
 #include "nvfp4moe/spec.h"
 #include "nvfp4moe/weights.h"
 
@@ -41,6 +42,10 @@ class Checkpoint {
   // Validates every tensor of the layer against its spec (names, dtypes, shapes, rank-0 scales, missing or
   // extra experts), then streams the bytes straight into the stacked buffers.
   virtual MoeWeights load_layer(int layer, const ProgressFn& progress = {}) const = 0;
+  // One expert/tensor-parallel rank's shard of the layer (parallel.h): == slice_weights(load_layer(layer),
+  // parallel) bit for bit. The NVFP4 loaders read (and validate) only the rank's experts and, with TP, only
+  // its rows/columns; this default loads the whole layer and slices it.
+  virtual MoeShard load_shard(int layer, const ParallelConfig& parallel, const ProgressFn& progress = {}) const;
   // A human-readable report for `nvfp4moe inspect`.
   virtual std::string inspect() const = 0;
 };

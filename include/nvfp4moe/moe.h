@@ -9,6 +9,7 @@
 #include <string>
 
 #include "nvfp4moe/checkpoint.h"
+#include "nvfp4moe/parallel.h"
 #include "nvfp4moe/spec.h"
 #include "nvfp4moe/tensor.h"
 #include "nvfp4moe/weights.h"
@@ -26,6 +27,9 @@ struct MoeLayerOptions {
   int64_t max_tokens = 1024;         // forward() accepts T <= max_tokens; the workspace is sized for it
   int device = 0;                    // CUDA device ordinal
   bool shared_max_input_scale = false;  // one activation scale per GEMM (max over experts) instead of per expert
+  // Expert/tensor parallel rank of this layer (parallel.h, docs/parallel.md); 1x1 = unsharded. Sharded: the cpu
+  // backend only; forward() writes the rank's partial output (the sum over ranks is the layer's).
+  ParallelConfig parallel;
 };
 
 // Routing arguments: either router_logits [T, E] F32, or topk_ids [T, k] I32 (-1 = unused slot) together
@@ -56,6 +60,11 @@ class MoeLayer {
   virtual void begin_calibration() = 0;
   virtual void end_calibration() = 0;
 };
+
+// One rank's layer from an already sliced shard (slice_weights, Checkpoint::load_shard); options.parallel
+// must name the shard's rank. MoeLayer::create(weights, options) with a non-trivial options.parallel slices the
+// full weights itself; create(checkpoint, layer, options) loads only the rank's shard.
+std::unique_ptr<MoeLayer> create_moe_layer_shard(MoeShard shard, const MoeLayerOptions& options);
 
 // The argument checks forward() runs (shared by every backend). Throws ArgumentError naming the argument, the
 // expected and the actual value.

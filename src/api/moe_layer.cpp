@@ -9,6 +9,7 @@
 #include <cstring>
 #include <mutex>
 
+#include "api/parallel_internal.h"
 #include "cpu/reference.h"
 #include "format/nvfp4.h"
 #include "model/unquantized.h"
@@ -214,6 +215,10 @@ class CpuMoeLayer final : public MoeLayer {
 }  // namespace
 
 std::unique_ptr<MoeLayer> MoeLayer::create(MoeWeights weights, const MoeLayerOptions& options) {
+  if (!options.parallel.is_trivial()) {
+    parallel_detail::check_sharded_options(options);
+    return parallel_detail::create_sharded(slice_weights(weights, options.parallel), options);
+  }
   // NaN input scales: the checkpoint has none (compressed-tensors W4A16). w4a4 needs them; w4a16 ignores them.
   for (auto* v : {&weights.experts.w13_input_scale, &weights.experts.w2_input_scale, &weights.shared.w13_input_scale,
                   &weights.shared.w2_input_scale})
@@ -250,6 +255,10 @@ std::unique_ptr<MoeLayer> MoeLayer::create(const Checkpoint& checkpoint, int lay
       auto q = model::make_cuda_expert_quantizer(options.device);
       return create(u->load_layer_with(layer, *q), options);
     }
+  }
+  if (!options.parallel.is_trivial()) {
+    parallel_detail::check_sharded_options(options);  // before reading any bytes
+    return parallel_detail::create_sharded(checkpoint.load_shard(layer, options.parallel), options);
   }
   return create(checkpoint.load_layer(layer), options);
 }

@@ -75,7 +75,23 @@ struct LayerRunRequest {
   RoutingSource routing_source = RoutingSource::Auto;
   bool reference = true;         // compare against the unquantized fp32 layer
   bool quiet_load = false;       // no "loaded ..." line (demo prints its own)
+  int ep = 1, tp = 1;            // > 1: also run the ep x tp ranks' shards on the cpu and compare (run_parallel.cpp)
 };
+
+// `run --ep/--tp`: every rank's shard loaded on its own (Checkpoint::load_shard) and run one after another on
+// the CPU; their sum (all-reduce) and their fixed-order combine against the unsharded layer's out.
+struct ParallelRunResult {
+  int ep = 1, tp = 1;
+  size_t max_rank_bytes = 0, total_bytes = 0;  // packed weight bytes per rank (max) and over all ranks
+  double seconds = 0;
+  Accuracy allreduce, combined;                // vs the unsharded out
+  bool allreduce_bitwise = false, combined_bitwise = false;
+  std::vector<float> out;                      // [T, H] the fixed-order combine
+};
+ParallelRunResult run_parallel_on_cpu(const Checkpoint& checkpoint, int layer, Mode mode, int ep, int tp,
+                                      const std::vector<uint16_t>& hidden_bf16, int64_t tokens,
+                                      const std::vector<int32_t>& topk_ids, const std::vector<float>& topk_weights,
+                                      const std::vector<float>& unsharded_out);
 
 struct LayerRunResult {
   MoeSpec spec;
@@ -86,6 +102,7 @@ struct LayerRunResult {
   std::string input_desc;        // "random hidden (seed 1), router logits = hidden . router^T"
   std::optional<Accuracy> accuracy;
   std::vector<float> out;        // [T, H]
+  std::optional<ParallelRunResult> parallel;  // request.ep * request.tp > 1
 };
 
 // Validates the request and the input file against the checkpoint's layer, loads the layer, runs it once

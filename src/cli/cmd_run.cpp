@@ -215,6 +215,15 @@ LayerRunResult run_layer(const Checkpoint& checkpoint, const LayerRunRequest& re
   // Everything cheap is checked before anything is loaded.
   find_moe_layer(checkpoint, req.layer);
   const MoeSpec spec = checkpoint.spec(req.layer);
+  const bool sharded = req.ep * req.tp > 1;
+  if (sharded) {
+    NVFP4MOE_CHECK(req.ep >= 1 && req.tp >= 1, ArgumentError, "--ep/--tp: expected >= 1, got ", req.ep, "/", req.tp);
+    NVFP4MOE_CHECK(req.backend == Backend::Cpu, ArgumentError, "--ep ", req.ep, " --tp ", req.tp,
+                   " with --backend cuda: the multi-GPU run (one process per GPU over NCCL) is not built yet "
+                   "(issue 6: blocked, no multi-GPU machine to run it on); use --backend cpu, which runs every "
+                   "rank's shard on the CPU and compares");
+    for (int r = 0; r < req.ep * req.tp; ++r) plan_shard(spec, ParallelConfig::of_rank(req.ep, req.tp, r));
+  }
   check_backend(req.backend);
   if (!req.output_path.empty()) check_output_path(req.output_path);
 
@@ -303,20 +312,25 @@ LayerRunResult run_layer(const Checkpoint& checkpoint, const LayerRunRequest& re
   }
 
   if (req.reference) res.accuracy = compare(res.out.data(), ref.data(), res.out.size());
+  if (sharded)
+    res.parallel = run_parallel_on_cpu(checkpoint, req.layer, req.mode, req.ep, req.tp, in.hidden_bf16, T, in.topk_ids,
+                                       in.topk_weights, res.out);
 
   if (!req.output_path.empty()) {
     io::TensorToWrite t;
     t.name = "out";
     t.dtype = DType::F32;
     t.shape = {T, H};
-    const float* src = res.out.data();
+    const float* src = res.parallel ? res.parallel->out.data() : res.out.data();  // --ep/--tp: the ranks' combine
     t.fill = [src](uint8_t* dst, size_t nbytes) { std::memcpy(dst, src, nbytes); };
     io::write_safetensors(req.output_path, {t},
                           {{"producer", "nvfp4moe run"},
                            {"checkpoint", checkpoint.path()},
                            {"layer", std::to_string(req.layer)},
                            {"mode", mode_name(req.mode)},
-                           {"backend", backend_name(req.backend)}});
+                           {"backend", backend_name(req.backend)},
+                           {"ep", std::to_string(req.ep)},
+                           {"tp", std::to_string(req.tp)}});
   }
   return res;
 }
@@ -349,6 +363,13 @@ Command add_run_command(CLI::App& parent) {
       ->check(CLI::IsMember({"auto", "router", "logits"}))
       ->excludes(input);
   app->add_flag("--no-reference", o->no_reference, "Skip the fp32 reference (no accuracy report)");
+  app->add_option("--ep", o->req.ep,
+                  "Expert-parallel ranks (cpu backend: each rank's shard loaded on its own and run in this "
+                  "process, sum compared with the unsharded layer; --output then holds the ranks' combine). "
+                  "The multi-GPU NCCL launch is not built yet (docs/parallel.md)")
+      ->check(CLI::PositiveNumber);
+  app->add_option("--tp", o->req.tp, "Tensor-parallel ranks (split of the intermediate dimension; as --ep)")
+      ->check(CLI::PositiveNumber);
 
   return {app, [o] {
             LayerRunRequest req = o->req;
@@ -369,6 +390,19 @@ Command add_run_command(CLI::App& parent) {
                         format_seconds(r.forward_seconds).c_str());
             if (r.accuracy)
               std::printf("accuracy vs unquantized fp32 layer (same routing): %s\n", describe(*r.accuracy).c_str());
+            if (r.parallel) {
+              const ParallelRunResult& p = *r.parallel;
+              std::printf("parallel: ep %d x tp %d = %d ranks on the cpu, one after another; each loaded only its "
+                          "shard (max %s per rank, %s in all) in %s\n",
+                          p.ep, p.tp, p.ep * p.tp, format_bytes(p.max_rank_bytes).c_str(),
+                          format_bytes(p.total_bytes).c_str(), format_seconds(p.seconds).c_str());
+              std::printf("  sum of rank outputs (all-reduce) vs unsharded: %s%s\n",
+                          p.allreduce_bitwise ? "bitwise equal" : describe(p.allreduce).c_str(),
+                          p.allreduce_bitwise ? "" : " (fp32 reassociation)");
+              std::printf("  fixed-order combine (EP dispatch/combine) vs unsharded: %s%s\n",
+                          p.combined_bitwise ? "bitwise equal" : describe(p.combined).c_str(),
+                          p.combined_bitwise ? "" : (p.tp > 1 ? " (TP splits GEMM2's K sum)" : " (UNEXPECTED for tp 1)"));
+            }
             if (!req.output_path.empty())
               std::printf("wrote: %s (out F32[%lld, %lld])\n", req.output_path.c_str(), static_cast<long long>(r.tokens),
                           static_cast<long long>(r.spec.hidden));

@@ -266,8 +266,11 @@ void check_ids(const MoeSpec& spec, const int32_t* ids, int64_t tokens) {
 }
 
 // The layer over tokens [t0, t0 + n). out rows t0.. are written.
+// slot_y (optional, [T, K, H]): instead of combining, write each pair's y row to slot_y[t, j] (rows of unused
+// slots untouched) and the shared expert's contribution (gate * y_shared, or y_shared) to shared_y [T, H].
 void forward_chunk(const MoeWeights& w, Path path, const uint16_t* hidden_bf16, const float* hidden_f32, int64_t t0,
-                   int64_t n, const int32_t* ids, const float* topk_w, float* out, CalibrationStats* cal) {
+                   int64_t n, const int32_t* ids, const float* topk_w, float* out, CalibrationStats* cal,
+                   float* slot_y = nullptr, float* shared_y = nullptr) {
   const MoeSpec& spec = w.spec;
   const int64_t H = spec.hidden, K = spec.top_k, E = spec.num_experts;
   // Group the (token, slot) pairs by expert, stable in token order; pos[t*K + j] = row of the pair (or -1).
@@ -320,6 +323,18 @@ void forward_chunk(const MoeWeights& w, Path path, const uint16_t* hidden_bf16, 
       }
       gate = 1.0f / (1.0f + std::exp(-d));
     }
+    if (slot_y) {
+      for (int64_t j = 0; j < K; ++j) {
+        const int64_t r = pos[i * K + j];
+        if (r >= 0) std::memcpy(slot_y + (t * K + j) * H, y.data() + r * H, static_cast<size_t>(H) * 4);
+      }
+      if (w.has_shared() && shared_y) {
+        const float* yr = ys.data() + i * H;
+        float* so = shared_y + t * H;
+        for (int64_t c = 0; c < H; ++c) so[c] = gated_shared ? gate * yr[c] : yr[c];
+      }
+      continue;
+    }
     float* o = out + t * H;
     for (int64_t c = 0; c < H; ++c) o[c] = 0.0f;
     for (int64_t j = 0; j < K; ++j) {
@@ -340,7 +355,8 @@ void forward_chunk(const MoeWeights& w, Path path, const uint16_t* hidden_bf16, 
 }
 
 void forward_impl(const MoeWeights& w, Path path, const uint16_t* hidden_bf16, const float* hidden_f32, int64_t tokens,
-                  const int32_t* ids, const float* topk_w, float* out, CalibrationStats* cal) {
+                  const int32_t* ids, const float* topk_w, float* out, CalibrationStats* cal,
+                  float* slot_y = nullptr, float* shared_y = nullptr) {
   NVFP4MOE_CHECK(tokens >= 0, ArgumentError, "tokens: expected >= 0, got ", tokens);
   if (tokens == 0) return;
   check_ids(w.spec, ids, tokens);
@@ -354,7 +370,8 @@ void forward_impl(const MoeWeights& w, Path path, const uint16_t* hidden_bf16, c
     fit(cal->shared_gemm2_amax, w.has_shared() ? 1 : 0);
   }
   for (int64_t t0 = 0; t0 < tokens; t0 += kChunk)
-    forward_chunk(w, path, hidden_bf16, hidden_f32, t0, std::min(kChunk, tokens - t0), ids, topk_w, out, cal);
+    forward_chunk(w, path, hidden_bf16, hidden_f32, t0, std::min(kChunk, tokens - t0), ids, topk_w, out, cal, slot_y,
+                  shared_y);
 }
 
 // Index of the largest v[i] over i with ok[i], ties to the lower index; -1 when none (NaN never wins).
@@ -488,6 +505,13 @@ void moe_forward(const MoeWeights& w, Mode mode, const uint16_t* hidden_bf16, in
 void moe_forward_fp32(const MoeWeights& w, const float* hidden, int64_t tokens, const int32_t* topk_ids,
                       const float* topk_weights, float* out) {
   forward_impl(w, Path::F32, nullptr, hidden, tokens, topk_ids, topk_weights, out, nullptr);
+}
+
+void moe_forward_slots(const MoeWeights& w, Mode mode, const uint16_t* hidden_bf16, int64_t tokens,
+                       const int32_t* topk_ids, float* slot_y, float* shared_y) {
+  NVFP4MOE_CHECK(slot_y != nullptr || tokens == 0, ArgumentError, "moe_forward_slots: slot_y is null");
+  forward_impl(w, mode == Mode::W4A4 ? Path::W4A4 : Path::W4A16, hidden_bf16, nullptr, tokens, topk_ids, nullptr,
+               nullptr, nullptr, slot_y, shared_y);
 }
 
 }  // namespace nvfp4moe::cpu

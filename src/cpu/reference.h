@@ -30,6 +30,13 @@ void moe_forward(const MoeWeights& w, Mode mode, const uint16_t* hidden_bf16, in
                  const int32_t* topk_ids, const float* topk_weights, float* out,
                  CalibrationStats* calibration = nullptr);
 
+// The layer up to the combine: slot_y [T, k, H] gets each used slot's expert output y (unweighted; rows of
+// unused slots, id -1, are left untouched), shared_y [T, H] (may be null) the shared expert's contribution
+// (sigmoid gate applied for a gated shared expert) when the layer has one. moe_forward's combine of these
+// (cpu/shard.h combine_slots) is bitwise its out. Used by expert parallel (docs/parallel.md).
+void moe_forward_slots(const MoeWeights& w, Mode mode, const uint16_t* hidden_bf16, int64_t tokens,
+                       const int32_t* topk_ids, float* slot_y, float* shared_y);
+
 // The unquantized fp32 layer over the dequantized weights (code * block scale * weight_scale_2) and
 // unquantized fp32 activations: the accuracy baseline `run` reports against.
 void moe_forward_fp32(const MoeWeights& w, const float* hidden, int64_t tokens, const int32_t* topk_ids,

@@ -375,6 +375,7 @@ class Nvfp4Checkpoint final : public Checkpoint {
   MoeSpec spec(int layer) const override { return info(layer).spec; }
   std::vector<std::string> exclude_modules() const override { return quant_.exclude_modules; }
   MoeWeights load_layer(int layer, const ProgressFn& progress) const override;
+  MoeShard load_shard(int layer, const ParallelConfig& parallel, const ProgressFn& progress) const override;
   std::string inspect() const override;
 
  private:
@@ -801,6 +802,149 @@ MoeWeights Nvfp4Checkpoint::load_layer(int layer, const ProgressFn& progress) co
     throw FormatError(cat(dir_, ": ", lname, ": loaded weights are inconsistent: ", e.what()));
   }
   return w;
+}
+
+// One EP/TP rank's shard (parallel.h): validates and reads only the rank's experts (other experts' tensors
+// must exist in the index, but none of their bytes or scalars are read) and, with TP, only its rows of
+// gate/up and columns of down. Bitwise equal to slice_weights(load_layer(layer), parallel).
+MoeShard Nvfp4Checkpoint::load_shard(int layer, const ParallelConfig& parallel, const ProgressFn& progress) const {
+  const LayerInfo& li = info(layer);
+  const MoeSpec& s = li.spec;
+  const int64_t E = s.num_experts, H = s.hidden, I = s.intermediate;
+  const std::string lname = cat("layer ", layer);
+  MoeShard shard;
+  shard.spec = s;
+  shard.plan = plan_shard(s, parallel);
+  const ShardPlan& plan = shard.plan;
+  shard.local.spec = local_spec(s, plan);
+  for (const auto& [e, projs] : li.t.experts)
+    NVFP4MOE_CHECK(e < E, FormatError, dir_, ": ", lname, ": extra expert ", e, " (tensors ", li.t.prefix, ".experts.", e,
+                   ".*) but config ", model_.file, " says num_experts = ", E, " (expected experts 0..", E - 1, ")");
+  for (int64_t e = 0; e < E; ++e)
+    NVFP4MOE_CHECK(li.t.experts.count(e), FormatError, dir_, ": ", lname, ": missing expert ", e, " (no tensors ",
+                   li.t.prefix, ".experts.", e, ".*; config says num_experts = ", E, ", found ", li.t.experts.size(), ")");
+  auto check_expert = [&](const std::string& base, const ProjMap& projs, const std::string& what, int64_t width) {
+    ExpertScalars x;
+    for (const auto& [p, sufs] : projs) {
+      const bool known = p == li.proj.up || p == li.proj.down || (s.gated() && p == li.proj.gate);
+      NVFP4MOE_CHECK(known, FormatError, dir_, ": ", what, ": unexpected projection ", base, p, ".*");
+    }
+    auto sufs_of = [&](const std::string& p) -> const SuffixSet* {
+      auto it = projs.find(p);
+      return it == projs.end() ? nullptr : &it->second;
+    };
+    if (s.gated()) x.gate = check_proj(li, base + li.proj.gate, what + " " + li.proj.gate, width, H, sufs_of(li.proj.gate));
+    x.up = check_proj(li, base + li.proj.up, what + " " + li.proj.up, width, H, sufs_of(li.proj.up));
+    x.down = check_proj(li, base + li.proj.down, what + " " + li.proj.down, H, width, sufs_of(li.proj.down));
+    return x;
+  };
+  const MoeSpec& ls = shard.local.spec;
+  shard.local.experts.allocate(ls.num_experts, H, ls.intermediate, s.gated());
+  if (plan.has_shared) shard.local.shared.allocate(1, H, ls.shared_intermediate, s.gated());
+  const TensorNaming& nm = quant_.naming;
+  // Rows [i0, i1) of gate and up, columns [i0, i1) of down, straight from the mapping (width = the file's I).
+  auto copy_slice = [&](StackedExperts& dst, int64_t e, const std::string& base, const ExpertScalars& x, int64_t width,
+                        int64_t i0, int64_t i1) {
+    const size_t ue = static_cast<size_t>(e), Il = static_cast<size_t>(i1 - i0);
+    const size_t row = static_cast<size_t>(H / 2), srow = static_cast<size_t>(H / 16);
+    uint8_t* w13 = dst.w13.data() + ue * dst.w13_bytes_per_expert();
+    uint8_t* w13s = dst.w13_scale.data() + ue * dst.w13_scale_bytes_per_expert();
+    size_t half = 0;
+    auto rows = [&](const std::string& p) {
+      std::memcpy(w13 + half * Il * row, files_.get(base + p + nm.weight).data + i0 * row, Il * row);
+      std::memcpy(w13s + half * Il * srow, files_.get(base + p + nm.weight_scale).data + i0 * srow, Il * srow);
+      ++half;
+    };
+    if (dst.gated) {
+      rows(li.proj.gate);
+      dst.w13_gate_scale2[ue] = x.gate.weight_scale_2;
+    }
+    rows(li.proj.up);
+    dst.w13_up_scale2[ue] = x.up.weight_scale_2;
+    dst.w13_input_scale[ue] = dst.gated ? std::max(x.gate.input_scale, x.up.input_scale) : x.up.input_scale;
+    const uint8_t* d = files_.get(base + li.proj.down + nm.weight).data;
+    const uint8_t* ds = files_.get(base + li.proj.down + nm.weight_scale).data;
+    uint8_t* w2 = dst.w2.data() + ue * dst.w2_bytes_per_expert();
+    uint8_t* w2s = dst.w2_scale.data() + ue * dst.w2_scale_bytes_per_expert();
+    for (int64_t n = 0; n < H; ++n) {
+      std::memcpy(w2 + n * (Il / 2), d + n * (width / 2) + i0 / 2, Il / 2);
+      std::memcpy(w2s + n * (Il / 16), ds + n * (width / 16) + i0 / 16, Il / 16);
+    }
+    dst.w2_scale2[ue] = x.down.weight_scale_2;
+    dst.w2_input_scale[ue] = x.down.input_scale;
+  };
+  const size_t total = shard.local.packed_bytes();
+  size_t done = 0;
+  const double t0 = now_s();
+  // Validate the rank's experts first (a throw must not leave an OpenMP region), then copy.
+  std::vector<std::string> bases(static_cast<size_t>(ls.num_experts));
+  std::vector<ExpertScalars> scalars(static_cast<size_t>(ls.num_experts));
+  for (int64_t e = 0; e < ls.num_experts; ++e) {
+    const int64_t g = plan.expert_begin + e;
+    bases[static_cast<size_t>(e)] = cat(li.t.prefix, ".experts.", g, ".");
+    scalars[static_cast<size_t>(e)] = check_expert(bases[static_cast<size_t>(e)], li.t.experts.at(g), cat(lname, " expert ", g), I);
+  }
+  ExpertScalars shared_x;
+  const std::string shared_base = cat(li.t.prefix, ".", li.t.shared_kind, ".");
+  if (plan.has_shared) shared_x = check_expert(shared_base, li.t.shared, lname + " shared expert", s.shared_intermediate);
+#pragma omp parallel for schedule(dynamic, 1) if (total >= (16u << 20))
+  for (int64_t e = 0; e < ls.num_experts; ++e)
+    copy_slice(shard.local.experts, e, bases[static_cast<size_t>(e)], scalars[static_cast<size_t>(e)], I,
+               plan.inter_begin, plan.inter_end);
+  done += shard.local.experts.packed_bytes();
+  if (plan.has_shared) {
+    copy_slice(shard.local.shared, 0, shared_base, shared_x, s.shared_intermediate, plan.shared_begin, plan.shared_end);
+    done += shard.local.shared.packed_bytes();
+  }
+  if (progress && now_s() - t0 >= 1.0) progress(done, total);
+  // The router (replicated), bias and shared-expert gate: as load_layer.
+  if (!li.t.router.empty()) {
+    const io::TensorInfo& router = need(li.t.router, lname + " router");
+    NVFP4MOE_CHECK((router.dtype == DType::BF16 || router.dtype == DType::F32) && router.shape == (std::vector<int64_t>{E, H}),
+                   FormatError, dir_, ": ", lname, ": tensor ", router.name, ": expected BF16 (or F32) ",
+                   shape_str({E, H}), ", got ", dtype_name(router.dtype), " ", shape_str(router.shape));
+    shard.router_weight.resize(static_cast<size_t>(E * H));
+    if (router.dtype == DType::BF16) {
+      std::memcpy(shard.router_weight.data(), router.data, router.nbytes());
+    } else {
+      for (size_t i = 0; i < shard.router_weight.size(); ++i) {
+        float f;
+        std::memcpy(&f, router.data + 4 * i, 4);
+        shard.router_weight[i] = fmt::bf16_from_float(f);
+      }
+    }
+  }
+  if (!li.t.correction_bias.empty()) {
+    const io::TensorInfo& bias = need(li.t.correction_bias, lname);
+    NVFP4MOE_CHECK((bias.dtype == DType::F32 || bias.dtype == DType::BF16) && bias.shape == (std::vector<int64_t>{E}),
+                   FormatError, dir_, ": ", lname, ": tensor ", bias.name, ": expected F32 (or BF16) ", shape_str({E}),
+                   ", got ", dtype_name(bias.dtype), " ", shape_str(bias.shape));
+    shard.router_bias.resize(static_cast<size_t>(E));
+    for (int64_t e = 0; e < E; ++e) {
+      if (bias.dtype == DType::F32) {
+        std::memcpy(&shard.router_bias[static_cast<size_t>(e)], bias.data + 4 * e, 4);
+      } else {
+        uint16_t h;
+        std::memcpy(&h, bias.data + 2 * e, 2);
+        shard.router_bias[static_cast<size_t>(e)] = fmt::bf16_to_float(h);
+      }
+    }
+  }
+  if (plan.has_shared && !li.t.shared_gate.empty()) {
+    const io::TensorInfo& sgate = need(li.t.shared_gate, lname);
+    NVFP4MOE_CHECK(sgate.dtype == DType::BF16 &&
+                       (sgate.shape == (std::vector<int64_t>{1, H}) || sgate.shape == (std::vector<int64_t>{H})),
+                   FormatError, dir_, ": ", lname, ": tensor ", sgate.name, ": expected BF16 ", shape_str({1, H}),
+                   ", got ", dtype_name(sgate.dtype), " ", shape_str(sgate.shape));
+    shard.local.shared_gate_weight.resize(static_cast<size_t>(H));
+    std::memcpy(shard.local.shared_gate_weight.data(), sgate.data, static_cast<size_t>(H) * 2);
+  }
+  try {
+    validate_shard(shard);
+  } catch (const ArgumentError& e) {
+    throw FormatError(cat(dir_, ": ", lname, ": loaded shard is inconsistent: ", e.what()));
+  }
+  return shard;
 }
 
 // ------------------------------------------------------------------ inspect

@@ -1,0 +1,357 @@
+// Expert/tensor-parallel sharding (include/nvfp4moe/parallel.h, docs/parallel.md): the expert map, the TP
+// split of I, slicing MoeWeights into a rank's shard, and the CPU layer of one rank.
+#include "nvfp4moe/parallel.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <mutex>
+#include <sstream>
+
+#include "api/parallel_internal.h"
+#include "cpu/reference.h"
+#include "cpu/shard.h"
+#include "format/nvfp4.h"
+#include "nvfp4moe/checkpoint.h"
+#include "nvfp4moe/error.h"
+
+namespace nvfp4moe {
+
+void ParallelConfig::validate() const {
+  NVFP4MOE_CHECK(ep_size >= 1, ArgumentError, "ParallelConfig.ep_size: expected >= 1, got ", ep_size);
+  NVFP4MOE_CHECK(tp_size >= 1, ArgumentError, "ParallelConfig.tp_size: expected >= 1, got ", tp_size);
+  NVFP4MOE_CHECK(ep_rank >= 0 && ep_rank < ep_size, ArgumentError, "ParallelConfig.ep_rank: expected 0..",
+                 ep_size - 1, " (ep_size ", ep_size, "), got ", ep_rank);
+  NVFP4MOE_CHECK(tp_rank >= 0 && tp_rank < tp_size, ArgumentError, "ParallelConfig.tp_rank: expected 0..",
+                 tp_size - 1, " (tp_size ", tp_size, "), got ", tp_rank);
+}
+
+std::string ParallelConfig::describe() const {
+  std::ostringstream os;
+  os << "rank " << rank() << "/" << world_size() << " (ep " << ep_rank << "/" << ep_size << ", tp " << tp_rank << "/"
+     << tp_size << ")";
+  return os.str();
+}
+
+int64_t ExpertMap::begin(int r) const {
+  const int64_t base = num_experts / ep_size, rem = num_experts % ep_size;
+  return r * base + std::min<int64_t>(r, rem);
+}
+
+int ExpertMap::owner(int64_t e) const {
+  NVFP4MOE_CHECK(e >= 0 && e < num_experts, ArgumentError, "ExpertMap::owner: expert ", e, " outside [0, ",
+                 num_experts, ")");
+  int r = 0;
+  while (end(r) <= e) ++r;
+  return r;
+}
+
+namespace {
+
+// [b, e) of slice r of n into parts equal slices, each a multiple of granule.
+void split_dim(int64_t n, int parts, int r, int64_t granule, const char* what, int64_t* b, int64_t* e) {
+  NVFP4MOE_CHECK(n % parts == 0 && (n / parts) % granule == 0, ArgumentError, "ParallelConfig.tp_size = ", parts,
+                 ": cannot split ", what, " = ", n, " into ", parts, " equal slices on ", granule,
+                 "-element boundaries (", granule == 16 ? "the NVFP4 scale block" : "the GEMM k-tile",
+                 "); expected ", what, " % (", parts, " * ", granule, ") == 0, got ", what, " % ", parts * granule,
+                 " = ", n % (parts * granule));
+  *b = r * (n / parts);
+  *e = *b + n / parts;
+}
+
+}  // namespace
+
+ShardPlan plan_shard(const MoeSpec& spec, const ParallelConfig& pc, int64_t granule) {
+  pc.validate();
+  NVFP4MOE_CHECK(granule >= 16 && granule % 16 == 0, ArgumentError,
+                 "plan_shard: granule must be a positive multiple of 16, got ", granule);
+  NVFP4MOE_CHECK(pc.ep_size <= spec.num_experts, ArgumentError, "ParallelConfig.ep_size = ", pc.ep_size,
+                 ": expected <= num_experts = ", spec.num_experts, " (every EP rank owns at least one expert)");
+  ShardPlan p;
+  p.parallel = pc;
+  p.map.num_experts = spec.num_experts;
+  p.map.ep_size = pc.ep_size;
+  p.expert_begin = p.map.begin(pc.ep_rank);
+  p.expert_end = p.map.end(pc.ep_rank);
+  split_dim(spec.intermediate, pc.tp_size, pc.tp_rank, granule, "intermediate (I)", &p.inter_begin, &p.inter_end);
+  if (spec.shared_intermediate > 0) {
+    int64_t b = 0, e = 0;
+    split_dim(spec.shared_intermediate, pc.tp_size, pc.tp_rank, granule, "shared_intermediate", &b, &e);
+    if (pc.ep_rank == 0) {
+      p.has_shared = true;
+      p.shared_begin = b;
+      p.shared_end = e;
+    }
+  }
+  return p;
+}
+
+MoeSpec local_spec(const MoeSpec& spec, const ShardPlan& plan) {
+  MoeSpec s = spec;
+  s.num_experts = plan.local_experts();
+  s.intermediate = plan.local_intermediate();
+  s.shared_intermediate = plan.local_shared_intermediate();
+  s.shared_expert_gated = plan.has_shared && spec.shared_expert_gated;
+  s.routing = Routing::SoftmaxTopK;  // not routable: ids come localized from the full layer's routing
+  s.n_group = 1;
+  s.topk_group = 1;
+  s.has_router_bias = false;
+  return s;
+}
+
+namespace {
+void check_local_experts(const StackedExperts& x, const char* what, int64_t e, int64_t h, int64_t i, bool gated) {
+  NVFP4MOE_CHECK(x.num_experts == e && x.hidden == h && x.intermediate == i && x.gated == gated, ArgumentError, what,
+                 ": expected E ", e, ", H ", h, ", I ", i, gated ? " gated" : " non-gated", ", got E ", x.num_experts,
+                 ", H ", x.hidden, ", I ", x.intermediate, x.gated ? " gated" : " non-gated");
+  const size_t ue = static_cast<size_t>(e);
+  auto bytes = [&](const char* f, size_t got, size_t want) {
+    NVFP4MOE_CHECK(got == want, ArgumentError, what, ".", f, ": expected ", want, " bytes, got ", got);
+  };
+  bytes("w13", x.w13.size(), ue * x.w13_bytes_per_expert());
+  bytes("w13_scale", x.w13_scale.size(), ue * x.w13_scale_bytes_per_expert());
+  bytes("w2", x.w2.size(), ue * x.w2_bytes_per_expert());
+  bytes("w2_scale", x.w2_scale.size(), ue * x.w2_scale_bytes_per_expert());
+  auto scales = [&](const char* f, const std::vector<float>& v, size_t want, bool nan_ok) {
+    NVFP4MOE_CHECK(v.size() == want, ArgumentError, what, ".", f, ": expected ", want, " values, got ", v.size());
+    for (size_t k = 0; k < v.size(); ++k)
+      NVFP4MOE_CHECK((nan_ok && std::isnan(v[k])) || (v[k] > 0.0f && v[k] < 3.4e38f), ArgumentError, what, ".", f,
+                     "[", k, "] must be finite and > 0, got ", v[k]);
+  };
+  scales("w13_gate_scale2", x.w13_gate_scale2, gated ? ue : 0, false);
+  scales("w13_up_scale2", x.w13_up_scale2, ue, false);
+  scales("w13_input_scale", x.w13_input_scale, ue, true);  // NaN: a W4A16 checkpoint (no input scales)
+  scales("w2_scale2", x.w2_scale2, ue, false);
+  scales("w2_input_scale", x.w2_input_scale, ue, true);
+}
+}  // namespace
+
+namespace parallel_detail {
+
+void slice_expert(const StackedExperts& src, int64_t e_src, StackedExperts& dst, int64_t e_dst, int64_t i0,
+                  int64_t i1) {
+  const int64_t H = src.hidden, I = src.intermediate, Il = i1 - i0;
+  const size_t se = static_cast<size_t>(e_src), de = static_cast<size_t>(e_dst);
+  const uint8_t* w13 = src.w13.data() + se * src.w13_bytes_per_expert();
+  const uint8_t* w13s = src.w13_scale.data() + se * src.w13_scale_bytes_per_expert();
+  uint8_t* d13 = dst.w13.data() + de * dst.w13_bytes_per_expert();
+  uint8_t* d13s = dst.w13_scale.data() + de * dst.w13_scale_bytes_per_expert();
+  const size_t row = static_cast<size_t>(H / 2), srow = static_cast<size_t>(H / 16);
+  const int halves = src.gated ? 2 : 1;
+  for (int h = 0; h < halves; ++h) {  // gate rows i0..i1-1 (then up rows I+i0..), contiguous per half
+    std::memcpy(d13 + h * Il * row, w13 + (h * I + i0) * row, Il * row);
+    std::memcpy(d13s + h * Il * srow, w13s + (h * I + i0) * srow, Il * srow);
+  }
+  const uint8_t* w2 = src.w2.data() + se * src.w2_bytes_per_expert();
+  const uint8_t* w2s = src.w2_scale.data() + se * src.w2_scale_bytes_per_expert();
+  uint8_t* d2 = dst.w2.data() + de * dst.w2_bytes_per_expert();
+  uint8_t* d2s = dst.w2_scale.data() + de * dst.w2_scale_bytes_per_expert();
+  for (int64_t n = 0; n < H; ++n) {  // columns i0..i1-1 of every row of w2
+    std::memcpy(d2 + n * (Il / 2), w2 + n * (I / 2) + i0 / 2, static_cast<size_t>(Il / 2));
+    std::memcpy(d2s + n * (Il / 16), w2s + n * (I / 16) + i0 / 16, static_cast<size_t>(Il / 16));
+  }
+  if (src.gated) dst.w13_gate_scale2[de] = src.w13_gate_scale2[se];
+  dst.w13_up_scale2[de] = src.w13_up_scale2[se];
+  dst.w13_input_scale[de] = src.w13_input_scale[se];
+  dst.w2_scale2[de] = src.w2_scale2[se];
+  dst.w2_input_scale[de] = src.w2_input_scale[se];
+}
+
+}  // namespace parallel_detail
+
+MoeShard slice_weights(const MoeWeights& full, const ParallelConfig& pc, int64_t granule) {
+  // MoeWeights::validate() minus its positivity check of the input scales: NaN = none (a W4A16 checkpoint),
+  // which MoeLayer::create handles per mode.
+  full.spec.validate();
+  check_local_experts(full.experts, "MoeWeights.experts", full.spec.num_experts, full.spec.hidden,
+                      full.spec.intermediate, full.spec.gated());
+  if (full.spec.shared_intermediate > 0)
+    check_local_experts(full.shared, "MoeWeights.shared", 1, full.spec.hidden, full.spec.shared_intermediate,
+                        full.spec.gated());
+  NVFP4MOE_CHECK(full.router_bias.size() == (full.spec.has_router_bias ? static_cast<size_t>(full.spec.num_experts) : 0u),
+                 ArgumentError, "MoeWeights.router_bias: expected ", full.spec.has_router_bias ? full.spec.num_experts : 0,
+                 " values, got ", full.router_bias.size());
+  NVFP4MOE_CHECK(full.shared_gate_weight.size() ==
+                     (full.spec.shared_expert_gated ? static_cast<size_t>(full.spec.hidden) : 0u),
+                 ArgumentError, "MoeWeights.shared_gate_weight: expected ", full.spec.shared_expert_gated ? full.spec.hidden : 0,
+                 " values, got ", full.shared_gate_weight.size());
+  MoeShard s;
+  s.spec = full.spec;
+  s.plan = plan_shard(full.spec, pc, granule);
+  s.local.spec = local_spec(full.spec, s.plan);
+  const MoeSpec& ls = s.local.spec;
+  s.local.experts.allocate(ls.num_experts, ls.hidden, ls.intermediate, ls.gated());
+  for (int64_t e = 0; e < ls.num_experts; ++e)
+    parallel_detail::slice_expert(full.experts, s.plan.expert_begin + e, s.local.experts, e, s.plan.inter_begin,
+                                  s.plan.inter_end);
+  if (s.plan.has_shared) {
+    s.local.shared.allocate(1, ls.hidden, ls.shared_intermediate, ls.gated());
+    parallel_detail::slice_expert(full.shared, 0, s.local.shared, 0, s.plan.shared_begin, s.plan.shared_end);
+    if (ls.shared_expert_gated) s.local.shared_gate_weight = full.shared_gate_weight;
+  }
+  s.router_weight = full.router_weight;
+  s.router_bias = full.router_bias;
+  return s;
+}
+
+
+void validate_shard(const MoeShard& s) {
+  s.spec.validate();
+  const ShardPlan want = plan_shard(s.spec, s.plan.parallel, 16);
+  NVFP4MOE_CHECK(want.expert_begin == s.plan.expert_begin && want.expert_end == s.plan.expert_end &&
+                     want.inter_begin == s.plan.inter_begin && want.inter_end == s.plan.inter_end &&
+                     want.has_shared == s.plan.has_shared && want.shared_begin == s.plan.shared_begin &&
+                     want.shared_end == s.plan.shared_end,
+                 ArgumentError, "MoeShard.plan: does not match plan_shard(spec, ", s.plan.parallel.describe(), ")");
+  // The local weights against the local spec: MoeWeights::validate() minus the routing checks (a shard may
+  // own fewer experts than top_k).
+  const MoeSpec& probe_spec = s.local.spec;
+  const MoeSpec want_local = local_spec(s.spec, s.plan);
+  NVFP4MOE_CHECK(probe_spec.num_experts == want_local.num_experts && probe_spec.intermediate == want_local.intermediate &&
+                     probe_spec.shared_intermediate == want_local.shared_intermediate &&
+                     probe_spec.hidden == want_local.hidden && probe_spec.top_k == want_local.top_k,
+                 ArgumentError, "MoeShard.local.spec: expected local_spec(spec, plan) (E ", want_local.num_experts, ", I ",
+                 want_local.intermediate, ", shared I ", want_local.shared_intermediate, "), got E ",
+                 probe_spec.num_experts, ", I ", probe_spec.intermediate, ", shared I ",
+                 probe_spec.shared_intermediate);
+  check_local_experts(s.local.experts, "MoeShard.local.experts", want_local.num_experts, want_local.hidden,
+                      want_local.intermediate, want_local.gated());
+  if (want_local.shared_intermediate > 0)
+    check_local_experts(s.local.shared, "MoeShard.local.shared", 1, want_local.hidden, want_local.shared_intermediate,
+                        want_local.gated());
+  else
+    NVFP4MOE_CHECK(s.local.shared.num_experts == 0, ArgumentError, "MoeShard.local.shared: the rank holds no shared "
+                   "expert slice but shared.num_experts = ", s.local.shared.num_experts);
+  NVFP4MOE_CHECK(s.local.shared_gate_weight.size() == (want_local.shared_expert_gated ? static_cast<size_t>(want_local.hidden) : 0u),
+                 ArgumentError, "MoeShard.local.shared_gate_weight: expected ",
+                 want_local.shared_expert_gated ? want_local.hidden : 0, " values, got ", s.local.shared_gate_weight.size());
+  const size_t E = static_cast<size_t>(s.spec.num_experts), H = static_cast<size_t>(s.spec.hidden);
+  NVFP4MOE_CHECK(s.router_weight.empty() || s.router_weight.size() == E * H, ArgumentError,
+                 "MoeShard.router_weight: expected [E, H] = ", E * H, " values, got ", s.router_weight.size());
+  NVFP4MOE_CHECK(s.router_bias.size() == (s.spec.has_router_bias ? E : 0u), ArgumentError,
+                 "MoeShard.router_bias: expected ", s.spec.has_router_bias ? E : 0u, " values, got ",
+                 s.router_bias.size());
+}
+
+MoeShard Checkpoint::load_shard(int layer, const ParallelConfig& parallel, const ProgressFn& progress) const {
+  // Generic fallback (formats without a shard-aware loader): the whole layer, then the slice.
+  return slice_weights(load_layer(layer, progress), parallel);
+}
+
+namespace {
+
+// One rank of a sharded layer on the CPU: forward() writes the rank's partial output (sum over ranks = the
+// layer). Routing over all E experts with the replicated router bias.
+class ShardedCpuMoeLayer final : public MoeLayer {
+ public:
+  ShardedCpuMoeLayer(MoeShard s, const MoeLayerOptions& options) : s_(std::move(s)), options_(options) {}
+
+  const MoeSpec& spec() const override { return s_.spec; }
+  const MoeLayerOptions& options() const override { return options_; }
+  size_t weight_bytes() const override { return s_.local.packed_bytes(); }
+  size_t workspace_bytes() const override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return hidden_.capacity() * 2 + ids_.capacity() * 4 + weights_.capacity() * 4 + out_.capacity() * 4;
+  }
+
+  void forward(const TensorRef& hidden, const RoutingArgs& routing, const TensorRef& out, void*) override {
+    validate_forward_args(s_.spec, options_, hidden, routing, out, DeviceType::CPU);
+    const int64_t T = hidden.dim(0), H = s_.spec.hidden, K = s_.spec.top_k;
+    if (T == 0) return;
+    std::lock_guard<std::mutex> lock(mu_);
+    const size_t th = static_cast<size_t>(T * H), tk = static_cast<size_t>(T * K);
+    const uint16_t* x = static_cast<const uint16_t*>(hidden.data);
+    if (hidden.dtype == DType::F32) {
+      hidden_.resize(std::max(hidden_.size(), th));
+      const float* src = static_cast<const float*>(hidden.data);
+      for (size_t i = 0; i < th; ++i) hidden_[i] = fmt::bf16_from_float(src[i]);
+      x = hidden_.data();
+    }
+    const int32_t* ids = nullptr;
+    const float* ws = nullptr;
+    if (routing.router_logits) {
+      ids_.resize(std::max(ids_.size(), tk));
+      weights_.resize(std::max(weights_.size(), tk));
+      cpu::route(s_.spec, static_cast<const float*>(routing.router_logits->data),
+                 s_.router_bias.empty() ? nullptr : s_.router_bias.data(), T, ids_.data(), weights_.data());
+      ids = ids_.data();
+      ws = weights_.data();
+    } else {
+      ids = static_cast<const int32_t*>(routing.topk_ids->data);
+      ws = static_cast<const float*>(routing.topk_weights->data);
+    }
+    float* y = static_cast<float*>(out.data);
+    if (out.dtype == DType::BF16) {
+      out_.resize(std::max(out_.size(), th));
+      y = out_.data();
+    }
+    cpu::shard_forward(s_, options_.mode, x, T, ids, ws, y);
+    if (out.dtype == DType::BF16) {
+      uint16_t* o = static_cast<uint16_t*>(out.data);
+      for (size_t i = 0; i < th; ++i) o[i] = fmt::bf16_from_float(out_[i]);
+    }
+  }
+
+  void begin_calibration() override { refuse_calibration(); }
+  void end_calibration() override { refuse_calibration(); }
+
+ private:
+  static void refuse_calibration() {
+    throw ArgumentError(
+        "calibration: not supported on a sharded layer (MoeLayerOptions.parallel is not 1x1): the input scales "
+        "need a max over every rank's activations (an all-reduce, planned with NCCL); calibrate the unsharded "
+        "layer (`nvfp4moe calibrate`) and shard the calibrated checkpoint");
+  }
+  MoeShard s_;
+  MoeLayerOptions options_;
+  mutable std::mutex mu_;
+  std::vector<uint16_t> hidden_;
+  std::vector<int32_t> ids_;
+  std::vector<float> weights_;
+  std::vector<float> out_;
+};
+
+}  // namespace
+
+namespace parallel_detail {
+
+void check_sharded_options(const MoeLayerOptions& options) {
+  options.parallel.validate();
+  NVFP4MOE_CHECK(options.backend == Backend::Cpu, ArgumentError, "MoeLayerOptions.parallel: ",
+                 options.parallel.describe(), " on the ", backend_name(options.backend),
+                 " backend: expected backend cpu (the sharded CUDA layer over NCCL is not built yet: issue 6, "
+                 "docs/parallel.md)");
+  NVFP4MOE_CHECK(!options.shared_max_input_scale, ArgumentError,
+                 "MoeLayerOptions.shared_max_input_scale: not supported with MoeLayerOptions.parallel = ",
+                 options.parallel.describe(), " (the max over every rank's experts needs an all-reduce)");
+  NVFP4MOE_CHECK(options.max_tokens >= 0, ArgumentError, "MoeLayerOptions.max_tokens: expected >= 0, got ",
+                 options.max_tokens);
+}
+
+std::unique_ptr<MoeLayer> create_sharded(MoeShard shard, const MoeLayerOptions& options) {
+  check_sharded_options(options);
+  const ParallelConfig& a = options.parallel;
+  const ParallelConfig& b = shard.plan.parallel;
+  NVFP4MOE_CHECK(a.ep_size == b.ep_size && a.ep_rank == b.ep_rank && a.tp_size == b.tp_size && a.tp_rank == b.tp_rank,
+                 ArgumentError, "MoeLayerOptions.parallel: ", a.describe(), " but the shard is ", b.describe());
+  // NaN input scales: the checkpoint has none (W4A16); as MoeLayer::create for the unsharded layer.
+  for (auto* v : {&shard.local.experts.w13_input_scale, &shard.local.experts.w2_input_scale,
+                  &shard.local.shared.w13_input_scale, &shard.local.shared.w2_input_scale})
+    for (float& x : *v)
+      if (std::isnan(x)) {
+        NVFP4MOE_CHECK(options.mode != Mode::W4A4, ArgumentError, "MoeLayerOptions.mode: layer ", shard.spec.layer,
+                       " has no activation input scales (a W4A16 checkpoint); expected w4a16, or input scales "
+                       "from `nvfp4moe calibrate`, got w4a4");
+        x = 1.0f;
+      }
+  validate_shard(shard);
+  return std::make_unique<ShardedCpuMoeLayer>(std::move(shard), options);
+}
+
+}  // namespace parallel_detail
+
+std::unique_ptr<MoeLayer> create_moe_layer_shard(MoeShard shard, const MoeLayerOptions& options) {
+  return parallel_detail::create_sharded(std::move(shard), options);
+}
+
+}  // namespace nvfp4moe
