@@ -375,7 +375,12 @@ class PyCheckpoint {
   std::string inspect() const { return get().inspect(); }
   std::vector<std::string> exclude_modules() const { return get().exclude_modules(); }
   std::string format() const {
-    return get().format() == nvfp4moe::CheckpointFormat::ModelOpt ? "modelopt" : "compressed-tensors";
+    switch (get().format()) {
+      case nvfp4moe::CheckpointFormat::ModelOpt: return "modelopt";
+      case nvfp4moe::CheckpointFormat::CompressedTensors: return "compressed-tensors";
+      case nvfp4moe::CheckpointFormat::Bf16: return "bf16";
+    }
+    return "unknown";
   }
 
  private:

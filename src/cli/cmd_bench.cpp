@@ -29,6 +29,8 @@
 
 #ifdef NVFP4MOE_WITH_CUDA
 #include <cuda_runtime.h>
+
+#include "cuda/cuda_layer.h"
 #endif
 
 namespace nvfp4moe::cli {
@@ -359,6 +361,10 @@ void run_on_device(const BenchOpts& o, const BenchPlan& p, json& doc) {
                  "host-side accounting only)");
   ck(cudaSetDevice(o.device), "cudaSetDevice");
   doc["gpu"] = gpu_json(o.device);
+  // Which grouped GEMM produced the numbers (NVFP4MOE_GEMM selects it; refused if unknown, before any work).
+  const char* gemm = cuda::gemm_path_name(cuda::gemm_path_from_env());
+  doc["gemm"] = gemm;
+  std::printf("bench: grouped GEMM %s\n", gemm);
   const auto t_start = std::chrono::steady_clock::now();
   const MoeSpec& spec = p.spec;
   const int64_t H = spec.hidden, E = spec.num_experts, maxT = p.tokens.back();

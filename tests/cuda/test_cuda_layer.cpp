@@ -30,6 +30,7 @@
 #include "format/nvfp4.h"
 #include "nvfp4moe/error.h"
 #include "nvfp4moe/moe.h"
+#include "support/test_support.h"
 
 namespace nvfp4moe::cuda {
 namespace {
@@ -182,28 +183,6 @@ MoeWeights make_weights(const LayerDims& d, uint64_t seed) {
 
 // A host copy of the weights (MoeWeights moves into the layer): for the oracles.
 using HostLayer = MoeWeights;
-HostLayer host_copy(const MoeWeights& w) {
-  HostLayer h;
-  h.spec = w.spec;
-  auto cp = [](const StackedExperts& s, StackedExperts& d) {
-    if (s.num_experts == 0) return;
-    d.allocate(s.num_experts, s.hidden, s.intermediate, s.gated);
-    std::memcpy(d.w13.data(), s.w13.data(), s.w13.size());
-    std::memcpy(d.w13_scale.data(), s.w13_scale.data(), s.w13_scale.size());
-    std::memcpy(d.w2.data(), s.w2.data(), s.w2.size());
-    std::memcpy(d.w2_scale.data(), s.w2_scale.data(), s.w2_scale.size());
-    d.w13_gate_scale2 = s.w13_gate_scale2;
-    d.w13_up_scale2 = s.w13_up_scale2;
-    d.w13_input_scale = s.w13_input_scale;
-    d.w2_scale2 = s.w2_scale2;
-    d.w2_input_scale = s.w2_input_scale;
-  };
-  cp(w.experts, h.experts);
-  cp(w.shared, h.shared);
-  h.router_bias = w.router_bias;
-  h.shared_gate_weight = w.shared_gate_weight;
-  return h;
-}
 
 // ------------------------------------------------------------------------------------ CPU oracle
 // Routing, nvfp4-format.md section 7 (ties to the lower expert id, slots by descending score).
@@ -416,7 +395,7 @@ struct Harness {
         weights(max_t * d.k),
         out(max_t * d.H) {
     MoeWeights w = make_weights(d, seed);
-    host = host_copy(w);
+    host = test::clone_weights(w);
     MoeLayerOptions o;
     o.backend = Backend::Cuda;
     o.mode = mode;
@@ -1075,7 +1054,7 @@ TEST(CudaLayer, PublicApiCudaVsCpuBackend) {
   for (Mode mode : {Mode::W4A16, Mode::W4A4}) {
     const int64_t T = 65, H = kSmallSigmoid.H, E = kSmallSigmoid.E;
     MoeWeights w = make_weights(kSmallSigmoid, 31);
-    MoeWeights wc = host_copy(w);
+    MoeWeights wc = test::clone_weights(w);
     MoeLayerOptions o;
     o.mode = mode;
     o.max_tokens = 128;

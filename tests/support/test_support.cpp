@@ -114,6 +114,30 @@ void fill_experts(StackedExperts& s, int64_t E, int64_t H, int64_t I, bool gated
 
 }  // namespace
 
+MoeWeights clone_weights(const MoeWeights& w) {
+  auto copy = [](const StackedExperts& s, StackedExperts& d) {
+    if (s.num_experts == 0) return;
+    d.allocate(s.num_experts, s.hidden, s.intermediate, s.gated);
+    std::memcpy(d.w13.data(), s.w13.data(), s.w13.size());
+    std::memcpy(d.w13_scale.data(), s.w13_scale.data(), s.w13_scale.size());
+    std::memcpy(d.w2.data(), s.w2.data(), s.w2.size());
+    std::memcpy(d.w2_scale.data(), s.w2_scale.data(), s.w2_scale.size());
+    d.w13_gate_scale2 = s.w13_gate_scale2;
+    d.w13_up_scale2 = s.w13_up_scale2;
+    d.w13_input_scale = s.w13_input_scale;
+    d.w2_scale2 = s.w2_scale2;
+    d.w2_input_scale = s.w2_input_scale;
+  };
+  MoeWeights c;
+  c.spec = w.spec;
+  copy(w.experts, c.experts);
+  copy(w.shared, c.shared);
+  c.router_weight = w.router_weight;
+  c.router_bias = w.router_bias;
+  c.shared_gate_weight = w.shared_gate_weight;
+  return c;
+}
+
 MoeWeights random_weights(const MoeSpec& spec, const RandomWeightsOptions& o) {
   spec.validate();
   MoeWeights w;

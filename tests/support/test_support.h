@@ -58,6 +58,8 @@ struct RandomWeightsOptions {
 // A valid MoeWeights for `spec` (which must itself be valid). Deterministic in options.seed (each expert has
 // its own generator, so the result does not depend on the OpenMP thread count).
 MoeWeights random_weights(const MoeSpec& spec, const RandomWeightsOptions& options = {});
+// A deep copy (MoeWeights is move-only: one packed copy per layer), for tests that build two layers from one set.
+MoeWeights clone_weights(const MoeWeights& w);
 
 // Quantizes one fp32 weight matrix w [rows, cols] (cols % 16 == 0) with the given weight_scale_2 into packed
 // codes [rows, cols/2] and block scales [rows, cols/16] (the exporter's section-3 quantizer).

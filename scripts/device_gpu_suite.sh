@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# ONE device call for every GPU suite, on binaries built here and carried in .carry/ (nothing is built for the
+# C++ suites on the device): the cuda layer, the sm90 grouped GEMM, the GPU weight quantizer (+ its timing of
+# a deepseek-v3-shaped layer on the GPU and on the CPU), the stress suite, compute-sanitizer over a subset,
+# then the Python package built there against its torch (scripts/device_python_gpu.sh) and a CLI smoke run.
+# Each step has its own timeout so that one hang cannot eat the call; logs go to $OUT as <sha>-<suite>.log.
+#
+#   NVFP4MOE_GIT_SHA=<sha> OUT=out bash scripts/device_gpu_suite.sh
+# Env: CARRY (.carry), STEPS (default "layer gemm quant stress sanitizer python cli").
+set -u -o pipefail
+OUT=${OUT:-out}
+mkdir -p "$OUT"
+CARRY=${CARRY:-.carry}
+SHA=${NVFP4MOE_GIT_SHA:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
+STEPS=${STEPS:-layer gemm quant stress sanitizer python cli}
+export LD_LIBRARY_PATH=$PWD/$CARRY:${LD_LIBRARY_PATH:-}
+export NVFP4MOE_TEST_DATA=$PWD/tests/data
+export NVFP4MOE_CLI=$PWD/$CARRY/nvfp4moe
+export NCCL_NVLS_ENABLE=0
+SAN=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+T0=$SECONDS
+status=0
+summary() { echo "[$(( SECONDS - T0 ))s] $*" | tee -a "$OUT/$SHA-summary.log"; }
+suite() {  # suite NAME TIMEOUT BINARY ARGS...
+  local name=$1 limit=$2; shift 2
+  timeout "$limit" "$@" --gtest_color=no > "$OUT/$SHA-$name.log" 2>&1
+  local rc=$?
+  summary "$name: exit $rc; $(grep -E '^\[  (PASSED|FAILED)  \]|tests ran' "$OUT/$SHA-$name.log" | tr '\n' ' ')"
+  [ "$rc" = 0 ] || status=1
+}
+has() { case " $STEPS " in *" $1 "*) return 0;; esac; return 1; }
+
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,clocks.mem --format=csv > "$OUT/$SHA-gpu-info.log" 2>&1
+summary "git $SHA on $(head -2 "$OUT/$SHA-gpu-info.log" | tail -1)"
+
+has layer && suite cuda-layer 240 "$CARRY/cuda_test_cuda_layer"
+has gemm && suite sm90-gemm 150 "$CARRY/cuda_test_sm90_grouped_gemm"
+has quant && NVFP4MOE_QUANT_CPU_EXPERTS=${NVFP4MOE_QUANT_CPU_EXPERTS:-32} suite weight-quant 150 "$CARRY/cuda_test_weight_quant"
+has stress && suite cuda-stress 240 "$CARRY/cuda_test_cuda_stress"
+
+if has sanitizer; then
+  SUB='Modes/ModeTest.AdversarialRouting/*:CudaLayer.BatchInvariance:CudaLayer.Calibration:CudaLayer.RefusalsLeaveNoStickyError:CudaLayer.GraphCaptureReplay'
+  for tool in memcheck racecheck initcheck synccheck; do
+    filter=$SUB
+    [ "$tool" = racecheck ] && filter='Modes/ModeTest.AdversarialRouting/w4a4:CudaLayer.Calibration'
+    echo "=== compute-sanitizer --tool $tool --gtest_filter=$filter" >> "$OUT/$SHA-cuda-sanitizer.log"
+    timeout 120 "$SAN" --tool $tool --error-exitcode 9 "$CARRY/cuda_test_cuda_layer" --gtest_color=no \
+      --gtest_brief=1 --gtest_filter="$filter" 2>&1 | tail -n 25 >> "$OUT/$SHA-cuda-sanitizer.log"
+    rc=${PIPESTATUS[0]}
+    echo "=== $tool exit $rc" >> "$OUT/$SHA-cuda-sanitizer.log"
+    summary "sanitizer $tool: exit $rc"
+    [ "$rc" = 0 ] || status=1
+  done
+fi
+
+if has python; then
+  OUT=$OUT NVFP4MOE_GIT_SHA=$SHA timeout 240 bash scripts/device_python_gpu.sh > "$OUT/$SHA-python-driver.log" 2>&1
+  rc=$?
+  summary "python: exit $rc; $(tail -n 1 "$OUT/$SHA-python-driver.log")"
+  [ "$rc" = 0 ] || status=1
+fi
+
+if has cli; then
+  {
+    "$CARRY/nvfp4moe" demo --backend cuda
+    "$CARRY/nvfp4moe" bench --preset qwen3-30b --tokens 1,64 --mode w4a16 --iters 50 --json "$OUT/$SHA-bench-smoke.json"
+  } > "$OUT/$SHA-cuda-cli.log" 2>&1
+  rc=$?
+  summary "cli: exit $rc"
+  [ "$rc" = 0 ] || status=1
+fi
+summary "done, status $status"
+exit $status
