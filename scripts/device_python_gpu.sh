@@ -14,11 +14,17 @@ python3 -c 'import sys, torch; print(sys.version); print("torch", torch.__versio
   > "$OUT/python-env.log" 2>&1
 # --target: the image's venv may be read-only; --no-build-isolation: nothing can be fetched there (the image
 # has scikit-build-core and nanobind).
-rm -rf /tmp/nvfp4moe-site
+{ echo "build environment:"; env | grep -E '^(LDFLAGS|CFLAGS|CXXFLAGS|CPPFLAGS|CMAKE_[A-Z_]*|CC|CXX|CUDAHOSTCXX)=' || true
+  python3 -m pip config list 2>/dev/null || true; } >> "$OUT/python-env.log"
+# The image's compiler flags are not this project's (a -static-libstdc++ there gave an extension whose private
+# libstdc++ copy clashed with the one numpy loads, and Checkpoint() crashed): build with the project's own.
+unset LDFLAGS CFLAGS CXXFLAGS CPPFLAGS
+rm -rf /tmp/nvfp4moe-site /tmp/nvfp4moe-pybuild
 if ! python3 -m pip install -v --no-build-isolation --no-deps --disable-pip-version-check \
      -C build-dir=/tmp/nvfp4moe-pybuild --target /tmp/nvfp4moe-site . > "$OUT/pip-install.log" 2>&1; then
   tail -n 60 "$OUT/pip-install.log"; echo "device_python_gpu.sh: pip install failed"; exit 1
 fi
+ldd /tmp/nvfp4moe-site/nvfp4moe/_core*.so >> "$OUT/python-env.log" 2>&1
 echo "pip install took $(( SECONDS - t0 )) s; $(grep -m1 -o 'CUDA backend [A-Z]*' "$OUT/pip-install.log")" | tee -a "$OUT/python-env.log"
 export PYTHONPATH=/tmp/nvfp4moe-site
 export NVFP4MOE_GPU_RESULTS="$OUT/$SHA-python-gpu.json"
