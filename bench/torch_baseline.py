@@ -53,7 +53,7 @@ def measure_ceilings():
     x = torch.rand(n, device=dev, dtype=torch.float32)
     y = torch.empty_like(x)
     acc = torch.empty((), device=dev, dtype=torch.float32)
-    read_us = events_median_us(lambda: torch.sum(x, out=acc), iters=20)
+    read_us = events_median_us(lambda: torch.sum(x, dim=0, out=acc), iters=20)
     copy_us = events_median_us(lambda: y.copy_(x), iters=20)
     m = 8192
     a = torch.randn(m, m, device=dev, dtype=torch.bfloat16)
@@ -153,7 +153,8 @@ class Bf16Layer:
         return out
 
 
-def bench_preset(name, tokens_list, skew):
+def bench_preset(name, tokens_list, skew, sink):
+    """Times the preset at every T; each row goes to sink(row) as soon as it is measured."""
     preset = PRESETS[name]
     H, I, E, k, *_ = preset
     gen = torch.Generator(device="cuda").manual_seed(1234)
@@ -165,7 +166,6 @@ def bench_preset(name, tokens_list, skew):
     budget = free * 0.6
     layers_n = int(max(1, min(8, budget // per_layer)))
     layers = [Bf16Layer(preset, gen) for _ in range(layers_n)]
-    rows = []
     for T in tokens_list:
         xs = [torch.randn(T, H, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in layers]
         lg = []
@@ -191,16 +191,15 @@ def bench_preset(name, tokens_list, skew):
             us = events_median_us(graph.replay) / layers_n
             del graph
         except Exception as e:  # noqa: BLE001 - recorded in the JSON
-            rows.append({"preset": name, "tokens": T, "skewed": skew, "error": str(e)[:300]})
+            sink({"preset": name, "tokens": T, "skewed": skew, "error": str(e)[:300]})
             continue
-        rows.append({"preset": name, "tokens": T, "skewed": skew, "layers_per_replay": layers_n,
+        sink({"preset": name, "tokens": T, "skewed": skew, "layers_per_replay": layers_n,
                      "us_per_layer": us, "flops": 2 * T * k * 3 * H * I})
         print(f"torch baseline {name:14s} T={T:6d} {'skew' if skew else 'unif'} {us:10.1f} us/layer (L={layers_n})",
               flush=True)
         del xs, lg
     del layers
     torch.cuda.empty_cache()
-    return rows
 
 
 def main():
@@ -223,16 +222,25 @@ def main():
     result["ceilings"] = measure_ceilings()
     print("ceilings", json.dumps(result["ceilings"]), flush=True)
     rows = []
+    result["torch_baseline"] = rows
+
+    def save():  # after every preset: a timeout keeps what was measured
+        result["seconds"] = time.time() - t0
+        with open(args.out, "w") as f:
+            json.dump(result, f, indent=1)
+
+    save()
     if not args.ceilings_only:
         toks = [int(t) for t in args.tokens.split(",") if t]
         for name in args.presets.split(","):
-            rows += bench_preset(name, toks, False)
-            if args.skewed:
-                rows += bench_preset(name, toks, True)
-    result["torch_baseline"] = rows
-    result["seconds"] = time.time() - t0
-    with open(args.out, "w") as f:
-        json.dump(result, f, indent=1)
+            for skew in ([False, True] if args.skewed else [False]):
+                try:
+                    bench_preset(name, toks, skew, lambda row: (rows.append(row), save()))
+                except Exception as e:  # noqa: BLE001 - one preset's failure (e.g. out of memory) is recorded
+                    rows.append({"preset": name, "skewed": skew, "error": str(e)[:300]})
+                    torch.cuda.empty_cache()
+                save()
+    save()
 
 
 if __name__ == "__main__":

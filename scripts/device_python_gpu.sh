@@ -28,7 +28,10 @@ ldd /tmp/nvfp4moe-site/nvfp4moe/_core*.so >> "$OUT/python-env.log" 2>&1
 echo "pip install took $(( SECONDS - t0 )) s; $(grep -m1 -o 'CUDA backend [A-Z]*' "$OUT/pip-install.log")" | tee -a "$OUT/python-env.log"
 export PYTHONPATH=/tmp/nvfp4moe-site
 export NVFP4MOE_GPU_RESULTS="$OUT/$SHA-python-gpu.json"
-[ -x build-bench/nvfp4moe ] && export NVFP4MOE_CLI=$PWD/build-bench/nvfp4moe LD_LIBRARY_PATH=$PWD/build-bench:${LD_LIBRARY_PATH:-}
+# The CLI for the parity tests: carried in .carry/ (scripts/device_gpu_suite.sh) or build-bench/.
+for d in .carry build-bench; do
+  if [ -x "$d/nvfp4moe" ]; then export NVFP4MOE_CLI=$PWD/$d/nvfp4moe LD_LIBRARY_PATH=$PWD/$d:${LD_LIBRARY_PATH:-}; break; fi
+done
 cd /tmp && python3 -m pytest -p no:cacheprovider -ra -v --rootdir "$OLDPWD" "$OLDPWD/python/tests" \
   2>&1 | tee "$OUT/$SHA-python-pytest.log" | tail -n 40
 exit "${PIPESTATUS[0]}"

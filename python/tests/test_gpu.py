@@ -147,24 +147,43 @@ class Block(torch.nn.Module if HAVE_TORCH else object):
         super().__init__()
         self.moe = nt.NvFp4MoE(layer)
 
+    @staticmethod
+    def norm(x):
+        return x * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + 1e-6).to(x.dtype)
+
     def forward(self, x, logits):
-        h = x * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + 1e-6).to(x.dtype)
-        return x + self.moe(h, logits)
+        return x + self.moe(self.norm(x), logits)
 
 
 @pytest.mark.parametrize("mode", ["default", "reduce-overhead"])
 def test_torch_compile_equals_eager(layers, mode):
+    """The op under torch.compile gives the eager op's bits; a block around it (an RMS norm before, a residual
+    add after) is compared against eager with inductor rounding its bf16 intermediates as eager does
+    (emulate_precision_casts). Without that, inductor keeps the norm in fp32 and the MoE sees other inputs
+    (seen on the H200: 8.8% of the outputs off by up to 3 bf16 ulps), which says nothing about the op."""
+    import torch._inductor.config as inductor_config
+
     gpu, _ = layers
     block = Block(gpu)
-    compiled = torch.compile(block, mode=mode, fullgraph=True)
-    for T in (4, 4, 4, 32, 32, 32):  # repeated calls: reduce-overhead records and replays CUDA graphs
-        x, logits = _inputs(T, T + 100)
-        eager = block(x, logits)
-        got = compiled(x, logits).clone()
-        torch.testing.assert_close(got, eager, rtol=1.6e-2, atol=1e-2)
-        h = x * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + 1e-6).to(x.dtype)
-        assert torch.equal(torch.compile(block.moe, fullgraph=True)(h, logits), block.moe(h, logits))
-    _record(f"torch_compile_{mode}_equal_eager_{gpu.mode}", True)
+    compiled_moe = torch.compile(block.moe, mode=mode, fullgraph=True)
+    worst = 0.0
+    exact = True
+    with inductor_config.patch(emulate_precision_casts=True):
+        compiled = torch.compile(block, mode=mode, fullgraph=True)
+        for T in (4, 4, 4, 32, 32, 32):  # repeated calls: reduce-overhead records and replays CUDA graphs
+            x, logits = _inputs(T, T + 100)
+            h = block.norm(x)
+            assert torch.equal(compiled_moe(h, logits).clone(), block.moe(h, logits)), f"op alone, T={T}"
+            eager = block(x, logits)
+            got = compiled(x, logits).clone()
+            err = npref.rel_l2(got.float().cpu().numpy(), eager.float().cpu().numpy())
+            worst = max(worst, err)
+            exact = exact and torch.equal(got, eager)
+            # bf16 output rounding is 2^-9 relative; a wrong op (stale buffer, other stream) is O(1)
+            assert err <= 5e-3, f"block, T={T}: rel_l2 {err:.3e}"
+    _record(f"torch_compile_{mode}_op_bitwise_equal_eager_{gpu.mode}", True)
+    _record(f"torch_compile_{mode}_block_rel_l2_vs_eager_{gpu.mode}", worst)
+    _record(f"torch_compile_{mode}_block_bitwise_equal_eager_{gpu.mode}", exact)
 
 
 def test_fused_experts_cuda(layers):
