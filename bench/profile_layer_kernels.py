@@ -9,6 +9,7 @@ A checkpoint of a preset's shape: `nvfp4moe gen --preset qwen3-30b --out DIR` (a
 """
 import argparse
 import collections
+import dataclasses
 import json
 import statistics
 
@@ -55,8 +56,8 @@ def main():
     spec = ck.spec(layer_index)
     tokens = [int(t) for t in args.tokens.split(",")]
     layer = nvfp4moe.MoeLayer(ck, layer_index, mode=args.mode, max_tokens=max(tokens), device="cuda")
-    H, E = spec["hidden"], spec["num_experts"]
-    result = {"checkpoint": args.checkpoint, "spec": spec, "mode": args.mode, "gpu": torch.cuda.get_device_name(),
+    H, E = spec.hidden, spec.num_experts
+    result = {"checkpoint": args.checkpoint, "spec": dataclasses.asdict(spec), "mode": args.mode, "gpu": torch.cuda.get_device_name(),
               "points": []}
     g = torch.Generator(device="cuda").manual_seed(1)
     for T in tokens:
@@ -74,9 +75,11 @@ def main():
                 fwd()
             torch.cuda.synchronize()
         per_kernel = collections.defaultdict(float)
-        for ev in prof.events():
-            if ev.device_type == torch.autograd.DeviceType.CUDA and ev.device_time_total > 0:
-                per_kernel[ev.name] += ev.device_time_total / args.forwards
+        for ev in prof.events():  # the device-side events are the kernels and copies themselves
+            if ev.device_type == torch.autograd.DeviceType.CUDA:
+                per_kernel[ev.name] += ev.time_range.elapsed_us() / args.forwards
+        if not per_kernel:
+            print(prof.key_averages().table(sort_by="self_device_time_total", row_limit=25))
         kernels = sorted(per_kernel.items(), key=lambda kv: -kv[1])
         replay = graph_replay_us(fwd)
         total = sum(v for _, v in kernels)
