@@ -244,7 +244,7 @@ int main(int argc, char** argv) {
   {
     std::vector<int> counts(E, 0);
     for (int j = 0; j < 8; ++j) counts[(j * 37 + 5) % E] = 1;
-    const auto cfg = sm90_pick_config(8.0 / E, 0, 0);  // T = 1, k = 8: rows per expert 8 / 256
+    const auto cfg = sm90_pick_config(Sm90GemmLoad{8, E, g1.shape.units, prop.multiProcessorCount});  // T = 1, k = 8
     row("decode_T1_k8", "gemm1", cfg, run_case(g1, counts, Sm90GemmEpilogue::kSwiGLU, cfg, json, "decode_T1_k8_gemm1", c));
     row("decode_T1_k8", "gemm2", cfg, run_case(g2, counts, Sm90GemmEpilogue::kF32, cfg, json, "decode_T1_k8_gemm2", c));
   }

@@ -608,7 +608,9 @@ void CudaMoeLayer::forward(const TensorRef& hidden, const RoutingArgs& routing, 
 
     if (gemm_ == GemmPath::kSm90Wgmma) {
       // The tile config from host-known numbers only (T, k, E, shapes): never from the routing.
-      const double rows_per_expert = static_cast<double>(max_rows) / static_cast<double>(d.num_experts);
+      auto pick = [&](const Sm90PreparedShape& shape) {
+        return sm90_pick_config(Sm90GemmLoad{max_rows, d.num_experts, shape.units, device_sm_count()});
+      };
       Sm90GemmArgs s1;
       s1.a = a1;
       s1.a_rows_capacity = capacity;
@@ -622,7 +624,7 @@ void CudaMoeLayer::forward(const TensorRef& hidden, const RoutingArgs& routing, 
       s1.gs = (a4 && !calibrating_) ? d.gs2 : nullptr;
       s1.out = act;
       s1.epilogue = d.gated ? Sm90GemmEpilogue::kSwiGLU : Sm90GemmEpilogue::kRelu2;
-      check_sm90(sm90_nvfp4_grouped_gemm(s1, sm90_pick_config(rows_per_expert, s1.shape.n, s1.shape.k), stream,
+      check_sm90(sm90_nvfp4_grouped_gemm(s1, pick(s1.shape), stream,
                                          device_sm_count()),
                  routed ? "sm90 gemm1 (routed)" : "sm90 gemm1 (shared)");
       if (calibrating_) {
@@ -645,7 +647,7 @@ void CudaMoeLayer::forward(const TensorRef& hidden, const RoutingArgs& routing, 
       s2.alpha0 = d.alpha2;
       s2.out = y;
       s2.epilogue = Sm90GemmEpilogue::kF32;
-      check_sm90(sm90_nvfp4_grouped_gemm(s2, sm90_pick_config(rows_per_expert, s2.shape.n, s2.shape.k), stream,
+      check_sm90(sm90_nvfp4_grouped_gemm(s2, pick(s2.shape), stream,
                                          device_sm_count()),
                  routed ? "sm90 gemm2 (routed)" : "sm90 gemm2 (shared)");
       return;

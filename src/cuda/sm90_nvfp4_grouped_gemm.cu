@@ -5,6 +5,7 @@
 
 #include <cstdio>
 #include <atomic>
+#include <cmath>
 
 #include "cuda/sm90_nvfp4_grouped_gemm.cuh"
 
@@ -127,7 +128,9 @@ std::string to_string(const Sm90GemmConfig& c) {
          std::to_string(c.consumer_warpgroups);
 }
 
-Sm90GemmConfig sm90_pick_config(double rows_per_expert, int /*n*/, int /*k*/) {
+Sm90GemmConfig sm90_pick_config(const Sm90GemmLoad& load) {
+  const double experts = static_cast<double>(std::max<int64_t>(load.experts, 1));
+  const double rows_per_expert = static_cast<double>(std::max<int64_t>(load.max_rows, 0)) / experts;
   // The smallest token tile that holds the expected rows of one expert: weight bytes are read once per token
   // tile, so a tile that fits the expert's rows reads each weight once; larger tiles only waste MMA columns.
   // At 16 rows the 4-warpgroup tile is faster (bench/results/567a3ab-*: 2.69 vs 2.52 TB/s at 1 row/expert on
@@ -144,7 +147,24 @@ Sm90GemmConfig sm90_pick_config(double rows_per_expert, int /*n*/, int /*k*/) {
     if (c.block_t != best->block_t) continue;
     if (few ? c.consumer_warpgroups == 2 : c.consumer_warpgroups > best->consumer_warpgroups) best = &c;
   }
-  return best != nullptr ? *best : list.back();
+  if (best == nullptr) best = &list.back();
+  // Less than one wave of CTA tiles (the shared expert at small T: one expert, rows_per_expert = T, so not
+  // "few"; bench/results/a4fcb4d-profile-ds32-w4a16.log: its GEMM1 ran on 8 CTAs at 0.22 TB/s with wg4):
+  // take the config of this token tile with the most CTA tiles. The tile count is an upper bound from
+  // host numbers: active experts <= min(E, max_rows), token tiles per active expert from the mean rows.
+  if (load.units > 0 && load.num_sms > 0 && load.max_rows > 0) {
+    const int64_t active = std::min<int64_t>(std::max<int64_t>(load.experts, 1), load.max_rows);
+    const double rows_per_active = static_cast<double>(load.max_rows) / static_cast<double>(active);
+    auto tiles = [&](const Sm90GemmConfig& c) {
+      const int64_t t_tiles = std::max<int64_t>(1, static_cast<int64_t>(std::ceil(rows_per_active / c.block_t)));
+      const int64_t n_tiles = (load.units + c.consumer_warpgroups - 1) / c.consumer_warpgroups;
+      return active * n_tiles * t_tiles;
+    };
+    if (tiles(*best) < load.num_sms)
+      for (const auto& c : list)
+        if (c.block_t == best->block_t && tiles(c) > tiles(*best)) best = &c;
+  }
+  return *best;
 }
 
 cudaError_t sm90_nvfp4_grouped_gemm(const Sm90GemmArgs& args, const Sm90GemmConfig& config, cudaStream_t stream,

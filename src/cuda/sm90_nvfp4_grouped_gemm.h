@@ -48,9 +48,18 @@ struct Sm90GemmConfig {
 };
 const std::vector<Sm90GemmConfig>& sm90_gemm_configs();
 std::string to_string(const Sm90GemmConfig& c);
-// Heuristic: the config for an expected rows-per-expert load (T * top_k / E, a host-side number that does not
-// depend on the routing), N and K.
-Sm90GemmConfig sm90_pick_config(double rows_per_expert, int n, int k);
+// The load of one launch as the host knows it before the routing exists (never from the routing: the choice
+// must not depend on data, and a captured graph keeps it).
+struct Sm90GemmLoad {
+  int64_t max_rows = 0;  // upper bound of the rows of this launch (T * top_k routed, T for the shared expert)
+  int64_t experts = 1;   // E of the launch (1 for the shared expert)
+  int units = 0;         // weight units of N (Sm90PreparedShape::units); 0 = unknown (list rule only)
+  int num_sms = 0;       // SMs the persistent grid spans; 0 = unknown (list rule only)
+};
+// Heuristic: the smallest token tile that holds max_rows / E rows; at that tile the most consumer warpgroups,
+// except when that leaves less than one wave of CTA tiles: then the config of the same tile with the most
+// CTA tiles (a shared expert at small T, a handful of active experts).
+Sm90GemmConfig sm90_pick_config(const Sm90GemmLoad& load);
 
 struct Sm90GemmArgs {
   const uint16_t* a = nullptr;     // bf16 bits [a_rows_capacity, K] row-major, rows in expert order
