@@ -3,7 +3,8 @@
 # C++ suites on the device): the cuda layer, the sm90 grouped GEMM, the GPU weight quantizer (+ its timing of
 # a deepseek-v3-shaped layer on the GPU and on the CPU), the stress suite, compute-sanitizer over a subset,
 # then the Python package built there against its torch (scripts/device_python_gpu.sh) and a CLI smoke run.
-# Each step has its own timeout so that one hang cannot eat the call; logs go to $OUT as <sha>-<suite>.log.
+# Each step has its own timeout so that one hang cannot eat the call; logs are written to $OUT as
+# <sha>-<suite>.log and, at the end, packed into $OUT/<sha>-gpu-logs.tgz next to $OUT/<sha>-summary.log.
 #
 #   NVFP4MOE_GIT_SHA=<sha> OUT=out bash scripts/device_gpu_suite.sh
 # Env: CARRY (.carry), STEPS (default "layer gemm quant stress sanitizer python cli").
@@ -70,4 +71,7 @@ if has cli; then
   [ "$rc" = 0 ] || status=1
 fi
 summary "done, status $status"
+# The device tool brings back at most 8 files from $OUT: everything but the summary goes into one archive.
+( cd "$OUT" && find . -maxdepth 1 -type f ! -name "$SHA-summary.log" ! -name "$SHA-gpu-logs.tgz" -printf '%P\n' \
+    | tar czf "$SHA-gpu-logs.tgz" -T - --remove-files ) || true
 exit $status
