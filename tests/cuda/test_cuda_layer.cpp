@@ -30,18 +30,16 @@
 #include "format/nvfp4.h"
 #include "nvfp4moe/error.h"
 #include "nvfp4moe/moe.h"
+#include "support/cuda_test_support.h"
 #include "support/test_support.h"
 
 namespace nvfp4moe::cuda {
 namespace {
 
-constexpr GemmPath kBothPaths[] = {GemmPath::kSm90Wgmma, GemmPath::kMmaSync};
+using test::DevBuf;
+using test::dev_tensor;
 
-#define CUDA_OK(x)                                                                            \
-  do {                                                                                        \
-    cudaError_t err_ = (x);                                                                   \
-    ASSERT_EQ(err_, cudaSuccess) << #x << ": " << cudaGetErrorString(err_);                   \
-  } while (0)
+constexpr GemmPath kBothPaths[] = {GemmPath::kSm90Wgmma, GemmPath::kMmaSync};
 
 // ------------------------------------------------------------------------------------ small utilities
 struct Rng {
@@ -69,35 +67,6 @@ void parallel_for(int64_t n, F f) {
       for (int64_t i = w; i < n; i += nt) f(i);
     });
   for (auto& t : th) t.join();
-}
-
-template <typename T>
-struct DevBuf {
-  T* p = nullptr;
-  size_t n = 0;
-  explicit DevBuf(size_t count) : n(count) {
-    if (cudaMalloc(&p, std::max<size_t>(count, 1) * sizeof(T)) != cudaSuccess) p = nullptr;
-  }
-  ~DevBuf() { cudaFree(p); }
-  DevBuf(const DevBuf&) = delete;
-  void put(const std::vector<T>& h, size_t offset = 0) {
-    if (!h.empty()) cudaMemcpy(p + offset, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice);
-  }
-  std::vector<T> get(size_t count) const {
-    std::vector<T> h(count);
-    if (count) cudaMemcpy(h.data(), p, count * sizeof(T), cudaMemcpyDeviceToHost);
-    return h;
-  }
-};
-
-TensorRef dev_tensor(void* p, DType dt, std::vector<int64_t> shape) {
-  TensorRef t;
-  t.data = p;
-  t.dtype = dt;
-  t.shape = std::move(shape);
-  t.device = DeviceType::CUDA;
-  t.device_id = 0;
-  return t;
 }
 
 // ------------------------------------------------------------------------------------ random layers
@@ -659,7 +628,7 @@ TEST_P(ModeTest, AdversarialRouting) {
   }
 }
 
-// Names: "w4a16", "w4a4" on the default sm90 path (the names tests/cuda/run_gpu.sh filters on), then
+// Names: "w4a16", "w4a4" on the default sm90 path (the names scripts/device_gpu_suite.sh filters on), then
 // "w4a16_mma_sync", "w4a4_mma_sync".
 INSTANTIATE_TEST_SUITE_P(Modes, ModeTest,
                          ::testing::Combine(::testing::Values(Mode::W4A16, Mode::W4A4),

@@ -19,45 +19,11 @@
 #include <vector>
 
 #include "nvfp4moe/moe.h"
+#include "support/cuda_test_support.h"
 #include "support/test_support.h"
 
 namespace nvfp4moe::test {
 namespace {
-
-#define CUDA_OK(x)                                                                  \
-  do {                                                                              \
-    cudaError_t err_ = (x);                                                         \
-    ASSERT_EQ(err_, cudaSuccess) << #x << ": " << cudaGetErrorString(err_);         \
-  } while (0)
-
-template <typename T>
-struct DevBuf {
-  T* p = nullptr;
-  size_t n = 0;
-  explicit DevBuf(size_t count) : n(count) {
-    if (cudaMalloc(&p, count * sizeof(T) + 16) != cudaSuccess) p = nullptr;
-  }
-  ~DevBuf() { cudaFree(p); }
-  DevBuf(const DevBuf&) = delete;
-  DevBuf& operator=(const DevBuf&) = delete;
-  void put(const std::vector<T>& v, size_t offset = 0) {
-    ASSERT_EQ(cudaMemcpy(p + offset, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice), cudaSuccess);
-  }
-  std::vector<T> get(size_t count, size_t offset = 0) const {
-    std::vector<T> v(count);
-    EXPECT_EQ(cudaMemcpy(v.data(), p + offset, count * sizeof(T), cudaMemcpyDeviceToHost), cudaSuccess);
-    return v;
-  }
-};
-
-TensorRef dev_tensor(void* p, DType dt, std::vector<int64_t> shape) {
-  TensorRef t;
-  t.data = p;
-  t.dtype = dt;
-  t.shape = std::move(shape);
-  t.device = DeviceType::CUDA;
-  return t;
-}
 
 // forward() by logits or by ids on device buffers; hidden bf16 [T, H], out f32 [T, H].
 void forward_logits(MoeLayer& layer, const uint16_t* hidden, const float* logits, float* out, int64_t T,
@@ -232,14 +198,18 @@ TEST(CudaStress, Soak100kForwardsMixedGraphAndEager) {
       cudaMemcpyAsync(gh.p, hidden.p + set * TMAX * H, TMAX * H * 2, cudaMemcpyDeviceToDevice, st);
       cudaMemcpyAsync(gl.p, logits.p + set * TMAX * E, TMAX * E * 4, cudaMemcpyDeviceToDevice, st);
     };
-    // First results of the fixed checks: eager T = 64 on set 1, graph T = 64 on set 2.
-    forward_logits(*layer, hidden.p + 1 * TMAX * H, logits.p + 1 * TMAX * E, out.p, TMAX, st);
-    CUDA_OK(cudaStreamSynchronize(st));
-    const auto eager0 = out.get(TMAX * H);
-    load_graph_inputs(2);
-    CUDA_OK(cudaGraphLaunch(graphs[1], st));
-    CUDA_OK(cudaStreamSynchronize(st));
-    const auto graph0 = gout.get(TMAX * H);
+    // The fixed checks, before and after the soak: eager T = 64 on set 1, graph T = 64 on set 2.
+    auto fixed_checks = [&](std::vector<float>& eager, std::vector<float>& graph_out) {
+      forward_logits(*layer, hidden.p + 1 * TMAX * H, logits.p + 1 * TMAX * E, out.p, TMAX, st);
+      EXPECT_EQ(cudaStreamSynchronize(st), cudaSuccess);
+      eager = out.get(TMAX * H);
+      load_graph_inputs(2);
+      EXPECT_EQ(cudaGraphLaunch(graphs[1], st), cudaSuccess);
+      EXPECT_EQ(cudaStreamSynchronize(st), cudaSuccess);
+      graph_out = gout.get(TMAX * H);
+    };
+    std::vector<float> eager0, graph0, eager1, graph1;
+    fixed_checks(eager0, graph0);
     size_t free0 = 0, free1 = 0, total = 0;
     CUDA_OK(cudaMemGetInfo(&free0, &total));
 
@@ -271,13 +241,7 @@ TEST(CudaStress, Soak100kForwardsMixedGraphAndEager) {
     CUDA_OK(cudaMemGetInfo(&free1, &total));
     EXPECT_EQ(free0, free1) << "device memory changed over " << iters << " forwards";
 
-    forward_logits(*layer, hidden.p + 1 * TMAX * H, logits.p + 1 * TMAX * E, out.p, TMAX, st);
-    CUDA_OK(cudaStreamSynchronize(st));
-    const auto eager1 = out.get(TMAX * H);
-    load_graph_inputs(2);
-    CUDA_OK(cudaGraphLaunch(graphs[1], st));
-    CUDA_OK(cudaStreamSynchronize(st));
-    const auto graph1 = gout.get(TMAX * H);
+    fixed_checks(eager1, graph1);
     EXPECT_EQ(std::memcmp(eager0.data(), eager1.data(), eager0.size() * 4), 0) << "eager result drifted";
     EXPECT_EQ(std::memcmp(graph0.data(), graph1.data(), graph0.size() * 4), 0) << "graph result drifted";
     expect_close_to_oracle(eager1, cpu_forward(w, mode, hs[1], ls[1], TMAX), "eager after soak vs cpu");

@@ -14,34 +14,20 @@
 #include "cuda/sm90_nvfp4_grouped_gemm.cuh"
 #include "cuda/sm90_nvfp4_grouped_gemm.h"
 #include "format/nvfp4.h"
+#include "support/cuda_test_support.h"
 
 namespace nvfp4moe::cuda {
 namespace {
 
-#define CUDA_OK(x)                                                                               \
+using test::DevBuf;
+
+// CUDA_OK plus the launcher's own reason (sm90_gemm_last_error_message) when a GEMM call is refused.
+#define CUDA_GEMM_OK(x)                                                                               \
   do {                                                                                           \
     cudaError_t err_ = (x);                                                                      \
     ASSERT_EQ(err_, cudaSuccess) << #x << ": " << cudaGetErrorString(err_) << " "                \
                                  << sm90_gemm_last_error_message();                              \
   } while (0)
-
-template <typename T>
-struct DevBuf {
-  T* p = nullptr;
-  size_t n = 0;
-  explicit DevBuf(size_t count) : n(count) {
-    if (cudaMalloc(&p, std::max<size_t>(count, 1) * sizeof(T)) != cudaSuccess) p = nullptr;
-  }
-  DevBuf(const std::vector<T>& h) : DevBuf(h.size()) {
-    if (p && !h.empty()) cudaMemcpy(p, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice);
-  }
-  ~DevBuf() { cudaFree(p); }
-  std::vector<T> get() const {
-    std::vector<T> h(n);
-    cudaMemcpy(h.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost);
-    return h;
-  }
-};
 
 template <typename F>
 void parallel_for(int64_t n, F f) {
@@ -182,8 +168,8 @@ void run_gpu(const Problem& p, Sm90GemmEpilogue epi, bool quant, const Sm90GemmC
   const size_t esz = epi == Sm90GemmEpilogue::kF32 ? 4 : 2;
   DevBuf<uint8_t> out(static_cast<size_t>(p.cap) * n_out * esz);
   ASSERT_TRUE(packed.p && scales.p && w.p && a.p && off.p && out.p);
-  CUDA_OK(cudaMemset(w.p, 0xAB, shape.bytes));  // prepare must write every byte it owns
-  CUDA_OK(sm90_prepare_weights(packed.p, scales.p, shape, w.p, nullptr));
+  CUDA_GEMM_OK(cudaMemset(w.p, 0xAB, shape.bytes));  // prepare must write every byte it owns
+  CUDA_GEMM_OK(sm90_prepare_weights(packed.p, scales.p, shape, w.p, nullptr));
   Sm90GemmArgs args;
   args.a = a.p;
   args.a_rows_capacity = p.cap;
@@ -197,9 +183,9 @@ void run_gpu(const Problem& p, Sm90GemmEpilogue epi, bool quant, const Sm90GemmC
   args.epilogue = epi;
   std::vector<uint8_t> first;
   for (int rep = 0; rep < repeats; ++rep) {
-    CUDA_OK(cudaMemset(out.p, 0xFF, out.n));
-    CUDA_OK(sm90_nvfp4_grouped_gemm(args, cfg, nullptr));
-    CUDA_OK(cudaDeviceSynchronize());
+    CUDA_GEMM_OK(cudaMemset(out.p, 0xFF, out.n));
+    CUDA_GEMM_OK(sm90_nvfp4_grouped_gemm(args, cfg, nullptr));
+    CUDA_GEMM_OK(cudaDeviceSynchronize());
     std::vector<uint8_t> h = out.get();
     if (rep == 0) first = h;
     else ASSERT_EQ(0, std::memcmp(first.data(), h.data(), h.size())) << "run " << rep << " differs bitwise";
@@ -316,8 +302,8 @@ TEST(Sm90GroupedGemm, DequantIsExactForEveryCodeAndScale) {
   for (int mix = 0; mix < 2; ++mix) {
     DevBuf<uint16_t> out(256 * 16 * 32);
     dequant_all_kernel<<<256, 16>>>(out.p, mix);
-    CUDA_OK(cudaGetLastError());
-    CUDA_OK(cudaDeviceSynchronize());
+    CUDA_GEMM_OK(cudaGetLastError());
+    CUDA_GEMM_OK(cudaDeviceSynchronize());
     const std::vector<uint16_t> h = out.get();
     int bad = 0;
     for (int s = 0; s < 256; ++s)

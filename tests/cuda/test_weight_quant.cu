@@ -27,15 +27,10 @@
 #include "nvfp4moe/error.h"
 #include "nvfp4moe/moe.h"
 #include "support/checkpoint_files.h"
+#include "support/cuda_test_support.h"
 
 namespace nvfp4moe::cuda {
 namespace {
-
-#define CUDA_OK(x)                                                                   \
-  do {                                                                               \
-    cudaError_t err_ = (x);                                                          \
-    ASSERT_EQ(err_, cudaSuccess) << #x << ": " << cudaGetErrorString(err_);          \
-  } while (0)
 
 double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
