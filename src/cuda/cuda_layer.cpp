@@ -230,6 +230,13 @@ void CudaMoeLayer::upload(MoeWeights& w) {
   describe(w.experts, routed_);
   if (w.has_shared()) describe(w.shared, shared_);
   const bool sm90 = gemm_ == GemmPath::kSm90Wgmma;
+  // A shared expert of the routed experts' shape (DeepSeek) becomes expert E of the routed launches: its
+  // prepared weights, factors and rows follow the routed ones, so one GEMM launch covers both (the shared
+  // expert alone at decode is one expert's tiles on a handful of SMs). A gated (Qwen2) or differently sized
+  // shared expert keeps its own launches.
+  shared_in_routed_ = sm90 && shared_.num_experts == 1 && !spec_.shared_expert_gated &&
+                      shared_.intermediate == routed_.intermediate && shared_.gated == routed_.gated &&
+                      shared_.hidden == routed_.hidden;
   if (sm90) {
     for (DeviceExperts* d : {&routed_, &shared_}) {
       if (d->num_experts == 0) continue;
@@ -246,21 +253,29 @@ void CudaMoeLayer::upload(MoeWeights& w) {
     for (DeviceExperts* d : {&routed_, &shared_}) {
       const StackedExperts& s = d == &routed_ ? w.experts : w.shared;
       if (d->num_experts == 0) continue;
-      if (sm90) {  // only the layout the chosen GEMM reads is allocated
-        d->w13_sm90 = c.take<uint8_t>(d->w13_shape.bytes);
-        d->w2_sm90 = c.take<uint8_t>(d->w2_shape.bytes);
+      if (sm90 && shared_in_routed_ && d == &shared_) {  // right after the routed experts' bytes
+        d->w13_sm90 = routed_.w13_sm90 ? routed_.w13_sm90 + routed_.w13_shape.bytes : nullptr;
+        d->w2_sm90 = routed_.w2_sm90 ? routed_.w2_sm90 + routed_.w2_shape.bytes : nullptr;
+      } else if (sm90) {  // only the layout the chosen GEMM reads is allocated
+        const bool with_shared = shared_in_routed_ && d == &routed_;
+        d->w13_sm90 = c.take<uint8_t>(d->w13_shape.bytes + (with_shared ? shared_.w13_shape.bytes : 0));
+        d->w2_sm90 = c.take<uint8_t>(d->w2_shape.bytes + (with_shared ? shared_.w2_shape.bytes : 0));
       } else {
         d->w13 = c.take<uint8_t>(s.w13.size());
         d->w13_scale = c.take<uint8_t>(s.w13_scale.size());
         d->w2 = c.take<uint8_t>(s.w2.size());
         d->w2_scale = c.take<uint8_t>(s.w2_scale.size());
       }
-      const size_t e = static_cast<size_t>(d->num_experts);
-      d->alpha13_gate = c.take<float>(e);
-      d->alpha13_up = c.take<float>(e);
-      d->alpha2 = c.take<float>(e);
-      d->gs13 = c.take<float>(e);
-      d->gs2 = c.take<float>(e);
+    }
+    // Per-expert factors [E + S] each, the shared expert's after the routed ones (expert index E).
+    const size_t er = static_cast<size_t>(routed_.num_experts), es = static_cast<size_t>(shared_.num_experts);
+    float** routed_factors[5] = {&routed_.alpha13_gate, &routed_.alpha13_up, &routed_.alpha2, &routed_.gs13,
+                                 &routed_.gs2};
+    float** shared_factors[5] = {&shared_.alpha13_gate, &shared_.alpha13_up, &shared_.alpha2, &shared_.gs13,
+                                 &shared_.gs2};
+    for (int i = 0; i < 5; ++i) {
+      *routed_factors[i] = c.take<float>(er + es);
+      *shared_factors[i] = (es && *routed_factors[i]) ? *routed_factors[i] + er : nullptr;
     }
     router_bias_ = w.router_bias.empty() ? nullptr : c.take<float>(w.router_bias.size());
     shared_gate_weight_ = (spec_.shared_expert_gated && !w.shared_gate_weight.empty())
@@ -277,11 +292,12 @@ void CudaMoeLayer::upload(MoeWeights& w) {
 
   const size_t experts_total = static_cast<size_t>(routed_.num_experts + shared_.num_experts);
   check_cuda(cudaMalloc(&calib_, std::max<size_t>(1, 2 * experts_total) * sizeof(float)), "cudaMalloc (calibration)");
+  // [E + S] amax of GEMM1's inputs, then [E + S] of GEMM2's (the shared expert at index E of each).
   routed_.amax13 = calib_;
-  routed_.amax2 = calib_ + routed_.num_experts;
+  routed_.amax2 = calib_ + experts_total;
   if (shared_.num_experts) {
-    shared_.amax13 = calib_ + 2 * routed_.num_experts;
-    shared_.amax2 = shared_.amax13 + 1;
+    shared_.amax13 = routed_.amax13 + routed_.num_experts;
+    shared_.amax2 = routed_.amax2 + routed_.num_experts;
   }
 
   const auto t0 = std::chrono::steady_clock::now();
@@ -394,24 +410,26 @@ void CudaMoeLayer::layout_workspace(bool allocate) {
   const size_t H = static_cast<size_t>(spec_.hidden), I = static_cast<size_t>(spec_.intermediate);
   const size_t Is = static_cast<size_t>(spec_.shared_intermediate);
   const size_t pairs = T * K;
+  // Rows of the routed launches: the T*k routed rows, then (shared expert as expert E) the T shared rows.
+  const size_t rows = pairs + (shared_in_routed_ ? T : 0);
   auto carve = [&](uint8_t* base) {
     Carver c(base);
     topk_ids_ = c.take<int32_t>(pairs);
     topk_weights_ = c.take<float>(pairs);
     chunk_counts_ = c.take<int32_t>(static_cast<size_t>(plan_chunks(static_cast<int64_t>(pairs))) * E);
     counts_ = c.take<int32_t>(E);
-    offsets_ = c.take<int32_t>(E + 1);
-    tile_offsets_ = c.take<int32_t>(E + 1);
+    offsets_ = c.take<int32_t>(E + 2);
+    tile_offsets_ = c.take<int32_t>(E + 2);
     perm_ = c.take<int32_t>(pairs);
     inv_ = c.take<int32_t>(pairs);
     shared_offsets_ = c.take<int32_t>(2);
     shared_tile_offsets_ = c.take<int32_t>(2);
     // GEMM1's operand rows and GEMM2's f32 output share one region: the operand is dead once GEMM1 ran.
-    float* region = c.take<float>(pairs * H);
+    float* region = c.take<float>(rows * H);
     a1_ = reinterpret_cast<uint16_t*>(region);
     y_ = region;
-    act_ = c.take<uint16_t>(pairs * I);
-    if (shared_.num_experts) {
+    act_ = c.take<uint16_t>(rows * I);
+    if (shared_.num_experts && !shared_in_routed_) {
       float* sregion = c.take<float>(T * H);
       sa1_ = reinterpret_cast<uint16_t*>(sregion);
       sy_ = sregion;
@@ -437,11 +455,11 @@ void CudaMoeLayer::layout_workspace(bool allocate) {
 void CudaMoeLayer::warm_up_sm90() {
   if (options_.max_tokens == 0) return;  // forward() never launches a GEMM (T <= max_tokens = 0)
   const size_t E = static_cast<size_t>(spec_.num_experts);
-  check_cuda(cudaMemset(offsets_, 0, (E + 1) * sizeof(int32_t)), "cudaMemset (warm-up offsets)");
+  check_cuda(cudaMemset(offsets_, 0, (E + 2) * sizeof(int32_t)), "cudaMemset (warm-up offsets)");
   if (shared_.num_experts) check_cuda(cudaMemset(shared_offsets_, 0, 2 * sizeof(int32_t)), "cudaMemset (warm-up offsets)");
-  const int64_t cap = std::max<int64_t>(1, options_.max_tokens * spec_.top_k);
+  const int64_t cap = routed_rows_capacity();
   for (const DeviceExperts* d : {&routed_, &shared_}) {
-    if (d->num_experts == 0) continue;
+    if (d->num_experts == 0 || (d == &shared_ && shared_in_routed_)) continue;
     const bool routed = d == &routed_;
     const int32_t* offsets = routed ? offsets_ : shared_offsets_;
     for (const Sm90GemmConfig& c : sm90_gemm_configs()) {
@@ -449,7 +467,7 @@ void CudaMoeLayer::warm_up_sm90() {
       g1.a = routed ? a1_ : sa1_;
       g1.a_rows_capacity = routed ? cap : std::max<int64_t>(1, options_.max_tokens);
       g1.w = d->w13_sm90;
-      g1.shape = d->w13_shape;
+      g1.shape = routed ? routed_launch_shape(d->w13_shape) : d->w13_shape;
       g1.offsets = offsets;
       g1.alpha0 = d->alpha13_gate;
       g1.alpha1 = d->alpha13_up;
@@ -459,7 +477,7 @@ void CudaMoeLayer::warm_up_sm90() {
       Sm90GemmArgs g2 = g1;
       g2.a = routed ? act_ : sact_;
       g2.w = d->w2_sm90;
-      g2.shape = d->w2_shape;
+      g2.shape = routed ? routed_launch_shape(d->w2_shape) : d->w2_shape;
       g2.alpha1 = nullptr;
       g2.out = routed ? y_ : sy_;
       g2.epilogue = Sm90GemmEpilogue::kF32;
@@ -566,7 +584,8 @@ void CudaMoeLayer::forward(const TensorRef& hidden, const RoutingArgs& routing, 
                  "copy_topk");
   }
 
-  // 2. plan (the shared expert's trivial plan {0, T} comes with it)
+  // 2. plan (the shared expert's plan comes with it: expert E, or its own {0, T})
+  const bool merged = shared_in_routed_;
   PlanArgs pl;
   pl.topk_ids = topk_ids_;
   pl.tokens = T;
@@ -578,15 +597,19 @@ void CudaMoeLayer::forward(const TensorRef& hidden, const RoutingArgs& routing, 
   pl.tile_offsets = tile_offsets_;
   pl.perm = perm_;
   pl.inv = inv_;
-  pl.shared_offsets = shared_.num_experts ? shared_offsets_ : nullptr;
-  pl.shared_tile_offsets = shared_.num_experts ? shared_tile_offsets_ : nullptr;
+  pl.shared_offsets = (shared_.num_experts && !merged) ? shared_offsets_ : nullptr;
+  pl.shared_tile_offsets = (shared_.num_experts && !merged) ? shared_tile_offsets_ : nullptr;
+  pl.append_shared = merged;
   check_launch(launch_plan(pl, stream), "plan");
 
-  // 3-5. gather(+quant) -> GEMM1(+act+quant) -> GEMM2, for the routed experts and the shared one.
-  // max_rows: this forward's upper bound of the rows (T*k or T); capacity: the rows the workspace holds (fixed
-  // at creation: the sm90 GEMM's TMA descriptor encodes it, so a captured graph stays valid for any routing).
-  auto run_group = [&](const DeviceExperts& d, const int32_t* perm, const int32_t* offsets, const int32_t* tiles,
-                       int max_rows, int64_t capacity, uint16_t* a1, uint16_t* act, float* y, const char* what) {
+  // 3-5. gather(+quant) -> GEMM1(+act+quant) -> GEMM2, for the routed experts (with the shared one as expert E
+  // when merged) and then the shared expert's own launches.
+  // experts: of the launch (E, E + 1, or 1); max_rows: this forward's upper bound of its rows; capacity: the
+  // rows the workspace holds (fixed at creation: the sm90 GEMM's TMA descriptor encodes it, so a captured graph
+  // stays valid for any routing).
+  auto run_group = [&](const DeviceExperts& d, int experts, const int32_t* perm, const int32_t* offsets,
+                       const int32_t* tiles, int max_rows, int64_t capacity, uint16_t* a1, uint16_t* act, float* y,
+                       const char* what) {
     const bool routed = what[0] == 'r';
     GatherArgs g;
     g.hidden = hidden.data;
@@ -604,18 +627,21 @@ void CudaMoeLayer::forward(const TensorRef& hidden, const RoutingArgs& routing, 
     g.gate_out = (!perm && shared_gate_weight_) ? sgate_ : nullptr;
     g.out = a1;
     g.max_rows = max_rows;
+    g.append_shared = perm && experts == E + 1;
     check_launch(launch_gather(g, stream), routed ? "gather (routed)" : "gather (shared)");
 
     if (gemm_ == GemmPath::kSm90Wgmma) {
+      const Sm90PreparedShape shape13 = routed ? routed_launch_shape(d.w13_shape) : d.w13_shape;
+      const Sm90PreparedShape shape2 = routed ? routed_launch_shape(d.w2_shape) : d.w2_shape;
       // The tile config from host-known numbers only (T, k, E, shapes): never from the routing.
       auto pick = [&](const Sm90PreparedShape& shape) {
-        return sm90_pick_config(Sm90GemmLoad{max_rows, d.num_experts, shape.units, device_sm_count()});
+        return sm90_pick_config(Sm90GemmLoad{max_rows, experts, shape.units, device_sm_count()});
       };
       Sm90GemmArgs s1;
       s1.a = a1;
       s1.a_rows_capacity = capacity;
       s1.w = d.w13_sm90;
-      s1.shape = d.w13_shape;
+      s1.shape = shape13;
       s1.offsets = offsets;
       s1.alpha0 = d.gated ? d.alpha13_gate : d.alpha13_up;
       s1.alpha1 = d.alpha13_up;
@@ -624,14 +650,13 @@ void CudaMoeLayer::forward(const TensorRef& hidden, const RoutingArgs& routing, 
       s1.gs = (a4 && !calibrating_) ? d.gs2 : nullptr;
       s1.out = act;
       s1.epilogue = d.gated ? Sm90GemmEpilogue::kSwiGLU : Sm90GemmEpilogue::kRelu2;
-      check_sm90(sm90_nvfp4_grouped_gemm(s1, pick(s1.shape), stream,
-                                         device_sm_count()),
+      check_sm90(sm90_nvfp4_grouped_gemm(s1, pick(s1.shape), stream, device_sm_count()),
                  routed ? "sm90 gemm1 (routed)" : "sm90 gemm1 (shared)");
       if (calibrating_) {
         ActAmaxArgs am;
         am.act = act;
         am.cols = static_cast<int>(d.intermediate);
-        am.experts = static_cast<int>(d.num_experts);
+        am.experts = experts;
         am.offsets = offsets;
         am.amax = d.amax2;
         am.gs = a4 ? d.gs2 : nullptr;
@@ -642,13 +667,12 @@ void CudaMoeLayer::forward(const TensorRef& hidden, const RoutingArgs& routing, 
       s2.a = act;
       s2.a_rows_capacity = capacity;
       s2.w = d.w2_sm90;
-      s2.shape = d.w2_shape;
+      s2.shape = shape2;
       s2.offsets = offsets;
       s2.alpha0 = d.alpha2;
       s2.out = y;
       s2.epilogue = Sm90GemmEpilogue::kF32;
-      check_sm90(sm90_nvfp4_grouped_gemm(s2, pick(s2.shape), stream,
-                                         device_sm_count()),
+      check_sm90(sm90_nvfp4_grouped_gemm(s2, pick(s2.shape), stream, device_sm_count()),
                  routed ? "sm90 gemm2 (routed)" : "sm90 gemm2 (shared)");
       return;
     }
@@ -689,16 +713,22 @@ void CudaMoeLayer::forward(const TensorRef& hidden, const RoutingArgs& routing, 
     check_launch(launch_grouped_gemm(g2, stream), routed ? "gemm2 (routed)" : "gemm2 (shared)");
   };
   const int64_t max_t = options_.max_tokens;
-  run_group(routed_, perm_, offsets_, tile_offsets_, pairs, max_t * K, a1_, act_, y_, "routed");
-  if (shared_.num_experts)
-    run_group(shared_, nullptr, shared_offsets_, shared_tile_offsets_, T, max_t, sa1_, sact_, sy_, "shared");
+  if (merged) {
+    run_group(routed_, E + 1, perm_, offsets_, tile_offsets_, pairs + T, routed_rows_capacity(), a1_, act_, y_,
+              "routed+shared");
+  } else {
+    run_group(routed_, E, perm_, offsets_, tile_offsets_, pairs, routed_rows_capacity(), a1_, act_, y_, "routed");
+    if (shared_.num_experts)
+      run_group(shared_, 1, nullptr, shared_offsets_, shared_tile_offsets_, T, max_t, sa1_, sact_, sy_, "shared");
+  }
 
   // 6. combine
   CombineArgs c;
   c.y = y_;
   c.inv = inv_;
   c.topk_weights = topk_weights_;
-  c.shared_y = shared_.num_experts ? sy_ : nullptr;
+  c.shared_y = shared_.num_experts ? (merged ? y_ : sy_) : nullptr;
+  c.shared_row_base = merged ? offsets_ + E : nullptr;
   c.shared_gate = shared_gate_weight_ ? sgate_ : nullptr;
   c.tokens = T;
   c.hidden_size = H;
@@ -706,6 +736,16 @@ void CudaMoeLayer::forward(const TensorRef& hidden, const RoutingArgs& routing, 
   c.out = out.data;
   c.out_bf16 = out.dtype == DType::BF16;
   check_launch(launch_combine(c, stream), "combine");
+}
+
+int64_t CudaMoeLayer::routed_rows_capacity() const {
+  const int64_t t = options_.max_tokens;
+  return std::max<int64_t>(1, t * spec_.top_k + (shared_in_routed_ ? t : 0));
+}
+
+Sm90PreparedShape CudaMoeLayer::routed_launch_shape(const Sm90PreparedShape& routed) const {
+  if (!shared_in_routed_) return routed;
+  return sm90_prepared_shape(routed.num_experts + 1, routed.n, routed.k, routed.gated);
 }
 
 }  // namespace nvfp4moe::cuda

@@ -70,7 +70,7 @@ struct PlanView {
   const int32_t* topk_ids = nullptr;     // [T, k]
   const float* topk_weights = nullptr;   // [T, k]
   const int32_t* counts = nullptr;       // [E]
-  const int32_t* offsets = nullptr;      // [E + 1]
+  const int32_t* offsets = nullptr;      // [E + 1] ([E + 2] when shared_in_routed(): + the shared rows)
   const int32_t* perm = nullptr;         // [offsets[E]] row -> pair t*k + j
   const int32_t* inv = nullptr;          // [T*k] pair -> row, -1 masked
 };
@@ -100,18 +100,27 @@ class CudaMoeLayer final : public MoeLayer {
   void* workspace() const { return workspace_; }  // [workspace_bytes()] (tests poison it)
   const DeviceExperts& routed() const { return routed_; }
   const DeviceExperts& shared() const { return shared_; }
+  // True when the shared expert runs as expert E of the routed launches (sm90 path, same shape, not gated):
+  // its weights, factors and calibration amax follow the routed ones, its rows are offsets[E]..offsets[E+1].
+  bool shared_in_routed() const { return shared_in_routed_; }
 
  private:
   void upload(MoeWeights& w);
   void upload_factors(DeviceExperts& d);
   void layout_workspace(bool allocate);
   void warm_up_sm90();
+  // Rows the routed launches' operand buffers hold (the TMA descriptors' bound): max_tokens * k, plus
+  // max_tokens when the shared expert is expert E.
+  int64_t routed_rows_capacity() const;
+  // The prepared shape the routed launches see: E experts, or E + 1 with the shared expert.
+  Sm90PreparedShape routed_launch_shape(const Sm90PreparedShape& routed) const;
 
   GemmPath gemm_ = GemmPath::kSm90Wgmma;
 
   MoeSpec spec_;
   MoeLayerOptions options_;
   DeviceExperts routed_, shared_;
+  bool shared_in_routed_ = false;
   uint8_t* weights_ = nullptr;  // one allocation: experts, router bias, shared gate, per-expert factors
   size_t weight_bytes_ = 0;
   const float* router_bias_ = nullptr;
@@ -127,8 +136,8 @@ class CudaMoeLayer final : public MoeLayer {
   float* topk_weights_ = nullptr;
   int32_t* chunk_counts_ = nullptr;
   int32_t* counts_ = nullptr;
-  int32_t* offsets_ = nullptr;
-  int32_t* tile_offsets_ = nullptr;
+  int32_t* offsets_ = nullptr;       // [E + 2]: entry E + 1 when the shared expert is expert E
+  int32_t* tile_offsets_ = nullptr;  // [E + 2]
   int32_t* perm_ = nullptr;
   int32_t* inv_ = nullptr;
   int32_t* shared_offsets_ = nullptr;

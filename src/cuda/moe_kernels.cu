@@ -1,9 +1,11 @@
 // Launchers of the MoE layer's kernels (one translation unit for all of them: the build machine is small).
-// Each checks its arguments, launches with a fixed or shape-derived grid (never a routing-derived one) and
-// returns cudaGetLastError().
+// Each checks its arguments, launches with a fixed or shape-derived grid (never a routing-derived one), with
+// programmatic dependent launch (launch_pdl.cuh), and returns the launch's status.
 #include "cuda/moe_kernels.h"
 
 #include <algorithm>
+#include <cstdlib>
+#include <cstring>
 
 #include "cuda/sm80_nvfp4_grouped_gemm_mma.cuh"
 #include "cuda/sm90_nvfp4_combine.cuh"
@@ -12,6 +14,14 @@
 #include "cuda/sm90_nvfp4_route.cuh"
 
 namespace nvfp4moe::cuda {
+
+bool pdl_enabled() {
+  static const bool enabled = [] {
+    const char* v = std::getenv("NVFP4MOE_PDL");
+    return v == nullptr || v[0] == '\0' || std::strcmp(v, "0") != 0;
+  }();
+  return enabled;
+}
 
 int device_sm_count() {
   int dev = 0;
@@ -33,8 +43,7 @@ cudaError_t launch_route(const RouteArgs& a, cudaStream_t stream) {
     return cudaErrorInvalidValue;
   const size_t smem = kernels::kRouteWarps * kernels::route_smem_per_warp(a.experts);
   const int grid = (a.tokens + kernels::kRouteWarps - 1) / kernels::kRouteWarps;
-  kernels::route_kernel<<<grid, kernels::kRouteWarps * 32, smem, stream>>>(a);
-  return cudaGetLastError();
+  return launch_pdl(kernels::route_kernel, dim3(grid), dim3(kernels::kRouteWarps * 32), smem, stream, a);
 }
 
 cudaError_t launch_copy_topk(const int32_t* ids, const float* weights, int pairs, int experts, int32_t* ids_out,
@@ -42,36 +51,37 @@ cudaError_t launch_copy_topk(const int32_t* ids, const float* weights, int pairs
   if (pairs <= 0) return cudaSuccess;
   if (!ids || !weights || !ids_out || !weights_out) return cudaErrorInvalidValue;
   const int grid = std::min((pairs + 255) / 256, device_sm_count() * 4);
-  kernels::copy_topk_kernel<<<grid, 256, 0, stream>>>(ids, weights, pairs, experts, ids_out, weights_out);
-  return cudaGetLastError();
+  return launch_pdl(kernels::copy_topk_kernel, dim3(grid), dim3(256), 0, stream, ids, weights, pairs, experts,
+                    ids_out, weights_out);
 }
 
 cudaError_t launch_plan(const PlanArgs& a, cudaStream_t stream) {
   const int pairs = a.tokens * a.top_k;
   if (pairs <= 0) return cudaSuccess;
   if (a.experts <= 0 || a.experts > kMaxExperts) return cudaErrorInvalidValue;
+  if (pairs <= kSmallPlanPairs)
+    return launch_pdl(kernels::plan_small_kernel, dim3(1), dim3(kernels::kScanThreads), 0, stream, a, pairs);
   const int chunks = static_cast<int>(plan_chunks(pairs));
-  kernels::plan_count_kernel<<<chunks, kPlanChunk, 0, stream>>>(a.topk_ids, pairs, a.experts, a.chunk_counts);
-  cudaError_t err = cudaGetLastError();
+  cudaError_t err = launch_pdl(kernels::plan_count_kernel, dim3(chunks), dim3(kPlanChunk), 0, stream, a.topk_ids,
+                               pairs, a.experts, a.chunk_counts);
   if (err != cudaSuccess) return err;
-  kernels::plan_scan_kernel<<<1, kernels::kScanThreads, 0, stream>>>(a, chunks);
-  err = cudaGetLastError();
+  err = launch_pdl(kernels::plan_scan_kernel, dim3(1), dim3(kernels::kScanThreads), 0, stream, a, chunks);
   if (err != cudaSuccess) return err;
-  kernels::plan_scatter_kernel<<<chunks, kPlanChunk, 0, stream>>>(a, pairs);
-  return cudaGetLastError();
+  return launch_pdl(kernels::plan_scatter_kernel, dim3(chunks), dim3(kPlanChunk), 0, stream, a, pairs);
 }
 
 cudaError_t launch_gather(const GatherArgs& a, cudaStream_t stream) {
   if (a.max_rows <= 0) return cudaSuccess;
   if (!a.hidden || !a.out || !a.offsets || a.hidden_size % 16 != 0) return cudaErrorInvalidValue;
   if (a.gate_out && !a.gate_weight) return cudaErrorInvalidValue;
-  const int grid = std::max(1, std::min((a.max_rows + kernels::kGatherWarps - 1) / kernels::kGatherWarps,
-                                        device_sm_count() * 8));
-  if (a.hidden_f32)
-    kernels::gather_kernel<true><<<grid, kernels::kGatherWarps * 32, 0, stream>>>(a);
-  else
-    kernels::gather_kernel<false><<<grid, kernels::kGatherWarps * 32, 0, stream>>>(a);
-  return cudaGetLastError();
+  if (a.append_shared && !a.perm) return cudaErrorInvalidValue;
+  const int64_t chunks = a.gate_out ? 1 : (a.hidden_size + kernels::kGatherChunkCols - 1) / kernels::kGatherChunkCols;
+  const int64_t items = static_cast<int64_t>(a.max_rows) * chunks;
+  const int grid = static_cast<int>(std::max<int64_t>(
+      1, std::min<int64_t>((items + kernels::kGatherWarps - 1) / kernels::kGatherWarps, device_sm_count() * 8)));
+  const dim3 block(kernels::kGatherWarps * 32);
+  return a.hidden_f32 ? launch_pdl(kernels::gather_kernel<true>, dim3(grid), block, 0, stream, a)
+                      : launch_pdl(kernels::gather_kernel<false>, dim3(grid), block, 0, stream, a);
 }
 
 cudaError_t launch_grouped_gemm(const GroupedGemmArgs& a, cudaStream_t stream) {
@@ -81,20 +91,16 @@ cudaError_t launch_grouped_gemm(const GroupedGemmArgs& a, cudaStream_t stream) {
     return cudaErrorInvalidValue;
   if (a.epilogue == GemmEpilogue::kSwiGLU && (!a.alpha1 || (a.n / 2) % 16 != 0)) return cudaErrorInvalidValue;
   const int grid = std::max(1, std::min(a.max_tiles, device_sm_count() * 8));
+  const dim3 block(kernels::kMmaThreads);
   switch (a.epilogue) {
     case GemmEpilogue::kF32:
-      kernels::grouped_gemm_mma_kernel<GemmEpilogue::kF32><<<grid, kernels::kMmaThreads, 0, stream>>>(a);
-      break;
+      return launch_pdl(kernels::grouped_gemm_mma_kernel<GemmEpilogue::kF32>, dim3(grid), block, 0, stream, a);
     case GemmEpilogue::kSwiGLU:
-      kernels::grouped_gemm_mma_kernel<GemmEpilogue::kSwiGLU><<<grid, kernels::kMmaThreads, 0, stream>>>(a);
-      break;
+      return launch_pdl(kernels::grouped_gemm_mma_kernel<GemmEpilogue::kSwiGLU>, dim3(grid), block, 0, stream, a);
     case GemmEpilogue::kRelu2:
-      kernels::grouped_gemm_mma_kernel<GemmEpilogue::kRelu2><<<grid, kernels::kMmaThreads, 0, stream>>>(a);
-      break;
-    default:
-      return cudaErrorInvalidValue;
+      return launch_pdl(kernels::grouped_gemm_mma_kernel<GemmEpilogue::kRelu2>, dim3(grid), block, 0, stream, a);
   }
-  return cudaGetLastError();
+  return cudaErrorInvalidValue;
 }
 
 namespace kernels {
@@ -102,6 +108,7 @@ inline constexpr int kActAmaxWarps = 8;
 
 // One warp per row (grid-stride over rows, so the grid is fixed); each lane one 16-element block at a time.
 __global__ void __launch_bounds__(kActAmaxWarps * 32) act_amax_kernel(ActAmaxArgs a) {
+  pdl_wait_then_allow_next();
   const int lane = threadIdx.x & 31;
   const int rows = a.offsets[a.experts];
   for (int r = blockIdx.x * kActAmaxWarps + (threadIdx.x >> 5); r < rows; r += gridDim.x * kActAmaxWarps) {
@@ -143,15 +150,17 @@ cudaError_t launch_act_amax(const ActAmaxArgs& a, cudaStream_t stream) {
     return cudaErrorInvalidValue;
   const int grid = std::max(1, std::min((a.max_rows + kernels::kActAmaxWarps - 1) / kernels::kActAmaxWarps,
                                         device_sm_count() * 8));
-  kernels::act_amax_kernel<<<grid, kernels::kActAmaxWarps * 32, 0, stream>>>(a);
-  return cudaGetLastError();
+  return launch_pdl(kernels::act_amax_kernel, dim3(grid), dim3(kernels::kActAmaxWarps * 32), 0, stream, a);
 }
 
 cudaError_t launch_combine(const CombineArgs& a, cudaStream_t stream) {
   if (a.tokens <= 0) return cudaSuccess;
   if (!a.out || !a.inv || !a.topk_weights || a.hidden_size % 4 != 0) return cudaErrorInvalidValue;
-  kernels::combine_kernel<<<a.tokens, kernels::kCombineThreads, 0, stream>>>(a);
-  return cudaGetLastError();
+  const int64_t blocks = static_cast<int64_t>(a.tokens) *
+                         ((a.hidden_size + kernels::kCombineCols - 1) / kernels::kCombineCols);
+  if (blocks > 0x7fffffff) return cudaErrorInvalidValue;
+  return launch_pdl(kernels::combine_kernel, dim3(static_cast<unsigned>(blocks)), dim3(kernels::kCombineThreads), 0,
+                    stream, a);
 }
 
 }  // namespace nvfp4moe::cuda

@@ -16,6 +16,7 @@ namespace nvfp4moe::cuda {
 inline constexpr int kGemmBlockM = 64;
 // (token, slot) pairs per plan chunk: counts are per chunk, then scanned in a fixed order (deterministic).
 inline constexpr int kPlanChunk = 256;
+inline constexpr int kSmallPlanPairs = 512;  // T * k up to this: the one-block plan (one launch, not three)
 inline constexpr int kMaxExperts = 1024;  // routing/plan keep one counter per expert in shared memory
 
 inline int64_t plan_chunks(int64_t pairs) { return (pairs + kPlanChunk - 1) / kPlanChunk; }
@@ -56,14 +57,18 @@ struct PlanArgs {
   int32_t* inv = nullptr;
   int32_t* shared_offsets = nullptr;       // may be nullptr (no shared expert)
   int32_t* shared_tile_offsets = nullptr;
+  // The shared expert as expert E of the routed launch: offsets / tile_offsets get an entry E + 1 =
+  // offsets[E] + T (its T rows follow the routed ones); both arrays then hold E + 2 entries.
+  bool append_shared = false;
 };
 cudaError_t launch_plan(const PlanArgs& a, cudaStream_t stream);
 
 // ---------------------------------------------------------------- quantize + gather (GEMM1 operand rows)
 // Row r of out (r < offsets[E], read on the device) = hidden[token(r)] where token(r) = perm[r] / k
-// (perm == nullptr: the identity over T tokens, the shared expert). w4a4 (gs != nullptr): NVFP4-quantized with
-// gs[expert(r)] and written as the exact bf16 operand e2m1 * sf (the 1/gs factor is applied by the GEMM's
-// alpha). amax (calibration, may be nullptr): atomicMax of |x| per expert on the float bits (order-free).
+// (perm == nullptr: the identity over T tokens, the shared expert; append_shared: both in one launch).
+// w4a4 (gs != nullptr): NVFP4-quantized with gs[expert(r)] and written as the exact bf16 operand e2m1 * sf
+// (the 1/gs factor is applied by the GEMM's alpha). amax (calibration, may be nullptr): atomicMax of |x| per
+// expert on the float bits (order-free).
 // gate_weight/gate_out (shared expert of Qwen2-MoE style, may be nullptr): gate_out[t] = sigmoid(x . gate_w).
 struct GatherArgs {
   const void* hidden = nullptr;      // [T, H] BF16 or F32 (rounded to bf16 first)
@@ -77,7 +82,10 @@ struct GatherArgs {
   const uint16_t* gate_weight = nullptr;  // [H] bf16 bits
   float* gate_out = nullptr;         // [T]
   uint16_t* out = nullptr;           // [rows, H] bf16 bits
-  int max_rows = 0;                  // upper bound of rows (T*k or T): sizes the fixed grid
+  int max_rows = 0;                  // upper bound of rows (T*k (+ T) or T): sizes the fixed grid
+  // With perm: T more rows after the routed ones, rows offsets[E] + t = hidden[t] with the factors of expert
+  // index E (gs[E], amax[E]): the shared expert as expert E of the routed launch.
+  bool append_shared = false;
 };
 cudaError_t launch_gather(const GatherArgs& a, cudaStream_t stream);
 
@@ -133,12 +141,14 @@ cudaError_t launch_act_amax(const ActAmaxArgs& a, cudaStream_t stream);
 
 // ---------------------------------------------------------------- combine
 // out[t] = sum_{j < k} w[t,j] * y[inv[t*k+j]] (in slot order, masked slots skipped)
-//          + (shared_y ? (shared_gate ? shared_gate[t] : 1) * shared_y[t] : 0), f32 or bf16.
+//          + (shared_y ? (shared_gate ? shared_gate[t] : 1) * shared_y[base + t] : 0), f32 or bf16.
 struct CombineArgs {
   const float* y = nullptr;            // [rows, H]
   const int32_t* inv = nullptr;        // [T*k]
   const float* topk_weights = nullptr; // [T*k]
-  const float* shared_y = nullptr;     // [T, H] or nullptr
+  const float* shared_y = nullptr;     // [T, H] or nullptr (rows from *shared_row_base on)
+  const int32_t* shared_row_base = nullptr;  // device int or nullptr (0): the shared expert as expert E of the
+                                             // routed launch has its rows at offsets[E]
   const float* shared_gate = nullptr;  // [T] or nullptr
   int tokens = 0, hidden_size = 0, top_k = 0;
   void* out = nullptr;

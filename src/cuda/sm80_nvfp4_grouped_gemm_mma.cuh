@@ -15,6 +15,7 @@
 
 #include <cstdint>
 
+#include "cuda/launch_pdl.cuh"
 #include "cuda/moe_kernels.h"
 #include "format/nvfp4.h"
 
@@ -65,6 +66,7 @@ __device__ __forceinline__ void store_act16(uint16_t* dst, const float (&v)[16],
 
 template <GemmEpilogue EPI>
 __global__ void __launch_bounds__(kMmaThreads) grouped_gemm_mma_kernel(GroupedGemmArgs p) {
+  pdl_wait_then_allow_next();
   constexpr bool kGated = EPI == GemmEpilogue::kSwiGLU;
   __shared__ __align__(16) uint16_t smem[2 * kMmaBM * kMmaLds];
   uint16_t* As = smem;                    // (BM, BK) bf16, row stride kMmaLds

@@ -1,5 +1,5 @@
-// Quantize + gather: builds GEMM1's operand rows in expert order straight from `hidden` (one warp per row,
-// each lane one 16-element NVFP4 block at a time). w4a16: the bf16 row; w4a4: the row NVFP4-quantized with
+// Quantize + gather: builds GEMM1's operand rows in expert order straight from `hidden` (one warp per 512
+// columns of a row, each lane one 16-element NVFP4 block). w4a16: the bf16 row; w4a4: the row NVFP4-quantized with
 // the expert's fixed activation scale (nvfp4-format.md section 4, exact division, the shared fmt:: code) and
 // written as the exact bf16 operand e2m1 * sf. Optional: calibration amax, the Qwen shared-expert gate.
 #pragma once
@@ -8,12 +8,14 @@
 
 #include <cstdint>
 
+#include "cuda/launch_pdl.cuh"
 #include "cuda/moe_kernels.h"
 #include "format/nvfp4.h"
 
 namespace nvfp4moe::cuda::kernels {
 
 inline constexpr int kGatherWarps = 8;
+inline constexpr int kGatherChunkCols = 32 * 16;  // one warp-wide pass: 16 elements per lane
 
 // Loads 16 consecutive elements of a hidden row as bf16 values (f32 input rounded to bf16 first).
 template <bool F32>
@@ -60,24 +62,42 @@ __device__ __forceinline__ void quant_block16_operand(const float (&x)[16], floa
   }
 }
 
+// One warp per (row, 512-column chunk) work item, grid-stride: at decode a row of H = 7168 is 14 independent
+// items (14 warps' loads in flight instead of one warp walking the row), at prefill the same total work. The
+// Qwen2-style shared gate needs the whole row's dot product in one fixed order: with gate_out a work item is
+// the whole row. Rows past offsets[experts] (append_shared): the shared expert's rows, t = r - offsets[E].
 template <bool F32>
 __global__ void __launch_bounds__(kGatherWarps * 32) gather_kernel(GatherArgs a) {
+  pdl_wait_then_allow_next();
   const int lane = threadIdx.x & 31;
-  const int rows = a.perm ? a.offsets[a.experts] : a.tokens;
+  const int routed_rows = a.perm ? a.offsets[a.experts] : 0;
+  const int rows = a.perm ? routed_rows + (a.append_shared ? a.tokens : 0) : a.tokens;
   const int H = a.hidden_size;
+  const int chunk_cols = a.gate_out ? H : kGatherChunkCols;
+  const int chunks = (H + chunk_cols - 1) / chunk_cols;
+  const int64_t items = static_cast<int64_t>(rows) * chunks;
   const size_t row_bytes_in = static_cast<size_t>(H) * (F32 ? 4 : 2);
-  for (int r = blockIdx.x * kGatherWarps + (threadIdx.x >> 5); r < rows; r += gridDim.x * kGatherWarps) {
+  for (int64_t item = static_cast<int64_t>(blockIdx.x) * kGatherWarps + (threadIdx.x >> 5); item < items;
+       item += static_cast<int64_t>(gridDim.x) * kGatherWarps) {
+    const int r = static_cast<int>(item / chunks);
+    const int col0 = static_cast<int>(item % chunks) * chunk_cols;
+    const int col_end = min(H, col0 + chunk_cols);
     int t = r, e = 0;
     if (a.perm) {
-      const int p = a.perm[r];
-      t = p / a.top_k;
-      e = a.topk_ids[p];
+      if (r < routed_rows) {
+        const int p = a.perm[r];
+        t = p / a.top_k;
+        e = a.topk_ids[p];
+      } else {
+        t = r - routed_rows;
+        e = a.experts;  // the shared expert's factors follow the routed ones
+      }
     }
     const void* src = static_cast<const uint8_t*>(a.hidden) + static_cast<size_t>(t) * row_bytes_in;
     uint16_t* dst = a.out + static_cast<size_t>(r) * H;
     const float gs = a.gs ? a.gs[e] : 0.0f;
     float amax = 0.0f, dot = 0.0f;
-    for (int col = lane * 16; col < H; col += 32 * 16) {
+    for (int col = col0 + lane * 16; col < col_end; col += 32 * 16) {
       float x[16];
       uint32_t bits[8];
       load_block16<F32>(src, col, x, bits);
@@ -101,7 +121,8 @@ __global__ void __launch_bounds__(kGatherWarps * 32) gather_kernel(GatherArgs a)
     if (a.amax) {
 #pragma unroll
       for (int off = 16; off > 0; off >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
-      // Non-negative floats order like their bit patterns: an integer max is exact and order-free.
+      // Non-negative floats order like their bit patterns: an integer max is exact and order-free (also over
+      // the chunks of a row).
       if (lane == 0 && amax > 0.0f) atomicMax(reinterpret_cast<int*>(a.amax + e), __float_as_int(amax));
     }
     if (a.gate_out) {

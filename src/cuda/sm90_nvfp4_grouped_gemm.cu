@@ -68,8 +68,7 @@ cudaError_t launch(const CUtensorMap& map, const sm90::GemmParams& p, int grid, 
   if (attr != cudaSuccess) return fail("sm90_nvfp4_grouped_gemm: kernel attributes / register budget check failed (" +
                                        std::string(cudaGetErrorString(attr)) + ")");
   if (!cached && dev >= 0 && dev < 64) checked[dev].store(1, std::memory_order_release);
-  kernel<<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(map, p);
-  return cudaGetLastError();
+  return launch_pdl(kernel, dim3(grid), dim3(Tr::kThreads), Tr::kSmemBytes, stream, map, p);
 }
 
 template <int BT, int STAGES, int WGS>

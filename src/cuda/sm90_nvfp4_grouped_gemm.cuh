@@ -29,6 +29,7 @@
 #include <cuda_runtime.h>
 #include <cstdint>
 
+#include "cuda/launch_pdl.cuh"
 #include "format/nvfp4.h"
 
 namespace nvfp4moe::cuda::sm90 {
@@ -371,6 +372,9 @@ __global__ void __launch_bounds__((WGS + 1) * 128, 1)
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
   __syncthreads();
+  // Everything above touches only shared memory and the kernel parameters; from here on the offsets, A and
+  // the outputs are read and written: after the previous kernel of the stream (PDL, launch_pdl.cuh).
+  kernels::pdl_wait_then_allow_next();
 
   const int n_ctiles = (p.units + WGS - 1) / WGS;
 

@@ -5,12 +5,14 @@
 //      chunk's base within its expert), then block scans over the experts (offsets, tile offsets).
 //   3. plan_scatter_kernel: one block per chunk; a pair's rank among the earlier pairs of its chunk with the
 //      same expert gives its row: offsets[e] + chunk base + rank. Token order within an expert, bit-stable.
+// plan_small_kernel does all three in one block when T * k <= kSmallPlanPairs (decode).
 #pragma once
 
 #include <cuda_runtime.h>
 
 #include <cstdint>
 
+#include "cuda/launch_pdl.cuh"
 #include "cuda/moe_kernels.h"
 
 namespace nvfp4moe::cuda::kernels {
@@ -19,6 +21,7 @@ inline constexpr int kScanThreads = 1024;  // >= kMaxExperts
 
 __global__ void __launch_bounds__(kPlanChunk) plan_count_kernel(const int32_t* __restrict__ ids, int pairs,
                                                                  int experts, int32_t* __restrict__ chunk_counts) {
+  pdl_wait_then_allow_next();
   __shared__ int32_t hist[kMaxExperts];
   for (int e = threadIdx.x; e < experts; e += blockDim.x) hist[e] = 0;
   __syncthreads();
@@ -48,7 +51,26 @@ __device__ __forceinline__ int32_t block_exclusive_scan(int32_t v, int32_t* buf)
   return incl - v;
 }
 
+// offsets[E] / tile_offsets[E], and what follows from them: the shared expert as expert E (offsets[E + 1]) or
+// its own trivial plan {0, T}.
+__device__ __forceinline__ void write_plan_tail(const PlanArgs& a, int32_t routed_rows, int32_t routed_tiles) {
+  const int32_t shared_tiles = (a.tokens + kGemmBlockM - 1) / kGemmBlockM;
+  a.offsets[a.experts] = routed_rows;
+  a.tile_offsets[a.experts] = routed_tiles;
+  if (a.append_shared) {
+    a.offsets[a.experts + 1] = routed_rows + a.tokens;
+    a.tile_offsets[a.experts + 1] = routed_tiles + shared_tiles;
+  }
+  if (a.shared_offsets) {
+    a.shared_offsets[0] = 0;
+    a.shared_offsets[1] = a.tokens;
+    a.shared_tile_offsets[0] = 0;
+    a.shared_tile_offsets[1] = shared_tiles;
+  }
+}
+
 __global__ void __launch_bounds__(kScanThreads) plan_scan_kernel(PlanArgs a, int chunks) {
+  pdl_wait_then_allow_next();
   __shared__ int32_t buf[kScanThreads];
   const int e = threadIdx.x;
   int32_t total = 0;
@@ -68,19 +90,11 @@ __global__ void __launch_bounds__(kScanThreads) plan_scan_kernel(PlanArgs a, int
     a.offsets[e] = off;
     a.tile_offsets[e] = toff;
   }
-  if (e == a.experts - 1) {
-    a.offsets[a.experts] = off + total;
-    a.tile_offsets[a.experts] = toff + tiles;
-  }
-  if (e == 0 && a.shared_offsets) {
-    a.shared_offsets[0] = 0;
-    a.shared_offsets[1] = a.tokens;
-    a.shared_tile_offsets[0] = 0;
-    a.shared_tile_offsets[1] = (a.tokens + kGemmBlockM - 1) / kGemmBlockM;
-  }
+  if (e == a.experts - 1) write_plan_tail(a, off + total, toff + tiles);
 }
 
 __global__ void __launch_bounds__(kPlanChunk) plan_scatter_kernel(PlanArgs a, int pairs) {
+  pdl_wait_then_allow_next();
   __shared__ int32_t sid[kPlanChunk];
   const int base = blockIdx.x * kPlanChunk;
   const int p = base + threadIdx.x;
@@ -101,6 +115,50 @@ __global__ void __launch_bounds__(kPlanChunk) plan_scatter_kernel(PlanArgs a, in
   const int row = a.offsets[e] + a.chunk_counts[static_cast<int64_t>(blockIdx.x) * a.experts + e] + rank;
   a.perm[row] = p;
   a.inv[p] = row;
+}
+
+// The whole plan in one block when the pairs fit in shared memory (decode: T * k <= kSmallPlanPairs): the same
+// counts, offsets, perm and inv as the three kernels above (a pair's row = offsets[e] + the number of earlier
+// pairs with expert e), in one launch instead of three.
+__global__ void __launch_bounds__(kScanThreads) plan_small_kernel(PlanArgs a, int pairs) {
+  pdl_wait_then_allow_next();
+  __shared__ int32_t hist[kMaxExperts];
+  __shared__ int32_t buf[kScanThreads];
+  __shared__ int32_t sid[kSmallPlanPairs];
+  const int tid = threadIdx.x;
+  for (int e = tid; e < a.experts; e += kScanThreads) hist[e] = 0;
+  __syncthreads();
+  for (int p = tid; p < pairs; p += kScanThreads) {
+    int e = a.topk_ids[p];
+    if (e < 0 || e >= a.experts) e = -1;
+    sid[p] = e;
+    if (e >= 0) atomicAdd(&hist[e], 1);
+  }
+  __syncthreads();
+  const int32_t total = tid < a.experts ? hist[tid] : 0;
+  const int32_t tiles = (total + kGemmBlockM - 1) / kGemmBlockM;
+  const int32_t off = block_exclusive_scan(total, buf);
+  const int32_t toff = block_exclusive_scan(tiles, buf);
+  if (tid < a.experts) {
+    a.counts[tid] = total;
+    a.offsets[tid] = off;
+    a.tile_offsets[tid] = toff;
+    hist[tid] = off;  // from here on: the expert's first row
+  }
+  if (tid == a.experts - 1) write_plan_tail(a, off + total, toff + tiles);
+  __syncthreads();
+  for (int p = tid; p < pairs; p += kScanThreads) {
+    const int e = sid[p];
+    if (e < 0) {
+      a.inv[p] = -1;
+      continue;
+    }
+    int rank = 0;
+    for (int i = 0; i < p; ++i) rank += (sid[i] == e) ? 1 : 0;
+    const int row = hist[e] + rank;
+    a.perm[row] = p;
+    a.inv[p] = row;
+  }
 }
 
 }  // namespace nvfp4moe::cuda::kernels

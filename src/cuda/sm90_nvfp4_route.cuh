@@ -9,6 +9,7 @@
 #include <climits>
 #include <cstdint>
 
+#include "cuda/launch_pdl.cuh"
 #include "cuda/moe_kernels.h"
 
 namespace nvfp4moe::cuda::kernels {
@@ -41,6 +42,7 @@ __device__ __forceinline__ int warp_argmax(const float* key, const uint8_t* elig
 }
 
 __global__ void route_kernel(RouteArgs a) {
+  pdl_wait_then_allow_next();
   extern __shared__ __align__(16) uint8_t route_smem[];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int t = blockIdx.x * kRouteWarps + warp;
@@ -157,6 +159,7 @@ __global__ void route_kernel(RouteArgs a) {
 
 __global__ void copy_topk_kernel(const int32_t* __restrict__ ids, const float* __restrict__ weights, int pairs,
                                  int experts, int32_t* __restrict__ ids_out, float* __restrict__ weights_out) {
+  pdl_wait_then_allow_next();
   for (int p = blockIdx.x * blockDim.x + threadIdx.x; p < pairs; p += gridDim.x * blockDim.x) {
     const int id = ids[p];
     const bool ok = id >= 0 && id < experts;

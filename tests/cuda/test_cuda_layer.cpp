@@ -515,7 +515,23 @@ TEST_P(ModeTest, LayerMatchesReferenceOverT) {
   for (int64_t T : {0, 1, 2, 3, 7, 8, 9, 16, 17, 127, 128, 129, 257, 4095, 4097})
     check_layer_logits(a, mode, T, 100 + T, 48, "softmax E40 k8");
   Harness b(kSmallSigmoid, mode, 4097, 4, gemm());
+  EXPECT_FALSE(b.cuda->shared_in_routed());  // shared I 256 != routed I 128: its own launches
   for (int64_t T : {1, 17, 257, 4097}) check_layer_logits(b, mode, T, 200 + T, 48, "sigmoid-grouped+shared E32 k6");
+  // The DeepSeek shape: shared expert as wide as a routed one -> expert E of the routed launches (sm90 path).
+  LayerDims same = kSmallSigmoid;
+  same.name = "sigmoid-grouped+shared(I) E32 k6";
+  same.shared_I = same.I;
+  Harness c(same, mode, 4097, 5, gemm());
+  EXPECT_EQ(c.cuda->shared_in_routed(), gemm() == GemmPath::kSm90Wgmma);
+  for (int64_t T : {1, 2, 17, 85, 86, 257, 4097}) {
+    check_layer_logits(c, mode, T, 300 + T, 48, same.name);
+    // offsets has E + 2 entries then: the shared expert's T rows follow the routed ones.
+    const PlanView pv = c.cuda->plan_view();
+    std::vector<int32_t> offs(same.E + 2);
+    CUDA_OK(cudaMemcpy(offs.data(), pv.offsets, offs.size() * 4, cudaMemcpyDeviceToHost));
+    EXPECT_EQ(offs[same.E], T * same.k) << "T=" << T;
+    if (c.cuda->shared_in_routed()) EXPECT_EQ(offs[same.E + 1], T * same.k + T) << "T=" << T;
+  }
 }
 
 // Partial tiles (H % 64 != 0, I % 32 != 0), relu2 with a narrow shared expert, E = 1, k = E, E = 257 / 512,
@@ -525,6 +541,8 @@ TEST_P(ModeTest, OddShapesAndExtremeRouting) {
   const LayerDims dims[] = {
       {"H272 I144 E8 k3", 272, 144, 8, 3},
       {"relu2 H208 I80 shared48", 208, 80, 12, 2, Activation::Relu2, Routing::SigmoidGroupedTopK, 1, 1, 2.5f, true, 48},
+      {"relu2 H208 I80 shared80 (expert E)", 208, 80, 12, 2, Activation::Relu2, Routing::SigmoidGroupedTopK, 1, 1, 2.5f,
+       true, 80},
       {"E1 k1", 128, 64, 1, 1},
       {"k=E=8", 128, 96, 8, 8},
       {"E257 k10", 128, 64, 257, 10},
@@ -582,8 +600,9 @@ TEST_P(ModeTest, AdversarialRouting) {
   const LayerDims d{"ids", 256, 128, 24, 4};
   Harness hs(d, mode, 600, 5, gemm());
   const int64_t H = d.H, K = d.k;
-  for (int scenario = 0; scenario < 4; ++scenario) {
-    const int64_t T = scenario == 3 ? 513 : 257;
+  // T * k = 404 and 512: the one-block plan (plan_small_kernel); 1028 / 2052: the three-kernel plan.
+  for (int scenario = 0; scenario < 4; ++scenario)
+  for (const int64_t T : {int64_t(101), int64_t(128), int64_t(scenario == 3 ? 513 : 257)}) {
     std::vector<int32_t> ids(T * K);
     std::vector<float> ws(T * K);
     Rng r(scenario + 77);
@@ -609,9 +628,9 @@ TEST_P(ModeTest, AdversarialRouting) {
     CUDA_OK(cudaMemcpy(goffs.data(), pv.offsets, (d.E + 1) * 4, cudaMemcpyDeviceToHost));
     CUDA_OK(cudaMemcpy(gperm.data(), pv.perm, gperm.size() * 4, cudaMemcpyDeviceToHost));
     CUDA_OK(cudaMemcpy(ginv.data(), pv.inv, T * K * 4, cudaMemcpyDeviceToHost));
-    EXPECT_EQ(goffs, p.offsets) << "scenario " << scenario;
-    EXPECT_EQ(gperm, p.perm) << "scenario " << scenario;
-    EXPECT_EQ(ginv, p.inv) << "scenario " << scenario;
+    EXPECT_EQ(goffs, p.offsets) << "scenario " << scenario << " T=" << T;
+    EXPECT_EQ(gperm, p.perm) << "scenario " << scenario << " T=" << T;
+    EXPECT_EQ(ginv, p.inv) << "scenario " << scenario << " T=" << T;
     const auto tokens = token_subset(T, 64);
     const auto got = rows_of(hs.out.get(T * H), tokens, H);
     const auto ref = layer_ref(hs.host, mode, hidden, ids, ws, tokens);
@@ -806,10 +825,14 @@ TEST(CudaLayer, F32HiddenIsRoundedToBf16) {
 // scales amax / 2688. On the sm90 path the GEMM2 amax comes from launch_act_amax (GEMM1 without the fused
 // quantization while calibrating, then amax + quantization in place); a second calibrated forward checks that
 // the in-place quantization gave the same bits as the fused epilogue does outside calibration.
+// The second layer has a shared expert of the routed shape (expert E of the routed launches on the sm90 path:
+// its amax lives at index E of the routed arrays).
 TEST(CudaLayer, Calibration) {
-  for (GemmPath gemm : kBothPaths) {
-  SCOPED_TRACE(gemm_path_name(gemm));
-  const LayerDims d{"calib", 256, 128, 8, 2};
+  for (GemmPath gemm : kBothPaths)
+  for (const LayerDims& d : {LayerDims{"calib", 256, 128, 8, 2},
+                             LayerDims{"calib+shared", 256, 128, 8, 2, Activation::SwiGLU, Routing::SoftmaxTopK, 1, 1,
+                                       1.0f, true, 128}}) {
+  SCOPED_TRACE(std::string(gemm_path_name(gemm)) + " " + d.name);
   Harness hs(d, Mode::W4A4, 128, 14, gemm);
   const int64_t H = d.H, K = d.k, T = 128;
   const auto hidden = random_hidden(T, H, 7);
@@ -825,10 +848,19 @@ TEST(CudaLayer, Calibration) {
   std::vector<float> ws(T * K);
   route_ref(hs.spec(), logits.data(), nullptr, T, ids.data(), ws.data());
   Amax am{std::vector<float>(d.E, 0.0f), std::vector<float>(d.E, 0.0f)};
+  Amax shared_am{std::vector<float>(1, 0.0f), std::vector<float>(1, 0.0f)};
   std::vector<float> x(H), y(H);
   for (int64_t t = 0; t < T; ++t) {
     for (int64_t k = 0; k < H; ++k) x[k] = fmt::bf16_to_float(hidden[t * H + k]);
     for (int64_t j = 0; j < K; ++j) expert_ref(hs.host.experts, ids[t * K + j], Mode::W4A4, x.data(), y.data(), &am);
+    if (d.shared_I) expert_ref(hs.host.shared, 0, Mode::W4A4, x.data(), y.data(), &shared_am);
+  }
+  if (d.shared_I) {
+    EXPECT_EQ(hs.cuda->shared_in_routed(), gemm == GemmPath::kSm90Wgmma);
+    hs.host.shared.w13_input_scale[0] = shared_am.g1[0] / 2688.0f;
+    EXPECT_EQ(hs.cuda->shared().input_scale13[0], hs.host.shared.w13_input_scale[0]);
+    EXPECT_NEAR(hs.cuda->shared().input_scale2[0], shared_am.g2[0] / 2688.0f, 1e-2 * shared_am.g2[0] / 2688.0f);
+    hs.host.shared.w2_input_scale[0] = hs.cuda->shared().input_scale2[0];
   }
   const float mx1 = *std::max_element(am.g1.begin(), am.g1.end());
   const float mx2 = *std::max_element(am.g2.begin(), am.g2.end());
