@@ -147,21 +147,31 @@ Sm90GemmConfig sm90_pick_config(const Sm90GemmLoad& load) {
     if (few ? c.consumer_warpgroups == 2 : c.consumer_warpgroups > best->consumer_warpgroups) best = &c;
   }
   if (best == nullptr) best = &list.back();
-  // Less than one wave of CTA tiles (the shared expert at small T: one expert, rows_per_expert = T, so not
-  // "few"; bench/results/a4fcb4d-profile-ds32-w4a16.log: its GEMM1 ran on 8 CTAs at 0.22 TB/s with wg4):
-  // take the config of this token tile with the most CTA tiles. The tile count is an upper bound from
-  // host numbers: active experts <= min(E, max_rows), token tiles per active expert from the mean rows.
-  if (load.units > 0 && load.num_sms > 0 && load.max_rows > 0) {
-    const int64_t active = std::min<int64_t>(std::max<int64_t>(load.experts, 1), load.max_rows);
-    const double rows_per_active = static_cast<double>(load.max_rows) / static_cast<double>(active);
-    auto tiles = [&](const Sm90GemmConfig& c) {
-      const int64_t t_tiles = std::max<int64_t>(1, static_cast<int64_t>(std::ceil(rows_per_active / c.block_t)));
-      const int64_t n_tiles = (load.units + c.consumer_warpgroups - 1) / c.consumer_warpgroups;
-      return active * n_tiles * t_tiles;
-    };
-    if (tiles(*best) < load.num_sms)
-      for (const auto& c : list)
-        if (c.block_t == best->block_t && tiles(c) > tiles(*best)) best = &c;
+  if (load.units <= 0 || load.num_sms <= 0 || load.max_rows <= 0) return *best;
+  // With the units and the SMs known: the config of this token tile with the least estimated time, waves of
+  // CTA tiles x the time of one tile. A tile is W weight units, one per consumer warpgroup; the dequant chain
+  // saturates the SM's issue slots, so a tile takes ~W / rate(W) (rate: the SM's throughput relative to W = 2,
+  // measured at full occupancy: bt16 wg4 / wg2 = 2.69 / 2.52 TB/s at 1 row/expert, bench/results/567a3ab-*;
+  // wg3 / wg4 = 2.99 / 2.91 at 8 rows/expert, docs/gemm.md).
+  // The tile count is an upper bound from host numbers: active experts <= min(E, max_rows), token tiles per
+  // active expert from the mean rows. This is what keeps a 2-warpgroup tile below one wave (deepseek-v3 T = 1
+  // routed: 128 CTA tiles, 85 vs 123 us with wg4) and avoids a second, nearly empty wave (the same with the
+  // shared expert as expert E: 144 tiles = 2 waves with wg2, 99 = 1 with wg3).
+  const int64_t active = std::min<int64_t>(std::max<int64_t>(load.experts, 1), load.max_rows);
+  const double rows_per_active = static_cast<double>(load.max_rows) / static_cast<double>(active);
+  auto cost = [&](const Sm90GemmConfig& c) {
+    const int64_t t_tiles = std::max<int64_t>(1, static_cast<int64_t>(std::ceil(rows_per_active / c.block_t)));
+    const int64_t n_tiles = (load.units + c.consumer_warpgroups - 1) / c.consumer_warpgroups;
+    const int64_t tiles = active * n_tiles * t_tiles;
+    const int64_t waves = (tiles + load.num_sms - 1) / load.num_sms;
+    const double rate = c.consumer_warpgroups == 2 ? 1.0 : c.consumer_warpgroups == 3 ? 1.096 : 1.067;
+    return static_cast<double>(waves) * c.consumer_warpgroups / rate;
+  };
+  const int bt = best->block_t;
+  for (const auto& c : list) {
+    if (c.block_t != bt) continue;
+    const double d = cost(c) - cost(*best);
+    if (d < -1e-9 || (d <= 1e-9 && c.consumer_warpgroups > best->consumer_warpgroups)) best = &c;
   }
   return *best;
 }

@@ -297,19 +297,48 @@ __device__ __forceinline__ void dequant_block(const uint4 codes, const uint2 sc,
 // Persistent tiles in the order (expert, n-tile, token-tile), token tiles fastest so that CTAs running at the
 // same time share a weight tile through L2. Every role walks the same sequence; indices only grow, so the
 // expert cursor only moves forward (one pass over offsets per CTA).
+// Called by all 32 lanes of a warp (the same idx): the experts after the current one are examined 32 at a
+// time (one offsets load per lane, a warp scan of their tile counts, a ballot for the first expert whose tiles
+// reach idx). An expert-at-a-time walk is a chain of dependent loads and branches: with 257 experts and 9
+// busy ones at decode, ~257 serialized steps before a CTA finds its first tile and again before it exits.
 template <int BT>
 struct TileCursor {
   int e = -1, first = 0, count = 0, ttiles = 1, row_begin = 0, rows = 0;
   __device__ __forceinline__ bool seek(const GemmParams& p, int n_ctiles, int idx) {
-    while (idx >= first + count) {
-      first += count;
-      if (++e >= p.num_experts) return false;
-      row_begin = __ldg(p.offsets + e);
-      rows = __ldg(p.offsets + e + 1) - row_begin;
-      ttiles = rows > 0 ? (rows + BT - 1) / BT : 0;
-      count = ttiles * n_ctiles;
+    if (idx < first + count) return true;
+    const int lane = threadIdx.x & 31;
+    int next_first = first + count;  // tile index of expert e + 1's first tile
+    for (int e0 = e + 1; e0 < p.num_experts; e0 += 32) {
+      const int ee = e0 + lane;
+      int rb = 0, r = 0, c = 0;
+      if (ee < p.num_experts) {
+        rb = __ldg(p.offsets + ee);
+        r = __ldg(p.offsets + ee + 1) - rb;
+        c = r > 0 ? (r + BT - 1) / BT * n_ctiles : 0;
+      }
+      int incl = c;
+#pragma unroll
+      for (int off = 1; off < 32; off <<= 1) {
+        const int v = __shfl_up_sync(0xFFFFFFFFu, incl, off);
+        if (lane >= off) incl += v;
+      }
+      const unsigned hit = __ballot_sync(0xFFFFFFFFu, next_first + incl > idx);
+      if (hit != 0u) {
+        const int l = __ffs(hit) - 1;
+        e = e0 + l;
+        count = __shfl_sync(0xFFFFFFFFu, c, l);
+        first = next_first + __shfl_sync(0xFFFFFFFFu, incl, l) - count;
+        row_begin = __shfl_sync(0xFFFFFFFFu, rb, l);
+        rows = __shfl_sync(0xFFFFFFFFu, r, l);
+        ttiles = (rows + BT - 1) / BT;
+        return true;
+      }
+      next_first += __shfl_sync(0xFFFFFFFFu, incl, 31);
     }
-    return true;
+    e = p.num_experts;
+    first = next_first;
+    count = 0;
+    return false;
   }
 };
 
@@ -381,8 +410,10 @@ __global__ void __launch_bounds__((WGS + 1) * 128, 1)
   if (wg == 0) {
     // ---------------------------------------------------------------- producer
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(Tr::kProducerRegs));
-    if (threadIdx.x != 0) return;
-    asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&tmap_a)) : "memory");
+    // Warp 0 walks the tiles (TileCursor::seek is warp-cooperative); its lane 0 issues the loads.
+    if (threadIdx.x >= 32) return;
+    const bool issuer = threadIdx.x == 0;
+    if (issuer) asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&tmap_a)) : "memory");
     int s = 0;
     uint32_t phase = 0;
     TileCursor<BT> cur;
@@ -396,17 +427,20 @@ __global__ void __launch_bounds__((WGS + 1) * 128, 1)
         const int unit = min(n_idx * WGS + c, p.units - 1);  // a consumer past the last unit computes a copy
         wsrc[c] = p.w + (static_cast<size_t>(cur.e) * p.units + unit) * p.k_tiles * kUnitBytes;
       }
-      for (int kt = 0; kt < p.k_tiles; ++kt) {
-        mbar_wait(empty0 + 8 * s, phase ^ 1);
-        const uint32_t full = full0 + 8 * s;
-        mbar_expect_tx(full, Tr::kStageBytes);
-        tma_load_2d(smem_u32(smem_a + s * Tr::kABytes), &tmap_a, kt * kBlockK, row0, full);
+      if (issuer) {
+        for (int kt = 0; kt < p.k_tiles; ++kt) {
+          mbar_wait(empty0 + 8 * s, phase ^ 1);
+          const uint32_t full = full0 + 8 * s;
+          mbar_expect_tx(full, Tr::kStageBytes);
+          tma_load_2d(smem_u32(smem_a + s * Tr::kABytes), &tmap_a, kt * kBlockK, row0, full);
 #pragma unroll
-        for (int c = 0; c < WGS; ++c)
-          bulk_load(smem_u32(smem_w + s * Tr::kWBytes + c * kUnitBytes), wsrc[c] + static_cast<size_t>(kt) * kUnitBytes,
-                    kUnitBytes, full);
-        if (++s == STAGES) { s = 0; phase ^= 1; }
+          for (int c = 0; c < WGS; ++c)
+            bulk_load(smem_u32(smem_w + s * Tr::kWBytes + c * kUnitBytes),
+                      wsrc[c] + static_cast<size_t>(kt) * kUnitBytes, kUnitBytes, full);
+          if (++s == STAGES) { s = 0; phase ^= 1; }
+        }
       }
+      __syncwarp();
     }
   } else {
     // ---------------------------------------------------------------- consumers

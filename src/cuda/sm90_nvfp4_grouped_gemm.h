@@ -56,9 +56,10 @@ struct Sm90GemmLoad {
   int units = 0;         // weight units of N (Sm90PreparedShape::units); 0 = unknown (list rule only)
   int num_sms = 0;       // SMs the persistent grid spans; 0 = unknown (list rule only)
 };
-// Heuristic: the smallest token tile that holds max_rows / E rows; at that tile the most consumer warpgroups,
-// except when that leaves less than one wave of CTA tiles: then the config of the same tile with the most
-// CTA tiles (a shared expert at small T, a handful of active experts).
+// Heuristic: the smallest token tile that holds max_rows / E rows; at that tile, with units and SMs known, the
+// consumer-warpgroup count with the least estimated time (waves of CTA tiles x tile time: a 2-warpgroup tile
+// when that stays within one wave, no second nearly empty wave); without them the most warpgroups (2 when
+// fewer rows than experts).
 Sm90GemmConfig sm90_pick_config(const Sm90GemmLoad& load);
 
 struct Sm90GemmArgs {

@@ -73,6 +73,9 @@ __global__ void route_kernel(RouteArgs a) {
 #pragma unroll
     for (int off = 16; off > 0; off >>= 1) z += __shfl_xor_sync(0xffffffffu, z, off);
     __syncwarp();
+    // The k weights wait in shared memory (aux, unused here) for the renormalization: reading them back from
+    // the global output would be k dependent round trips to L2 (microseconds at decode).
+    float* wbuf = aux;
     float wsum = 0.0f;
     for (int j = 0; j < K; ++j) {
       const int id = warp_argmax(key, eligible, E, lane);
@@ -80,14 +83,14 @@ __global__ void route_kernel(RouteArgs a) {
       if (lane == 0) {
         const float p = id >= 0 ? expf(key[id] - mx) / z : 0.0f;
         ids[j] = id;
-        ws[j] = p;
+        wbuf[j] = p;
         wsum += p;
         if (id >= 0) eligible[id] = 0;
       }
       __syncwarp();
     }
-    if (lane == 0 && a.renormalize && wsum > 0.0f)
-      for (int j = 0; j < K; ++j) ws[j] = ws[j] / wsum;
+    wsum = __shfl_sync(0xffffffffu, wsum, 0);
+    for (int j = lane; j < K; j += 32) ws[j] = (a.renormalize && wsum > 0.0f) ? wbuf[j] / wsum : wbuf[j];
     return;
   }
 
@@ -135,6 +138,9 @@ __global__ void route_kernel(RouteArgs a) {
     for (int e = lane; e < E; e += 32) eligible[e] = (gscore[e / gsize] == -INFINITY) ? 1 : 0;
     __syncwarp();
   }
+  // The k weights wait in shared memory (gscore: the group scores are consumed above) for the
+  // renormalization, not in the global output (k dependent round trips to L2 to read them back).
+  float* wbuf = gscore;
   float wsum = 0.0f;
   for (int j = 0; j < K; ++j) {
     const int id = warp_argmax(key, eligible, E, lane);
@@ -142,18 +148,17 @@ __global__ void route_kernel(RouteArgs a) {
     if (lane == 0) {
       const float w = id >= 0 ? aux[id] : 0.0f;
       ids[j] = id;
-      ws[j] = w;
+      wbuf[j] = w;
       wsum += w;
       if (id >= 0) eligible[id] = 0;
     }
     __syncwarp();
   }
-  if (lane == 0) {
-    for (int j = 0; j < K; ++j) {
-      float w = ws[j];
-      if (a.renormalize && wsum > 0.0f) w = w / wsum;
-      ws[j] = w * a.scaling;
-    }
+  wsum = __shfl_sync(0xffffffffu, wsum, 0);
+  for (int j = lane; j < K; j += 32) {
+    float w = wbuf[j];
+    if (a.renormalize && wsum > 0.0f) w = w / wsum;
+    ws[j] = w * a.scaling;
   }
 }
 

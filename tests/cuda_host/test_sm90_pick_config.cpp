@@ -34,9 +34,10 @@ TEST(Sm90PickConfig, AlwaysFromTheListAndTheTileHoldsTheRows) {
 }
 
 TEST(Sm90PickConfig, RoutedDecodeAndPrefill) {
-  // deepseek-v3 T = 1 (8 rows on 256 experts): the 2-warpgroup tile, twice the CTA tiles (85 vs 123 us).
+  // deepseek-v3 T = 1 (8 rows on 256 experts): GEMM1 the 2-warpgroup tile, twice the CTA tiles (85 vs 123 us),
+  // 128 of them in one wave; GEMM2 (56 units) would be 224 wg2 tiles = 2 waves: wg4, 112 tiles in one.
   EXPECT_EQ(sm90_pick_config(Sm90GemmLoad{8, 256, kDeepseekGemm1Units, kSms}).consumer_warpgroups, 2);
-  EXPECT_EQ(sm90_pick_config(Sm90GemmLoad{8, 256, kDeepseekGemm2Units, kSms}).consumer_warpgroups, 2);
+  EXPECT_EQ(sm90_pick_config(Sm90GemmLoad{8, 256, kDeepseekGemm2Units, kSms}).consumer_warpgroups, 4);
   // 1 row per expert on all of them: the 4-warpgroup tile (2.69 vs 2.52 TB/s), many waves of tiles.
   const Sm90GemmConfig one = sm90_pick_config(Sm90GemmLoad{256, 256, kDeepseekGemm1Units, kSms});
   EXPECT_EQ(one.block_t, 16);
@@ -55,8 +56,21 @@ TEST(Sm90PickConfig, SharedExpertUnderOneWaveTakesTheMostCtaTiles) {
   EXPECT_EQ(g1.block_t, 16);
   EXPECT_EQ(g1.consumer_warpgroups, 2);
   EXPECT_EQ(sm90_pick_config(Sm90GemmLoad{16, 1, kDeepseekGemm2Units, kSms}).consumer_warpgroups, 2);
-  // Enough tiles for a wave: unchanged (qwen3-30b T = 16: 128 rows on 128 experts, 12 units -> 384 wg4 tiles).
-  EXPECT_EQ(sm90_pick_config(Sm90GemmLoad{128, 128, 12, kSms}).consumer_warpgroups, 4);
+  // Several waves (qwen3-30b T = 16: 128 rows on 128 experts, 12 units): not the 2-warpgroup tile (768 tiles,
+  // 6 waves) but wg3 (512, 4 waves) or wg4 (384, 3 waves).
+  EXPECT_GE(sm90_pick_config(Sm90GemmLoad{128, 128, 12, kSms}).consumer_warpgroups, 3);
+}
+
+TEST(Sm90PickConfig, NoSecondNearlyEmptyWave) {
+  // deepseek-v3 T = 1 with the shared expert as expert E: 9 rows on 257 experts. GEMM1 (32 units): wg2 gives
+  // 144 CTA tiles = 2 waves on 132 SMs (12 SMs run a second tile while 120 idle); wg3 gives 99 tiles, one wave.
+  EXPECT_EQ(sm90_pick_config(Sm90GemmLoad{9, 257, kDeepseekGemm1Units, kSms}).consumer_warpgroups, 3);
+  // GEMM2 (56 units): wg2 252 tiles, wg3 171 (both 2 waves), wg4 126 (one wave).
+  EXPECT_EQ(sm90_pick_config(Sm90GemmLoad{9, 257, kDeepseekGemm2Units, kSms}).consumer_warpgroups, 4);
+  // Without the shared expert (8 rows, 256 experts): 128 wg2 tiles fit one wave, so wg2 stays.
+  EXPECT_EQ(sm90_pick_config(Sm90GemmLoad{8, 256, kDeepseekGemm1Units, kSms}).consumer_warpgroups, 2);
+  // Fewer SMs (a partitioned GPU): 128 wg2 tiles on 100 SMs are 2 waves; wg3 (88 tiles) is one.
+  EXPECT_EQ(sm90_pick_config(Sm90GemmLoad{8, 256, kDeepseekGemm1Units, 100}).consumer_warpgroups, 3);
 }
 
 }  // namespace
