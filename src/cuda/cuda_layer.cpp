@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <string>
 
 #include "cuda/cuda_backend.h"
@@ -561,7 +562,8 @@ void CudaMoeLayer::forward(const TensorRef& hidden, const RoutingArgs& routing, 
   const bool a4 = options_.mode == Mode::W4A4;
   const bool f32_in = hidden.dtype == DType::F32;
 
-  // 1. routing
+  // 1. routing (with logits: launched together with the plan, fused into one kernel at decode)
+  std::optional<RouteArgs> route;
   if (routing.router_logits) {
     RouteArgs r;
     r.kind = spec_.routing == Routing::SoftmaxTopK ? RouteKind::kSoftmax : RouteKind::kSigmoidGrouped;
@@ -576,7 +578,7 @@ void CudaMoeLayer::forward(const TensorRef& hidden, const RoutingArgs& routing, 
     r.scaling = spec_.routed_scaling_factor;
     r.topk_ids = topk_ids_;
     r.topk_weights = topk_weights_;
-    check_launch(launch_route(r, stream), "route");
+    route = r;
   } else {
     check_launch(launch_copy_topk(static_cast<const int32_t*>(routing.topk_ids->data),
                                   static_cast<const float*>(routing.topk_weights->data), pairs, E, topk_ids_,
@@ -600,7 +602,8 @@ void CudaMoeLayer::forward(const TensorRef& hidden, const RoutingArgs& routing, 
   pl.shared_offsets = (shared_.num_experts && !merged) ? shared_offsets_ : nullptr;
   pl.shared_tile_offsets = (shared_.num_experts && !merged) ? shared_tile_offsets_ : nullptr;
   pl.append_shared = merged;
-  check_launch(launch_plan(pl, stream), "plan");
+  if (route) check_launch(launch_route_plan(*route, pl, stream), "route + plan");
+  else check_launch(launch_plan(pl, stream), "plan");
 
   // 3-5. gather(+quant) -> GEMM1(+act+quant) -> GEMM2, for the routed experts (with the shared one as expert E
   // when merged) and then the shared expert's own launches.

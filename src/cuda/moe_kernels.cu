@@ -70,6 +70,35 @@ cudaError_t launch_plan(const PlanArgs& a, cudaStream_t stream) {
   return launch_pdl(kernels::plan_scatter_kernel, dim3(chunks), dim3(kPlanChunk), 0, stream, a, pairs);
 }
 
+namespace kernels {
+inline constexpr size_t kFusedRouteSmemBytes = 36 * 1024;  // + the plan's 10 KB of static shared memory < 48 KB
+
+__global__ void __launch_bounds__(kScanThreads) route_plan_small_kernel(RouteArgs r, PlanArgs a, int pairs) {
+  pdl_wait_then_allow_next();
+  extern __shared__ __align__(16) uint8_t route_smem[];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  if (warp < r.tokens)
+    route_token(r, warp, route_smem + static_cast<size_t>(warp) * route_smem_per_warp(r.experts), lane);
+  __syncthreads();  // the routing's ids (global memory) are visible to the whole block from here on
+  plan_small_block(a, pairs);
+}
+}  // namespace kernels
+
+cudaError_t launch_route_plan(const RouteArgs& r, const PlanArgs& a, cudaStream_t stream) {
+  const int pairs = a.tokens * a.top_k;
+  const size_t smem = static_cast<size_t>(r.tokens) * kernels::route_smem_per_warp(r.experts);
+  const bool fused = r.tokens > 0 && r.tokens <= kFusedRoutePlanTokens && pairs <= kSmallPlanPairs &&
+                     smem <= kernels::kFusedRouteSmemBytes && r.tokens == a.tokens && r.top_k == a.top_k &&
+                     r.experts == a.experts && r.topk_ids == a.topk_ids;
+  if (!fused) {
+    const cudaError_t err = launch_route(r, stream);
+    return err != cudaSuccess ? err : launch_plan(a, stream);
+  }
+  if (!r.logits || !r.topk_weights || r.experts > kMaxExperts || r.top_k > r.experts) return cudaErrorInvalidValue;
+  return launch_pdl(kernels::route_plan_small_kernel, dim3(1), dim3(kernels::kScanThreads), smem, stream, r, a,
+                    pairs);
+}
+
 cudaError_t launch_gather(const GatherArgs& a, cudaStream_t stream) {
   if (a.max_rows <= 0) return cudaSuccess;
   if (!a.hidden || !a.out || !a.offsets || a.hidden_size % 16 != 0) return cudaErrorInvalidValue;

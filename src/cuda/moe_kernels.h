@@ -63,6 +63,12 @@ struct PlanArgs {
 };
 cudaError_t launch_plan(const PlanArgs& a, cudaStream_t stream);
 
+// Routing then plan. At decode (T <= kFusedRoutePlanTokens, T * k <= kSmallPlanPairs, the route scratch of T
+// warps in shared memory) both in one block of one launch: a warp per token routes, then the block plans (the
+// same bits as launch_route + launch_plan, one launch instead of two); otherwise those two.
+inline constexpr int kFusedRoutePlanTokens = 32;
+cudaError_t launch_route_plan(const RouteArgs& r, const PlanArgs& a, cudaStream_t stream);
+
 // ---------------------------------------------------------------- quantize + gather (GEMM1 operand rows)
 // Row r of out (r < offsets[E], read on the device) = hidden[token(r)] where token(r) = perm[r] / k
 // (perm == nullptr: the identity over T tokens, the shared expert; append_shared: both in one launch).

@@ -119,9 +119,8 @@ __global__ void __launch_bounds__(kPlanChunk) plan_scatter_kernel(PlanArgs a, in
 
 // The whole plan in one block when the pairs fit in shared memory (decode: T * k <= kSmallPlanPairs): the same
 // counts, offsets, perm and inv as the three kernels above (a pair's row = offsets[e] + the number of earlier
-// pairs with expert e), in one launch instead of three.
-__global__ void __launch_bounds__(kScanThreads) plan_small_kernel(PlanArgs a, int pairs) {
-  pdl_wait_then_allow_next();
+// pairs with expert e), in one launch instead of three. A block of kScanThreads threads, all of them calling.
+__device__ __forceinline__ void plan_small_block(const PlanArgs& a, int pairs) {
   __shared__ int32_t hist[kMaxExperts];
   __shared__ int32_t buf[kScanThreads];
   __shared__ int32_t sid[kSmallPlanPairs];
@@ -159,6 +158,11 @@ __global__ void __launch_bounds__(kScanThreads) plan_small_kernel(PlanArgs a, in
     a.perm[row] = p;
     a.inv[p] = row;
   }
+}
+
+__global__ void __launch_bounds__(kScanThreads) plan_small_kernel(PlanArgs a, int pairs) {
+  pdl_wait_then_allow_next();
+  plan_small_block(a, pairs);
 }
 
 }  // namespace nvfp4moe::cuda::kernels

@@ -41,14 +41,9 @@ __device__ __forceinline__ int warp_argmax(const float* key, const uint8_t* elig
   return bi == INT_MAX ? -1 : bi;
 }
 
-__global__ void route_kernel(RouteArgs a) {
-  pdl_wait_then_allow_next();
-  extern __shared__ __align__(16) uint8_t route_smem[];
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int t = blockIdx.x * kRouteWarps + warp;
-  if (t >= a.tokens) return;  // whole warp leaves together
+// Routes token t with one warp; base: the warp's route_smem_per_warp(E) bytes of shared memory.
+__device__ __forceinline__ void route_token(const RouteArgs& a, int t, uint8_t* base, int lane) {
   const int E = a.experts, K = a.top_k;
-  uint8_t* base = route_smem + static_cast<size_t>(warp) * route_smem_per_warp(E);
   float* key = reinterpret_cast<float*>(base);
   float* aux = key + E;
   float* gscore = aux + E;
@@ -160,6 +155,15 @@ __global__ void route_kernel(RouteArgs a) {
     if (a.renormalize && wsum > 0.0f) w = w / wsum;
     ws[j] = w * a.scaling;
   }
+}
+
+__global__ void route_kernel(RouteArgs a) {
+  pdl_wait_then_allow_next();
+  extern __shared__ __align__(16) uint8_t route_smem[];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int t = blockIdx.x * kRouteWarps + warp;
+  if (t >= a.tokens) return;  // whole warp leaves together
+  route_token(a, t, route_smem + static_cast<size_t>(warp) * route_smem_per_warp(a.experts), lane);
 }
 
 __global__ void copy_topk_kernel(const int32_t* __restrict__ ids, const float* __restrict__ weights, int pairs,
