@@ -4,6 +4,10 @@
 # scripts/device_python_gpu.sh does), generates a qwen3-30b layer and a deepseek-v3-shaped layer with 32
 # experts (a full 256-expert layer takes minutes of CPU quantization in `gen`), profiles both modes.
 #   NVFP4MOE_GIT_SHA=<sha> OUT=out bash scripts/device_profile.sh
+# NVFP4MOE_PDL defaults to 0 here: with programmatic dependent launch a kernel starts while its predecessor
+# drains, and CUPTI's kernel durations then include that wait and overlap (bench/results/0f13eff-profile-*).
+# With PDL off the graph replay it also reports is the unoverlapped chain (a few us slower than the default at
+# T = 1): compare the kernels with each other, and the benchmark (PDL on) for the layer's time.
 # Output: $OUT/<sha>-profile-{q30,ds32}-{w4a16,w4a4}.{log,json}, packed with the build log into one archive.
 set -u -o pipefail
 OUT=${OUT:-out}
@@ -19,6 +23,8 @@ if ! python3 -m pip install --no-build-isolation --no-deps --disable-pip-version
   tail -n 40 "$OUT/p/pip-install.log"; echo "device_profile.sh: pip install failed"; exit 1
 fi
 export PYTHONPATH=/tmp/nvfp4moe-site
+export NVFP4MOE_PDL=${NVFP4MOE_PDL:-0}
+echo "NVFP4MOE_PDL=$NVFP4MOE_PDL"
 "$CARRY/nvfp4moe" gen --preset qwen3-30b --layers 1 --out /tmp/prof-q30 > "$OUT/p/gen.log" 2>&1
 "$CARRY/nvfp4moe" gen --preset deepseek-v3 --experts 32 --layers 1 --out /tmp/prof-ds32 >> "$OUT/p/gen.log" 2>&1
 for mode in w4a16 w4a4; do
