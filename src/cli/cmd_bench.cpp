@@ -365,6 +365,11 @@ void run_on_device(const BenchOpts& o, const BenchPlan& p, json& doc) {
   const char* gemm = cuda::gemm_path_name(cuda::gemm_path_from_env());
   doc["gemm"] = gemm;
   std::printf("bench: grouped GEMM %s\n", gemm);
+  // A fixed sm90 tile config (A/B of the heuristic), refused here if malformed, recorded with the numbers.
+  const char* forced = std::getenv("NVFP4MOE_SM90_CONFIG");
+  cuda::sm90_config_override_from_env();  // refused here, before any work, if malformed
+  doc["sm90_config_override"] = forced ? forced : "";
+  if (forced && forced[0]) std::printf("bench: sm90 tile config fixed by NVFP4MOE_SM90_CONFIG=%s\n", forced);
   const auto t_start = std::chrono::steady_clock::now();
   const MoeSpec& spec = p.spec;
   const int64_t H = spec.hidden, E = spec.num_experts, maxT = p.tokens.back();

@@ -150,6 +150,52 @@ GemmPath gemm_path_from_env() {
   throw ArgumentError("NVFP4MOE_GEMM: expected sm90_wgmma (the default) or mma_sync, got '" + s + "'");
 }
 
+Sm90ConfigOverride parse_sm90_config_override(const std::string& value) {
+  Sm90ConfigOverride o;
+  if (value.empty()) return o;
+  auto refuse = [&](const std::string& why) {
+    std::string names;
+    for (const auto& c : sm90_gemm_configs()) names += (names.empty() ? "" : ", ") + to_string(c);
+    throw ArgumentError("NVFP4MOE_SM90_CONFIG: " + why + " in '" + value +
+                        "'; expected a config name for both GEMMs or gemm1=NAME,gemm2=NAME, names: " + names);
+  };
+  auto config = [&](const std::string& name) {
+    Sm90GemmConfig c{};
+    if (!sm90_gemm_config_by_name(name, &c)) refuse("unknown config '" + name + "'");
+    return c;
+  };
+  if (value.find('=') == std::string::npos) {
+    o.gemm1 = o.gemm2 = config(value);
+    o.gemm1_set = o.gemm2_set = true;
+    return o;
+  }
+  size_t pos = 0;
+  while (pos <= value.size()) {
+    const size_t end = std::min(value.find(',', pos), value.size());
+    const std::string item = value.substr(pos, end - pos);
+    const size_t eq = item.find('=');
+    if (eq == std::string::npos) refuse("item '" + item + "' is not gemm1=NAME or gemm2=NAME");
+    const std::string key = item.substr(0, eq);
+    const Sm90GemmConfig c = config(item.substr(eq + 1));
+    if (key == "gemm1" && !o.gemm1_set) {
+      o.gemm1 = c;
+      o.gemm1_set = true;
+    } else if (key == "gemm2" && !o.gemm2_set) {
+      o.gemm2 = c;
+      o.gemm2_set = true;
+    } else {
+      refuse("key '" + key + "' is not gemm1 or gemm2, or given twice");
+    }
+    pos = end + 1;
+  }
+  return o;
+}
+
+Sm90ConfigOverride sm90_config_override_from_env() {
+  const char* v = std::getenv("NVFP4MOE_SM90_CONFIG");
+  return parse_sm90_config_override(v ? v : "");
+}
+
 bool device_available() {
   int n = 0;
   return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
@@ -163,7 +209,7 @@ CudaMoeLayer::CudaMoeLayer(MoeWeights w, const MoeLayerOptions& options)
     : CudaMoeLayer(std::move(w), options, gemm_path_from_env()) {}
 
 CudaMoeLayer::CudaMoeLayer(MoeWeights w, const MoeLayerOptions& options, GemmPath gemm)
-    : gemm_(gemm), spec_(w.spec), options_(options) {
+    : gemm_(gemm), sm90_override_(sm90_config_override_from_env()), spec_(w.spec), options_(options) {
   w.validate();
   NVFP4MOE_CHECK(options.backend == Backend::Cuda, ArgumentError, "MoeLayerOptions.backend: expected cuda, got ",
                  backend_name(options.backend));
@@ -637,7 +683,10 @@ void CudaMoeLayer::forward(const TensorRef& hidden, const RoutingArgs& routing, 
       const Sm90PreparedShape shape13 = routed ? routed_launch_shape(d.w13_shape) : d.w13_shape;
       const Sm90PreparedShape shape2 = routed ? routed_launch_shape(d.w2_shape) : d.w2_shape;
       // The tile config from host-known numbers only (T, k, E, shapes): never from the routing.
-      auto pick = [&](const Sm90PreparedShape& shape) {
+      // NVFP4MOE_SM90_CONFIG (read at creation) may fix either GEMM's config for an A/B measurement.
+      auto pick = [&](const Sm90PreparedShape& shape, bool gemm1) {
+        if (gemm1 ? sm90_override_.gemm1_set : sm90_override_.gemm2_set)
+          return gemm1 ? sm90_override_.gemm1 : sm90_override_.gemm2;
         return sm90_pick_config(Sm90GemmLoad{max_rows, experts, shape.units, device_sm_count()});
       };
       Sm90GemmArgs s1;
@@ -653,7 +702,7 @@ void CudaMoeLayer::forward(const TensorRef& hidden, const RoutingArgs& routing, 
       s1.gs = (a4 && !calibrating_) ? d.gs2 : nullptr;
       s1.out = act;
       s1.epilogue = d.gated ? Sm90GemmEpilogue::kSwiGLU : Sm90GemmEpilogue::kRelu2;
-      check_sm90(sm90_nvfp4_grouped_gemm(s1, pick(s1.shape), stream, device_sm_count()),
+      check_sm90(sm90_nvfp4_grouped_gemm(s1, pick(shape13, true), stream, device_sm_count()),
                  routed ? "sm90 gemm1 (routed)" : "sm90 gemm1 (shared)");
       if (calibrating_) {
         ActAmaxArgs am;
@@ -675,7 +724,7 @@ void CudaMoeLayer::forward(const TensorRef& hidden, const RoutingArgs& routing, 
       s2.alpha0 = d.alpha2;
       s2.out = y;
       s2.epilogue = Sm90GemmEpilogue::kF32;
-      check_sm90(sm90_nvfp4_grouped_gemm(s2, pick(s2.shape), stream, device_sm_count()),
+      check_sm90(sm90_nvfp4_grouped_gemm(s2, pick(shape2, false), stream, device_sm_count()),
                  routed ? "sm90 gemm2 (routed)" : "sm90 gemm2 (shared)");
       return;
     }

@@ -8,6 +8,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "cuda/sm90_nvfp4_grouped_gemm.h"
@@ -25,6 +26,17 @@ const char* gemm_path_name(GemmPath p);  // "sm90_wgmma" / "mma_sync"
 // The environment's choice: NVFP4MOE_GEMM unset or empty or "sm90_wgmma" (also "sm90", "wgmma") -> kSm90Wgmma;
 // "mma_sync" (also "mma") -> kMmaSync; anything else -> ArgumentError naming the accepted values.
 GemmPath gemm_path_from_env();
+
+// A fixed sm90 tile config instead of sm90_pick_config's, for A/B measurements of the heuristic on one binary
+// (every config is bit-identical, so only the speed changes). NVFP4MOE_SM90_CONFIG: empty / unset = the
+// heuristic; "bt16_s9_wg4" = that config for GEMM1 and GEMM2; "gemm1=bt16_s14_wg3,gemm2=bt16_s9_wg4" = per GEMM
+// (either may be left out). Anything else: ArgumentError naming the accepted names. Read at layer creation.
+struct Sm90ConfigOverride {
+  bool gemm1_set = false, gemm2_set = false;
+  Sm90GemmConfig gemm1{}, gemm2{};
+};
+Sm90ConfigOverride parse_sm90_config_override(const std::string& value);
+Sm90ConfigOverride sm90_config_override_from_env();
 
 // Device staging for the sm90 upload: checkpoint-layout bytes of a chunk of experts go here, then
 // sm90_prepare_weights writes them into the final allocation. The chunk is as many experts as fit, at least one,
@@ -116,6 +128,7 @@ class CudaMoeLayer final : public MoeLayer {
   Sm90PreparedShape routed_launch_shape(const Sm90PreparedShape& routed) const;
 
   GemmPath gemm_ = GemmPath::kSm90Wgmma;
+  Sm90ConfigOverride sm90_override_;
 
   MoeSpec spec_;
   MoeLayerOptions options_;

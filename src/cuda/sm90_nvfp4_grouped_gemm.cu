@@ -127,6 +127,15 @@ std::string to_string(const Sm90GemmConfig& c) {
          std::to_string(c.consumer_warpgroups);
 }
 
+bool sm90_gemm_config_by_name(const std::string& name, Sm90GemmConfig* out) {
+  for (const auto& c : sm90_gemm_configs())
+    if (to_string(c) == name) {
+      if (out) *out = c;
+      return true;
+    }
+  return false;
+}
+
 Sm90GemmConfig sm90_pick_config(const Sm90GemmLoad& load) {
   const double experts = static_cast<double>(std::max<int64_t>(load.experts, 1));
   const double rows_per_expert = static_cast<double>(std::max<int64_t>(load.max_rows, 0)) / experts;

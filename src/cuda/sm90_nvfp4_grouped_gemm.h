@@ -47,7 +47,9 @@ struct Sm90GemmConfig {
   int consumer_warpgroups;  // weight units (128 rows) per CTA tile
 };
 const std::vector<Sm90GemmConfig>& sm90_gemm_configs();
-std::string to_string(const Sm90GemmConfig& c);
+std::string to_string(const Sm90GemmConfig& c);  // "bt16_s9_wg4"
+// The listed config of that name (to_string's form), or false.
+bool sm90_gemm_config_by_name(const std::string& name, Sm90GemmConfig* out);
 // The load of one launch as the host knows it before the routing exists (never from the routing: the choice
 // must not depend on data, and a captured graph keeps it).
 struct Sm90GemmLoad {

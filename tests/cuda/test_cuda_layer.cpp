@@ -1156,6 +1156,39 @@ TEST(CudaLayer, Sm90BitwiseAcrossRunsAndBatchCompositions) {
   }
 }
 
+// NVFP4MOE_SM90_CONFIG (read at creation) fixes the tile configs for A/B measurements of the heuristic: the
+// output stays bitwise the heuristic's (every config sums in the same order) with the shared expert as expert E,
+// at decode and prefill T; a malformed value is refused at creation.
+TEST(CudaLayer, Sm90ConfigOverrideIsBitIdentical) {
+  LayerDims d = kSmallSigmoid;
+  d.shared_I = d.I;
+  const int64_t maxT = 300;
+  Harness ref(d, Mode::W4A16, maxT, 61, GemmPath::kSm90Wgmma);
+  const int64_t H = ref.H(), E = ref.spec().num_experts;
+  const auto hidden = random_hidden(maxT, H, 62);
+  const auto logits = random_logits(maxT, E, 63);
+  auto run = [&](Harness& hs, int64_t T) -> std::vector<float> {
+    hs.hidden.put(hidden);
+    hs.logits.put(logits);
+    hs.forward_logits(T, hs.out.p, DType::F32);
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    return hs.out.get(T * H);
+  };
+  for (const char* value : {"bt16_s14_wg2", "gemm2=bt16_s9_wg4", "gemm1=bt16_s14_wg3,gemm2=bt128_s8_wg2"}) {
+    SCOPED_TRACE(value);
+    setenv("NVFP4MOE_SM90_CONFIG", value, 1);
+    Harness fixed(d, Mode::W4A16, maxT, 61, GemmPath::kSm90Wgmma);
+    unsetenv("NVFP4MOE_SM90_CONFIG");
+    for (int64_t T : {1, 9, 300}) {
+      const auto want = run(ref, T);
+      ASSERT_EQ(std::memcmp(run(fixed, T).data(), want.data(), want.size() * 4), 0) << "T=" << T;
+    }
+  }
+  setenv("NVFP4MOE_SM90_CONFIG", "bt16_s9_wg5", 1);
+  EXPECT_THROW(Harness(d, Mode::W4A16, 16, 61, GemmPath::kSm90Wgmma), ArgumentError);
+  unsetenv("NVFP4MOE_SM90_CONFIG");
+}
+
 // The GEMM comes from NVFP4MOE_GEMM at creation (default sm90_wgmma); a bad value is refused by name.
 TEST(CudaLayer, GemmPathFromEnvironment) {
   const char* old = std::getenv("NVFP4MOE_GEMM");

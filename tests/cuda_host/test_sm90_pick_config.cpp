@@ -4,8 +4,11 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <string>
 
+#include "cuda/cuda_layer.h"
 #include "cuda/sm90_nvfp4_grouped_gemm.h"
+#include "nvfp4moe/error.h"
 
 namespace nvfp4moe::cuda {
 namespace {
@@ -71,6 +74,46 @@ TEST(Sm90PickConfig, NoSecondNearlyEmptyWave) {
   EXPECT_EQ(sm90_pick_config(Sm90GemmLoad{8, 256, kDeepseekGemm1Units, kSms}).consumer_warpgroups, 2);
   // Fewer SMs (a partitioned GPU): 128 wg2 tiles on 100 SMs are 2 waves; wg3 (88 tiles) is one.
   EXPECT_EQ(sm90_pick_config(Sm90GemmLoad{8, 256, kDeepseekGemm1Units, 100}).consumer_warpgroups, 3);
+}
+
+TEST(Sm90ConfigOverride, NamesRoundTripAndTheOverrideParses) {
+  for (const auto& c : sm90_gemm_configs()) {
+    Sm90GemmConfig back{};
+    ASSERT_TRUE(sm90_gemm_config_by_name(to_string(c), &back)) << to_string(c);
+    EXPECT_EQ(to_string(back), to_string(c));
+  }
+  EXPECT_FALSE(sm90_gemm_config_by_name("bt16_s9_wg5", nullptr));
+
+  const Sm90ConfigOverride none = parse_sm90_config_override("");
+  EXPECT_FALSE(none.gemm1_set);
+  EXPECT_FALSE(none.gemm2_set);
+  const Sm90ConfigOverride both = parse_sm90_config_override("bt16_s9_wg4");
+  ASSERT_TRUE(both.gemm1_set && both.gemm2_set);
+  EXPECT_EQ(to_string(both.gemm1), "bt16_s9_wg4");
+  EXPECT_EQ(to_string(both.gemm2), "bt16_s9_wg4");
+  const Sm90ConfigOverride second = parse_sm90_config_override("gemm2=bt16_s14_wg3");
+  EXPECT_FALSE(second.gemm1_set);
+  ASSERT_TRUE(second.gemm2_set);
+  EXPECT_EQ(to_string(second.gemm2), "bt16_s14_wg3");
+  const Sm90ConfigOverride each = parse_sm90_config_override("gemm1=bt32_s12_wg3,gemm2=bt128_s8_wg2");
+  ASSERT_TRUE(each.gemm1_set && each.gemm2_set);
+  EXPECT_EQ(to_string(each.gemm1), "bt32_s12_wg3");
+  EXPECT_EQ(to_string(each.gemm2), "bt128_s8_wg2");
+}
+
+TEST(Sm90ConfigOverride, BadValuesAreRefusedNamingTheChoices) {
+  for (const char* bad : {"bt16", "gemm3=bt16_s9_wg4", "gemm1=bt16_s9_wg4,gemm1=bt16_s14_wg2", "gemm1=",
+                          "gemm1=bt16_s9_wg4,", "gemm1=bt16_s9_wg4;gemm2=bt16_s9_wg4"}) {
+    try {
+      parse_sm90_config_override(bad);
+      ADD_FAILURE() << "accepted '" << bad << "'";
+    } catch (const ArgumentError& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find("NVFP4MOE_SM90_CONFIG"), std::string::npos) << what;
+      EXPECT_NE(what.find(bad), std::string::npos) << what;
+      EXPECT_NE(what.find("bt16_s9_wg4"), std::string::npos) << what;  // the accepted names are listed
+    }
+  }
 }
 
 }  // namespace
