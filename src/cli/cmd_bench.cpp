@@ -572,6 +572,12 @@ void run_on_device(const BenchOpts& o, const BenchPlan& p, json& doc) {
           }
 
           json row = row_json(p, mode, rk, T, L, acc);
+          // Which tile config each sm90 GEMM launch of this point ran (the layer's own choice for this T).
+          if (const auto* cl = dynamic_cast<const cuda::CudaMoeLayer*>(layers[0].layer.get())) {
+            json cfgs = json::object();
+            for (const auto& launch : cl->sm90_launches(T)) cfgs[launch.name] = cuda::to_string(launch.config);
+            row["sm90_configs"] = cfgs;
+          }
           const double med = percentile(us, 0.5);
           row["us_per_layer"] = med;
           row["p10"] = percentile(us, 0.1);

@@ -683,11 +683,8 @@ void CudaMoeLayer::forward(const TensorRef& hidden, const RoutingArgs& routing, 
       const Sm90PreparedShape shape13 = routed ? routed_launch_shape(d.w13_shape) : d.w13_shape;
       const Sm90PreparedShape shape2 = routed ? routed_launch_shape(d.w2_shape) : d.w2_shape;
       // The tile config from host-known numbers only (T, k, E, shapes): never from the routing.
-      // NVFP4MOE_SM90_CONFIG (read at creation) may fix either GEMM's config for an A/B measurement.
       auto pick = [&](const Sm90PreparedShape& shape, bool gemm1) {
-        if (gemm1 ? sm90_override_.gemm1_set : sm90_override_.gemm2_set)
-          return gemm1 ? sm90_override_.gemm1 : sm90_override_.gemm2;
-        return sm90_pick_config(Sm90GemmLoad{max_rows, experts, shape.units, device_sm_count()});
+        return pick_sm90(shape, max_rows, experts, gemm1);
       };
       Sm90GemmArgs s1;
       s1.a = a1;
@@ -793,6 +790,29 @@ void CudaMoeLayer::forward(const TensorRef& hidden, const RoutingArgs& routing, 
 int64_t CudaMoeLayer::routed_rows_capacity() const {
   const int64_t t = options_.max_tokens;
   return std::max<int64_t>(1, t * spec_.top_k + (shared_in_routed_ ? t : 0));
+}
+
+Sm90GemmConfig CudaMoeLayer::pick_sm90(const Sm90PreparedShape& launch_shape, int64_t max_rows, int64_t experts,
+                                       bool gemm1) const {
+  // NVFP4MOE_SM90_CONFIG (read at creation) may fix either GEMM's config for an A/B measurement.
+  if (gemm1 ? sm90_override_.gemm1_set : sm90_override_.gemm2_set)
+    return gemm1 ? sm90_override_.gemm1 : sm90_override_.gemm2;
+  return sm90_pick_config(Sm90GemmLoad{max_rows, experts, launch_shape.units, device_sm_count()});
+}
+
+std::vector<CudaMoeLayer::Sm90Launch> CudaMoeLayer::sm90_launches(int64_t T) const {
+  std::vector<Sm90Launch> out;
+  if (gemm_ != GemmPath::kSm90Wgmma || T <= 0) return out;
+  const int64_t pairs = T * spec_.top_k, E = routed_.num_experts;
+  const char* routed = shared_in_routed_ ? "routed+shared" : "routed";
+  const int64_t rows = pairs + (shared_in_routed_ ? T : 0), experts = E + (shared_in_routed_ ? 1 : 0);
+  out.push_back({std::string("gemm1 ") + routed, pick_sm90(routed_launch_shape(routed_.w13_shape), rows, experts, true)});
+  out.push_back({std::string("gemm2 ") + routed, pick_sm90(routed_launch_shape(routed_.w2_shape), rows, experts, false)});
+  if (shared_.num_experts && !shared_in_routed_) {
+    out.push_back({"gemm1 shared", pick_sm90(shared_.w13_shape, T, 1, true)});
+    out.push_back({"gemm2 shared", pick_sm90(shared_.w2_shape, T, 1, false)});
+  }
+  return out;
 }
 
 Sm90PreparedShape CudaMoeLayer::routed_launch_shape(const Sm90PreparedShape& routed) const {

@@ -115,6 +115,13 @@ class CudaMoeLayer final : public MoeLayer {
   // True when the shared expert runs as expert E of the routed launches (sm90 path, same shape, not gated):
   // its weights, factors and calibration amax follow the routed ones, its rows are offsets[E]..offsets[E+1].
   bool shared_in_routed() const { return shared_in_routed_; }
+  // The sm90 GEMM launches forward() makes at T tokens and the tile config of each, chosen exactly as forward()
+  // chooses them (host numbers only; NVFP4MOE_SM90_CONFIG included). Empty on the mma.sync path and for T <= 0.
+  struct Sm90Launch {
+    std::string name;  // "gemm1 routed+shared", "gemm2 routed", "gemm1 shared", ...
+    Sm90GemmConfig config;
+  };
+  std::vector<Sm90Launch> sm90_launches(int64_t T) const;
 
  private:
   void upload(MoeWeights& w);
@@ -126,6 +133,9 @@ class CudaMoeLayer final : public MoeLayer {
   int64_t routed_rows_capacity() const;
   // The prepared shape the routed launches see: E experts, or E + 1 with the shared expert.
   Sm90PreparedShape routed_launch_shape(const Sm90PreparedShape& routed) const;
+  // The tile config of one sm90 launch: the override if set for that GEMM, else sm90_pick_config.
+  Sm90GemmConfig pick_sm90(const Sm90PreparedShape& launch_shape, int64_t max_rows, int64_t experts,
+                           bool gemm1) const;
 
   GemmPath gemm_ = GemmPath::kSm90Wgmma;
   Sm90ConfigOverride sm90_override_;

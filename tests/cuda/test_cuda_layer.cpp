@@ -516,6 +516,7 @@ TEST_P(ModeTest, LayerMatchesReferenceOverT) {
     check_layer_logits(a, mode, T, 100 + T, 48, "softmax E40 k8");
   Harness b(kSmallSigmoid, mode, 4097, 4, gemm());
   EXPECT_FALSE(b.cuda->shared_in_routed());  // shared I 256 != routed I 128: its own launches
+  EXPECT_EQ(b.cuda->sm90_launches(1).size(), gemm() == GemmPath::kSm90Wgmma ? 4u : 0u);
   for (int64_t T : {1, 17, 257, 4097}) check_layer_logits(b, mode, T, 200 + T, 48, "sigmoid-grouped+shared E32 k6");
   // The DeepSeek shape: shared expert as wide as a routed one -> expert E of the routed launches (sm90 path).
   LayerDims same = kSmallSigmoid;
@@ -1179,6 +1180,15 @@ TEST(CudaLayer, Sm90ConfigOverrideIsBitIdentical) {
     setenv("NVFP4MOE_SM90_CONFIG", value, 1);
     Harness fixed(d, Mode::W4A16, maxT, 61, GemmPath::kSm90Wgmma);
     unsetenv("NVFP4MOE_SM90_CONFIG");
+    const Sm90ConfigOverride want = parse_sm90_config_override(value);
+    const auto launches = fixed.cuda->sm90_launches(9);
+    ASSERT_EQ(launches.size(), 2u);  // GEMM1 and GEMM2 of the routed experts with the shared one as expert E
+    EXPECT_EQ(launches[0].name, "gemm1 routed+shared");
+    EXPECT_EQ(launches[1].name, "gemm2 routed+shared");
+    EXPECT_EQ(to_string(launches[0].config),
+              to_string(want.gemm1_set ? want.gemm1 : ref.cuda->sm90_launches(9)[0].config));
+    EXPECT_EQ(to_string(launches[1].config),
+              to_string(want.gemm2_set ? want.gemm2 : ref.cuda->sm90_launches(9)[1].config));
     for (int64_t T : {1, 9, 300}) {
       const auto want = run(ref, T);
       ASSERT_EQ(std::memcmp(run(fixed, T).data(), want.data(), want.size() * 4), 0) << "T=" << T;
