@@ -596,9 +596,14 @@ TEST_P(ModeTest, PresetDims) {
   }
 }
 
+// The second layer has a shared expert of the routed width (expert E on the sm90 path): with masked slots the
+// routed rows end before T*k, and the shared rows must still start at offsets[E].
 TEST_P(ModeTest, AdversarialRouting) {
   const Mode mode = this->mode();
-  const LayerDims d{"ids", 256, 128, 24, 4};
+  for (const LayerDims& d : {LayerDims{"ids", 256, 128, 24, 4},
+                             LayerDims{"ids+shared(I)", 256, 128, 24, 4, Activation::SwiGLU, Routing::SoftmaxTopK, 1,
+                                       1, 1.0f, true, 128}}) {
+  SCOPED_TRACE(d.name);
   Harness hs(d, mode, 600, 5, gemm());
   const int64_t H = d.H, K = d.k;
   // T * k = 404 and 512: the one-block plan (plan_small_kernel); 1028 / 2052: the three-kernel plan.
@@ -630,6 +635,11 @@ TEST_P(ModeTest, AdversarialRouting) {
     CUDA_OK(cudaMemcpy(gperm.data(), pv.perm, gperm.size() * 4, cudaMemcpyDeviceToHost));
     CUDA_OK(cudaMemcpy(ginv.data(), pv.inv, T * K * 4, cudaMemcpyDeviceToHost));
     EXPECT_EQ(goffs, p.offsets) << "scenario " << scenario << " T=" << T;
+    if (hs.cuda->shared_in_routed()) {
+      int32_t shared_end = 0;
+      CUDA_OK(cudaMemcpy(&shared_end, pv.offsets + d.E + 1, 4, cudaMemcpyDeviceToHost));
+      EXPECT_EQ(shared_end, p.offsets[d.E] + T) << "scenario " << scenario << " T=" << T;
+    }
     EXPECT_EQ(gperm, p.perm) << "scenario " << scenario << " T=" << T;
     EXPECT_EQ(ginv, p.inv) << "scenario " << scenario << " T=" << T;
     const auto tokens = token_subset(T, 64);
@@ -641,10 +651,11 @@ TEST_P(ModeTest, AdversarialRouting) {
                 scenario, mode_name(mode), m.rel_l2, m.rms_ratio, mc.rel_l2, mc.rms_ratio);
     EXPECT_CLOSE(m, "scenario " << scenario);
     EXPECT_CLOSE(mc, "scenario " << scenario << " vs cpu::moe_forward");
-    if (scenario == 3) {  // fully masked tokens are exact zeros
+    if (scenario == 3 && d.shared_I == 0) {  // fully masked tokens are exact zeros (no shared expert)
       const auto all = hs.out.get(T * H);
       for (int64_t h = 0; h < H; ++h) ASSERT_EQ(all[1 * H + h], 0.0f);
     }
+  }
   }
 }
 
