@@ -682,10 +682,6 @@ void CudaMoeLayer::forward(const TensorRef& hidden, const RoutingArgs& routing, 
     if (gemm_ == GemmPath::kSm90Wgmma) {
       const Sm90PreparedShape shape13 = routed ? routed_launch_shape(d.w13_shape) : d.w13_shape;
       const Sm90PreparedShape shape2 = routed ? routed_launch_shape(d.w2_shape) : d.w2_shape;
-      // The tile config from host-known numbers only (T, k, E, shapes): never from the routing.
-      auto pick = [&](const Sm90PreparedShape& shape, bool gemm1) {
-        return pick_sm90(shape, max_rows, experts, gemm1);
-      };
       Sm90GemmArgs s1;
       s1.a = a1;
       s1.a_rows_capacity = capacity;
@@ -699,7 +695,8 @@ void CudaMoeLayer::forward(const TensorRef& hidden, const RoutingArgs& routing, 
       s1.gs = (a4 && !calibrating_) ? d.gs2 : nullptr;
       s1.out = act;
       s1.epilogue = d.gated ? Sm90GemmEpilogue::kSwiGLU : Sm90GemmEpilogue::kRelu2;
-      check_sm90(sm90_nvfp4_grouped_gemm(s1, pick(shape13, true), stream, device_sm_count()),
+      check_sm90(sm90_nvfp4_grouped_gemm(s1, pick_sm90(shape13, max_rows, experts, true), stream,
+                                         device_sm_count()),
                  routed ? "sm90 gemm1 (routed)" : "sm90 gemm1 (shared)");
       if (calibrating_) {
         ActAmaxArgs am;
@@ -721,7 +718,8 @@ void CudaMoeLayer::forward(const TensorRef& hidden, const RoutingArgs& routing, 
       s2.alpha0 = d.alpha2;
       s2.out = y;
       s2.epilogue = Sm90GemmEpilogue::kF32;
-      check_sm90(sm90_nvfp4_grouped_gemm(s2, pick(shape2, false), stream, device_sm_count()),
+      check_sm90(sm90_nvfp4_grouped_gemm(s2, pick_sm90(shape2, max_rows, experts, false), stream,
+                                         device_sm_count()),
                  routed ? "sm90 gemm2 (routed)" : "sm90 gemm2 (shared)");
       return;
     }
@@ -794,6 +792,7 @@ int64_t CudaMoeLayer::routed_rows_capacity() const {
 
 Sm90GemmConfig CudaMoeLayer::pick_sm90(const Sm90PreparedShape& launch_shape, int64_t max_rows, int64_t experts,
                                        bool gemm1) const {
+  // Host-known numbers only (T, k, E, shapes): never the routing, so a captured graph keeps its configs.
   // NVFP4MOE_SM90_CONFIG (read at creation) may fix either GEMM's config for an A/B measurement.
   if (gemm1 ? sm90_override_.gemm1_set : sm90_override_.gemm2_set)
     return gemm1 ? sm90_override_.gemm1 : sm90_override_.gemm2;
@@ -806,8 +805,10 @@ std::vector<CudaMoeLayer::Sm90Launch> CudaMoeLayer::sm90_launches(int64_t T) con
   const int64_t pairs = T * spec_.top_k, E = routed_.num_experts;
   const char* routed = shared_in_routed_ ? "routed+shared" : "routed";
   const int64_t rows = pairs + (shared_in_routed_ ? T : 0), experts = E + (shared_in_routed_ ? 1 : 0);
-  out.push_back({std::string("gemm1 ") + routed, pick_sm90(routed_launch_shape(routed_.w13_shape), rows, experts, true)});
-  out.push_back({std::string("gemm2 ") + routed, pick_sm90(routed_launch_shape(routed_.w2_shape), rows, experts, false)});
+  out.push_back({std::string("gemm1 ") + routed,
+                 pick_sm90(routed_launch_shape(routed_.w13_shape), rows, experts, true)});
+  out.push_back({std::string("gemm2 ") + routed,
+                 pick_sm90(routed_launch_shape(routed_.w2_shape), rows, experts, false)});
   if (shared_.num_experts && !shared_in_routed_) {
     out.push_back({"gemm1 shared", pick_sm90(shared_.w13_shape, T, 1, true)});
     out.push_back({"gemm2 shared", pick_sm90(shared_.w2_shape, T, 1, false)});

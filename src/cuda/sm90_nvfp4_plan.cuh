@@ -69,6 +69,22 @@ __device__ __forceinline__ void write_plan_tail(const PlanArgs& a, int32_t route
   }
 }
 
+// Thread e of the block holds expert e's row count (0 past E): block scans give counts, offsets and tile
+// offsets, and the last expert's thread writes the tail. Every thread of the block calls it; returns offsets[e].
+__device__ __forceinline__ int32_t write_expert_offsets(const PlanArgs& a, int32_t total, int32_t* buf) {
+  const int e = threadIdx.x;
+  const int32_t tiles = (total + kGemmBlockM - 1) / kGemmBlockM;
+  const int32_t off = block_exclusive_scan(total, buf);
+  const int32_t toff = block_exclusive_scan(tiles, buf);
+  if (e < a.experts) {
+    a.counts[e] = total;
+    a.offsets[e] = off;
+    a.tile_offsets[e] = toff;
+  }
+  if (e == a.experts - 1) write_plan_tail(a, off + total, toff + tiles);
+  return off;
+}
+
 __global__ void __launch_bounds__(kScanThreads) plan_scan_kernel(PlanArgs a, int chunks) {
   pdl_wait_then_allow_next();
   __shared__ int32_t buf[kScanThreads];
@@ -82,15 +98,7 @@ __global__ void __launch_bounds__(kScanThreads) plan_scan_kernel(PlanArgs a, int
       total += n;
     }
   }
-  const int32_t tiles = (total + kGemmBlockM - 1) / kGemmBlockM;
-  const int32_t off = block_exclusive_scan(total, buf);
-  const int32_t toff = block_exclusive_scan(tiles, buf);
-  if (e < a.experts) {
-    a.counts[e] = total;
-    a.offsets[e] = off;
-    a.tile_offsets[e] = toff;
-  }
-  if (e == a.experts - 1) write_plan_tail(a, off + total, toff + tiles);
+  write_expert_offsets(a, total, buf);
 }
 
 __global__ void __launch_bounds__(kPlanChunk) plan_scatter_kernel(PlanArgs a, int pairs) {
@@ -134,17 +142,9 @@ __device__ __forceinline__ void plan_small_block(const PlanArgs& a, int pairs) {
     if (e >= 0) atomicAdd(&hist[e], 1);
   }
   __syncthreads();
-  const int32_t total = tid < a.experts ? hist[tid] : 0;
-  const int32_t tiles = (total + kGemmBlockM - 1) / kGemmBlockM;
-  const int32_t off = block_exclusive_scan(total, buf);
-  const int32_t toff = block_exclusive_scan(tiles, buf);
-  if (tid < a.experts) {
-    a.counts[tid] = total;
-    a.offsets[tid] = off;
-    a.tile_offsets[tid] = toff;
-    hist[tid] = off;  // from here on: the expert's first row
-  }
-  if (tid == a.experts - 1) write_plan_tail(a, off + total, toff + tiles);
+  // hist[] is read above and written below: the scans' barriers lie between.
+  const int32_t off = write_expert_offsets(a, tid < a.experts ? hist[tid] : 0, buf);
+  if (tid < a.experts) hist[tid] = off;  // from here on: the expert's first row
   __syncthreads();
   for (int p = tid; p < pairs; p += kScanThreads) {
     const int e = sid[p];
