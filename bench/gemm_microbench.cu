@@ -1,6 +1,7 @@
 // Microbenchmark of the sm_90a NVFP4 grouped GEMM (not built by CMake). Build:
 //   nvcc -std=c++20 -O3 -gencode arch=compute_90a,code=sm_90a -Isrc -Iinclude bench/gemm_microbench.cu \
 //        src/cuda/sm90_nvfp4_grouped_gemm.cu -lcublas -o gemm_microbench
+// (-DNVFP4MOE_SM90_DEQUANT_EXPERIMENT=1 / 2: the GEMM without / with twice the dequantization, timing only.)
 // Measures in the same run the ceilings (D2D copy, cuBLAS bf16 8192^3) and the GEMM at decode (rows per expert
 // 1..16, all 256 experts; and T=1 top-8) and prefill (T=4096, k=8, E=256, random routing) on the deepseek-v3
 // shapes (GEMM1 N=2*2048 K=7168 SwiGLU, GEMM2 N=7168 K=2048 f32). Each launch is timed by CUDA events, median
@@ -19,6 +20,11 @@
 #include "cuda/sm90_nvfp4_grouped_gemm.h"
 
 using namespace nvfp4moe::cuda;
+
+// The library defines this in moe_kernels.cu (NVFP4MOE_PDL); standalone launches here, timed one by one.
+namespace nvfp4moe::cuda {
+bool pdl_enabled() { return false; }
+}  // namespace nvfp4moe::cuda
 
 #define CK(x)                                                                                      \
   do {                                                                                             \
@@ -248,11 +254,15 @@ int main(int argc, char** argv) {
     row("decode_T1_k8", "gemm1", cfg, run_case(g1, counts, Sm90GemmEpilogue::kSwiGLU, cfg, json, "decode_T1_k8_gemm1", c));
     row("decode_T1_k8", "gemm2", cfg, run_case(g2, counts, Sm90GemmEpilogue::kF32, cfg, json, "decode_T1_k8_gemm2", c));
   }
+  // GEMM_MICROBENCH_QUICK=1: rows/expert 1 and 16 on the bt16 configs and the bt128 prefill only (A/B runs).
+  const bool quick = std::getenv("GEMM_MICROBENCH_QUICK") != nullptr;
   for (int r : {1, 2, 4, 8, 16}) {
+    if (quick && r != 1 && r != 16) continue;
     std::vector<int> counts(E, r);
     const std::string n = "decode_rpe" + std::to_string(r);
     for (const auto& cfg : sm90_gemm_configs()) {  // every config that holds r rows in one tile, up to 64
       if (cfg.block_t < r || cfg.block_t > 64 || (r > 1 && r < 16 && cfg.block_t > 16)) continue;
+      if (quick && cfg.block_t != 16) continue;
       row(n.c_str(), "gemm1", cfg, run_case(g1, counts, Sm90GemmEpilogue::kSwiGLU, cfg, json, n + "_gemm1", c));
       row(n.c_str(), "gemm2", cfg, run_case(g2, counts, Sm90GemmEpilogue::kF32, cfg, json, n + "_gemm2", c));
     }
@@ -269,7 +279,7 @@ int main(int argc, char** argv) {
       for (int e : ids) ++counts[e];
     }
     for (const auto& cfg : sm90_gemm_configs()) {
-      if (cfg.block_t < 64) continue;
+      if (cfg.block_t < (quick ? 128 : 64)) continue;
       row("prefill_T4096_k8", "gemm1", cfg, run_case(g1, counts, Sm90GemmEpilogue::kSwiGLU, cfg, json, "prefill_T4096_k8_gemm1", c));
       row("prefill_T4096_k8", "gemm2", cfg, run_case(g2, counts, Sm90GemmEpilogue::kF32, cfg, json, "prefill_T4096_k8_gemm2", c));
     }

@@ -293,6 +293,31 @@ __device__ __forceinline__ void dequant_block(const uint4 codes, const uint2 sc,
   }
 }
 
+// Measurement hook of bench/gemm_microbench.cu only (wrong results; never defined by the library build): how
+// much of a k-tile's time the dequantization costs, by leaving it out (1: the code words go to wgmma as they
+// are, the shared-memory loads stay) or doing it twice (2: a second, dependent pass over the same bytes).
+#ifndef NVFP4MOE_SM90_DEQUANT_EXPERIMENT
+#define NVFP4MOE_SM90_DEQUANT_EXPERIMENT 0
+#endif
+#if NVFP4MOE_SM90_DEQUANT_EXPERIMENT != 0
+__device__ __forceinline__ void dequant_experiment(const uint4 (&codes)[2], const uint2 (&sc)[2],
+                                                   uint32_t (&a)[2][16]) {
+#pragma unroll
+  for (int b = 0; b < 2; ++b) {
+#if NVFP4MOE_SM90_DEQUANT_EXPERIMENT == 1
+    const uint32_t w[4] = {codes[b].x, codes[b].y, codes[b].z, codes[b].w};
+#pragma unroll
+    for (int i = 0; i < 16; ++i) a[b][i] = w[i / 4] ^ sc[b].x;
+#else
+    uint32_t first[16];
+    dequant_block(codes[b], sc[b], first);
+    const uint32_t dep = first[15] >> 31;  // 0 or 1: makes the second pass depend on the first
+    dequant_block(make_uint4(codes[b].x ^ dep, codes[b].y, codes[b].z, codes[b].w), sc[b], a[b]);
+#endif
+  }
+}
+#endif
+
 // ------------------------------------------------------------------------------------------- scheduler
 // Persistent tiles in the order (expert, n-tile, token-tile), token tiles fastest so that CTAs running at the
 // same time share a weight tile through L2. Every role walks the same sequence; indices only grow, so the
@@ -477,8 +502,12 @@ __global__ void __launch_bounds__((WGS + 1) * 128, 1)
           codes[b] = lds128(wsm + b * kChunkBytes + tid * 16);
           sc[b] = lds64(wsm + b * kChunkBytes + kCodeBytes + (warp * 8 + g) * 8);
         }
+#if NVFP4MOE_SM90_DEQUANT_EXPERIMENT == 0
 #pragma unroll
         for (int b = 0; b < 2; ++b) dequant_block(codes[b], sc[b], a[b]);
+#else
+        dequant_experiment(codes, sc, a);
+#endif
       };
       auto issue = [&](int stage, const uint32_t (&a)[2][16]) {
         const uint64_t desc = make_b_desc(smem_u32(smem_a + stage * Tr::kABytes));
