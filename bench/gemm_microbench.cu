@@ -246,18 +246,27 @@ int main(int argc, char** argv) {
                 r.tbs / c.read_tbs, r.tflops, r.tflops / c.bf16_tflops);
   };
   std::mt19937 rng(42);
-  // decode, T = 1 top-8: 8 experts with one row.
-  {
-    std::vector<int> counts(E, 0);
-    for (int j = 0; j < 8; ++j) counts[(j * 37 + 5) % E] = 1;
-    const auto cfg = sm90_pick_config(Sm90GemmLoad{8, E, g1.shape.units, prop.multiProcessorCount});  // T = 1, k = 8
-    row("decode_T1_k8", "gemm1", cfg, run_case(g1, counts, Sm90GemmEpilogue::kSwiGLU, cfg, json, "decode_T1_k8_gemm1", c));
-    row("decode_T1_k8", "gemm2", cfg, run_case(g2, counts, Sm90GemmEpilogue::kF32, cfg, json, "decode_T1_k8_gemm2", c));
-  }
+  // GEMM_MICROBENCH_ONLY=<case prefix>: run only the cases whose name starts with it (for ncu).
+  const char* only_env = std::getenv("GEMM_MICROBENCH_ONLY");
+  const std::string only = only_env ? only_env : "";
+  auto wanted = [&](const std::string& n) { return only.empty() || n.rfind(only, 0) == 0; };
   // GEMM_MICROBENCH_QUICK=1: rows/expert 1 and 16 on the bt16 configs and the bt128 prefill only (A/B runs).
   const bool quick = std::getenv("GEMM_MICROBENCH_QUICK") != nullptr;
+  // decode, T = 1 top-8: 8 experts with one row (scattered experts), and its variants: the same 8 experts
+  // contiguous (0..7), and 1 row in each of 32 experts (4 tiles per CTA instead of 1).
+  for (int variant = 0; variant < 3; ++variant) {
+    const char* vname = variant == 0 ? "decode_T1_k8" : variant == 1 ? "decode_T1_k8_contig" : "decode_1row_32exp";
+    if (!wanted(vname) || (variant > 0 && !quick && only.empty())) continue;
+    const int nexp = variant == 2 ? 32 : 8;
+    std::vector<int> counts(E, 0);
+    for (int j = 0; j < nexp; ++j) counts[variant == 0 ? (j * 37 + 5) % E : variant == 1 ? j : j * 8] = 1;
+    const auto cfg = sm90_pick_config(Sm90GemmLoad{nexp, E, g1.shape.units, prop.multiProcessorCount});
+    row(vname, "gemm1", cfg, run_case(g1, counts, Sm90GemmEpilogue::kSwiGLU, cfg, json, std::string(vname) + "_gemm1", c));
+    if (variant == 0)  // GEMM2 on GEMM1's config (as this case always ran)
+      row(vname, "gemm2", cfg, run_case(g2, counts, Sm90GemmEpilogue::kF32, cfg, json, std::string(vname) + "_gemm2", c));
+  }
   for (int r : {1, 2, 4, 8, 16}) {
-    if (quick && r != 1 && r != 16) continue;
+    if ((quick && r != 1 && r != 16) || !wanted("decode_rpe" + std::to_string(r))) continue;
     std::vector<int> counts(E, r);
     const std::string n = "decode_rpe" + std::to_string(r);
     for (const auto& cfg : sm90_gemm_configs()) {  // every config that holds r rows in one tile, up to 64
@@ -279,7 +288,7 @@ int main(int argc, char** argv) {
       for (int e : ids) ++counts[e];
     }
     for (const auto& cfg : sm90_gemm_configs()) {
-      if (cfg.block_t < (quick ? 128 : 64)) continue;
+      if (cfg.block_t < (quick ? 128 : 64) || !wanted("prefill")) continue;
       row("prefill_T4096_k8", "gemm1", cfg, run_case(g1, counts, Sm90GemmEpilogue::kSwiGLU, cfg, json, "prefill_T4096_k8_gemm1", c));
       row("prefill_T4096_k8", "gemm2", cfg, run_case(g2, counts, Sm90GemmEpilogue::kF32, cfg, json, "prefill_T4096_k8_gemm2", c));
     }

@@ -295,11 +295,13 @@ __device__ __forceinline__ void dequant_block(const uint4 codes, const uint2 sc,
 
 // Measurement hook of bench/gemm_microbench.cu only (wrong results; never defined by the library build): how
 // much of a k-tile's time the dequantization costs, by leaving it out (1: the code words go to wgmma as they
-// are, the shared-memory loads stay) or doing it twice (2: a second, dependent pass over the same bytes).
+// are, the shared-memory loads stay) or doing it twice (2: a second pass over the first word of each block,
+// dependent on the first pass; ptxas merges the rest); and what the A loads cost (3: A is loaded into each
+// stage once, then left stale, so the k-loop reads only weights).
 #ifndef NVFP4MOE_SM90_DEQUANT_EXPERIMENT
 #define NVFP4MOE_SM90_DEQUANT_EXPERIMENT 0
 #endif
-#if NVFP4MOE_SM90_DEQUANT_EXPERIMENT != 0
+#if NVFP4MOE_SM90_DEQUANT_EXPERIMENT == 1 || NVFP4MOE_SM90_DEQUANT_EXPERIMENT == 2
 __device__ __forceinline__ void dequant_experiment(const uint4 (&codes)[2], const uint2 (&sc)[2],
                                                    uint32_t (&a)[2][16]) {
 #pragma unroll
@@ -456,8 +458,15 @@ __global__ void __launch_bounds__((WGS + 1) * 128, 1)
         for (int kt = 0; kt < p.k_tiles; ++kt) {
           mbar_wait(empty0 + 8 * s, phase ^ 1);
           const uint32_t full = full0 + 8 * s;
+#if NVFP4MOE_SM90_DEQUANT_EXPERIMENT == 3
+          // Measurement hook (see dequant_experiment): A is loaded into each stage once, then left stale.
+          const bool load_a = kt < STAGES;
+          mbar_expect_tx(full, load_a ? Tr::kStageBytes : Tr::kWBytes);
+          if (load_a) tma_load_2d(smem_u32(smem_a + s * Tr::kABytes), &tmap_a, kt * kBlockK, row0, full);
+#else
           mbar_expect_tx(full, Tr::kStageBytes);
           tma_load_2d(smem_u32(smem_a + s * Tr::kABytes), &tmap_a, kt * kBlockK, row0, full);
+#endif
 #pragma unroll
           for (int c = 0; c < WGS; ++c)
             bulk_load(smem_u32(smem_w + s * Tr::kWBytes + c * kUnitBytes),
@@ -502,7 +511,7 @@ __global__ void __launch_bounds__((WGS + 1) * 128, 1)
           codes[b] = lds128(wsm + b * kChunkBytes + tid * 16);
           sc[b] = lds64(wsm + b * kChunkBytes + kCodeBytes + (warp * 8 + g) * 8);
         }
-#if NVFP4MOE_SM90_DEQUANT_EXPERIMENT == 0
+#if NVFP4MOE_SM90_DEQUANT_EXPERIMENT != 1 && NVFP4MOE_SM90_DEQUANT_EXPERIMENT != 2
 #pragma unroll
         for (int b = 0; b < 2; ++b) dequant_block(codes[b], sc[b], a[b]);
 #else
