@@ -101,6 +101,11 @@ __device__ __forceinline__ uint4 lds128(uint32_t addr) {
   asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr));
   return v;
 }
+__device__ __forceinline__ uint32_t lds32(uint32_t addr) {
+  uint32_t v;
+  asm volatile("ld.shared.u32 %0, [%1];" : "=r"(v) : "r"(addr));
+  return v;
+}
 __device__ __forceinline__ uint2 lds64(uint32_t addr) {
   uint2 v;
   asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "r"(addr));
@@ -262,35 +267,68 @@ __device__ __forceinline__ uint32_t bf16x2_mul(uint32_t a, uint32_t b) {
 // reads as the finite +-480 here.
 inline constexpr uint32_t kTinyScaleMask = 0x87F087F0u;
 inline constexpr uint32_t kBf16x2Pow110 = 0x76807680u;  // {2^110, 2^110}
-__device__ __forceinline__ void scale_word(uint32_t w, uint32_t (&s)[2][2]) {
+// Scale word -> its two multiplier pairs v[jj] = {s(jj, row r0), s(jj, row r0 + 8)} * 2^100 (bf16x2).
+__device__ __forceinline__ void scale_pairs(uint32_t w, uint32_t (&v)[2]) {
   uint32_t q[2];
   q[0] = w & kTinyScaleMask;
   q[1] = lop_or_and(w << 4, 0x80F080F0u, w >> 4, 0x07000700u);  // = rotl 4 / rotl 28 under these masks
 #pragma unroll
-  for (int jj = 0; jj < 2; ++jj) {
-    const uint32_t v = bf16x2_mul(bf16x2_mul(q[jj], kBf16x2Pow110), kBf16x2Pow110);
-    // The half broadcast as a b16 pack (ptxas can fold it into the consumer's .H0_H0 / .H1_H1 operand).
-    asm("{\n.reg .b16 l, h;\nmov.b32 {l, h}, %2;\nmov.b32 %0, {l, l};\nmov.b32 %1, {h, h};\n}"
-        : "=r"(s[jj][0]), "=r"(s[jj][1])
-        : "r"(v));
-  }
+  for (int jj = 0; jj < 2; ++jj) v[jj] = bf16x2_mul(bf16x2_mul(q[jj], kBf16x2Pow110), kBf16x2Pow110);
 }
-// One 64x64 block for this thread: 16 bytes of codes + 8 bytes of scales -> 16 bf16x2 A registers
-// (a[4j + i]: k16 step j, fragment register i), each exact e2m1 * e4m3 * 2^-26: tiny(e2m1) * (s * 2^100).
-__device__ __forceinline__ void dequant_block(const uint4 codes, const uint2 sc, uint32_t (&a)[16]) {
+// A pair -> the two broadcasts {s_r0, s_r0} and {s_r8, s_r8}: a b16 pack that ptxas folds into the consumer
+// HMUL2's .H0_H0 / .H1_H1 operand (no instruction).
+__device__ __forceinline__ void broadcast_pair(uint32_t v, uint32_t& lo, uint32_t& hi) {
+  asm("{\n.reg .b16 l, h;\nmov.b32 {l, h}, %2;\nmov.b32 %0, {l, l};\nmov.b32 %1, {h, h};\n}"
+      : "=r"(lo), "=r"(hi)
+      : "r"(v));
+}
+// One 64x64 block for this thread from 16 bytes of codes and the block's 4 converted scale pairs
+// (pairs[h2][jj], k16 step 2*h2 + jj) -> 16 bf16x2 A registers (a[4j + i]: k16 step j, fragment register i),
+// each exact e2m1 * e4m3 * 2^-26: tiny(e2m1) * (s * 2^100).
+__device__ __forceinline__ void dequant_block_pairs(const uint4 codes, const uint32_t (&pairs)[2][2],
+                                                    uint32_t (&a)[16]) {
   const uint32_t words[4] = {codes.x, codes.y, codes.z, codes.w};
-  uint32_t s[2][2][2];  // [h2][jj][h]
-  scale_word(sc.x, s[0]);
-  scale_word(sc.y, s[1]);
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
-    const uint32_t s0 = s[j >> 1][j & 1][0], s1 = s[j >> 1][j & 1][1];  // rows r0 and r0 + 8
+    uint32_t s0, s1;  // rows r0 and r0 + 8
+    broadcast_pair(pairs[j >> 1][j & 1], s0, s1);
     const uint32_t w = words[j];
     a[4 * j + 0] = bf16x2_mul(fp4x2_tiny<0>(w), s0);
     a[4 * j + 1] = bf16x2_mul(fp4x2_tiny<1>(w), s1);
     a[4 * j + 2] = bf16x2_mul(fp4x2_tiny<2>(w), s0);
     a[4 * j + 3] = bf16x2_mul(fp4x2_tiny<3>(w), s1);
   }
+}
+// The same from the block's two raw scale words (one thread converting everything: the exactness test's
+// entry point; the kernel shares the conversion across a quad instead, see dequant_ktile).
+// The e4m3 bits placed at bf16 bits 10..4 (sign at 15) read as s * 2^-120 for every scale, subnormal e4m3
+// included (bf16 subnormals, which mul.bf16x2 keeps); two exact multiplications by 2^110 (2^-10 s: normal,
+// 4 significant bits; then 2^100 s). A NaN scale (0x7F / 0xFF, never written by a quantizer) reads as the
+// finite +-480 here.
+__device__ __forceinline__ void dequant_block(const uint4 codes, const uint2 sc, uint32_t (&a)[16]) {
+  uint32_t pairs[2][2];
+  scale_pairs(sc.x, pairs[0]);
+  scale_pairs(sc.y, pairs[1]);
+  dequant_block_pairs(codes, pairs, a);
+}
+// One k-tile of this thread's unit (2 blocks). The 4 threads t of a quad (same g) need the same 4 scale words
+// (2 blocks x 2 words, 16 scales): thread t loads and converts only word t (block t / 2, word t % 2) and the
+// quad exchanges the 8 converted pairs by shuffles. Per thread: 1 LDS.32 + 5 integer ops + 4 HMUL2 + 8 SHFL
+// instead of 2 LDS.64 + 20 integer ops + 16 HMUL2 (bit-identical results: the same conversion, done once).
+__device__ __forceinline__ void dequant_ktile(const uint4 (&codes)[2], uint32_t my_scale_word,
+                                              uint32_t (&a)[2][16]) {
+  uint32_t mine[2];
+  scale_pairs(my_scale_word, mine);
+  uint32_t pairs[2][2][2];  // [block][h2][jj]
+  const int quad0 = (threadIdx.x & 31) & ~3;
+#pragma unroll
+  for (int src = 0; src < 4; ++src)
+#pragma unroll
+    for (int jj = 0; jj < 2; ++jj) {
+      pairs[src >> 1][src & 1][jj] = __shfl_sync(0xFFFFFFFFu, mine[jj], quad0 + src);  // src == t: its own
+    }
+#pragma unroll
+  for (int b = 0; b < 2; ++b) dequant_block_pairs(codes[b], pairs[b], a[b]);
 }
 
 // Measurement hook of bench/gemm_microbench.cu only (wrong results; never defined by the library build): how
@@ -324,40 +362,62 @@ __device__ __forceinline__ void dequant_experiment(const uint4 (&codes)[2], cons
 // Persistent tiles in the order (expert, n-tile, token-tile), token tiles fastest so that CTAs running at the
 // same time share a weight tile through L2. Every role walks the same sequence; indices only grow, so the
 // expert cursor only moves forward (one pass over offsets per CTA).
-// Called by all 32 lanes of a warp (the same idx): the experts after the current one are examined 32 at a
-// time (one offsets load per lane, a warp scan of their tile counts, a ballot for the first expert whose tiles
-// reach idx). An expert-at-a-time walk is a chain of dependent loads and branches: with 257 experts and 9
-// busy ones at decode, ~257 serialized steps before a CTA finds its first tile and again before it exits.
+// Called by all 32 lanes of a warp (the same idx): the experts after the current one are examined 256 at a
+// time (8 consecutive experts per lane: 9 independent offsets loads, their tile counts summed in the lane, a
+// warp scan of the sums, a ballot for the first lane whose tiles reach idx, and that lane's local search).
+// An expert-at-a-time walk is a chain of dependent loads and branches: with 257 experts and 9 busy ones at
+// decode, ~257 serialized steps before a CTA finds its first tile and again before it exits; 32 experts per
+// step (until 2b09d03) still made 9 dependent L2 round trips of the exit walk at deepseek-v3 T = 1.
+inline constexpr int kProducerExpertsPerLane = 4, kConsumerExpertsPerLane = 8;
 template <int BT>
 struct TileCursor {
   int e = -1, first = 0, count = 0, ttiles = 1, row_begin = 0, rows = 0;
+  // kPerLane experts per lane and step (32 * kPerLane per warp step): the producer warp, which runs on 40
+  // registers, uses fewer than the consumers; both walk the same tiles.
+  template <int kPerLane>
   __device__ __forceinline__ bool seek(const GemmParams& p, int n_ctiles, int idx) {
     if (idx < first + count) return true;
     const int lane = threadIdx.x & 31;
     int next_first = first + count;  // tile index of expert e + 1's first tile
-    for (int e0 = e + 1; e0 < p.num_experts; e0 += 32) {
-      const int ee = e0 + lane;
-      int rb = 0, r = 0, c = 0;
-      if (ee < p.num_experts) {
-        rb = __ldg(p.offsets + ee);
-        r = __ldg(p.offsets + ee + 1) - rb;
-        c = r > 0 ? (r + BT - 1) / BT * n_ctiles : 0;
-      }
-      int incl = c;
+    auto tiles = [&](int ee, int r) { return ee < p.num_experts && r > 0 ? (r + BT - 1) / BT * n_ctiles : 0; };
+    for (int e0 = e + 1; e0 < p.num_experts; e0 += 32 * kPerLane) {
+      // Lane l holds experts base .. base + kPerLane - 1: kPerLane + 1 independent offsets loads.
+      const int base = e0 + kPerLane * lane;
+      int off[kPerLane + 1];
 #pragma unroll
-      for (int off = 1; off < 32; off <<= 1) {
-        const int v = __shfl_up_sync(0xFFFFFFFFu, incl, off);
-        if (lane >= off) incl += v;
+      for (int j = 0; j <= kPerLane; ++j) off[j] = base + j <= p.num_experts ? __ldg(p.offsets + base + j) : 0;
+      int sum = 0;
+#pragma unroll
+      for (int j = 0; j < kPerLane; ++j) sum += tiles(base + j, off[j + 1] - off[j]);
+      int incl = sum;
+#pragma unroll
+      for (int o = 1; o < 32; o <<= 1) {
+        const int v = __shfl_up_sync(0xFFFFFFFFu, incl, o);
+        if (lane >= o) incl += v;
       }
       const unsigned hit = __ballot_sync(0xFFFFFFFFu, next_first + incl > idx);
       if (hit != 0u) {
+        // Every lane finds the first of its experts whose tiles reach idx; lane l's answer is the one.
+        int acc = next_first + incl - sum, jf = kPerLane - 1, f_first = 0;
+#pragma unroll
+        for (int j = kPerLane - 1; j >= 0; --j) {  // backwards: the last assignment is the first hit
+          const int cj = tiles(base + j, off[j + 1] - off[j]);
+          int before = acc;
+#pragma unroll
+          for (int q = 0; q < j; ++q) before += tiles(base + q, off[q + 1] - off[q]);
+          if (before + cj > idx) { jf = j; f_first = before; }
+        }
         const int l = __ffs(hit) - 1;
-        e = e0 + l;
-        count = __shfl_sync(0xFFFFFFFFu, c, l);
-        first = next_first + __shfl_sync(0xFFFFFFFFu, incl, l) - count;
-        row_begin = __shfl_sync(0xFFFFFFFFu, rb, l);
-        rows = __shfl_sync(0xFFFFFFFFu, r, l);
+        int f_rb = off[0], f_end = off[1];
+#pragma unroll
+        for (int j = 1; j < kPerLane; ++j)
+          if (jf == j) { f_rb = off[j]; f_end = off[j + 1]; }
+        e = __shfl_sync(0xFFFFFFFFu, base + jf, l);
+        first = __shfl_sync(0xFFFFFFFFu, f_first, l);
+        row_begin = __shfl_sync(0xFFFFFFFFu, f_rb, l);
+        rows = __shfl_sync(0xFFFFFFFFu, f_end - f_rb, l);
         ttiles = (rows + BT - 1) / BT;
+        count = ttiles * n_ctiles;
         return true;
       }
       next_first += __shfl_sync(0xFFFFFFFFu, incl, 31);
@@ -397,9 +457,13 @@ struct KernelTraits {
   static constexpr int kThreads = (WGS + 1) * 128;
   // setmaxnreg budgets. The CTA owns kThreads x (registers ptxas gave the kernel) registers; asking for more
   // than that in setmaxnreg.inc blocks forever, so the launcher checks kRegsNeeded against the compiled count.
-  static constexpr int kProducerRegs = WGS <= 2 ? 40 : 24;
+  // ptxas allocates each branch under its setmaxnreg value (the consumers' spills grow when theirs shrinks), so
+  // the consumers keep the most the CTA allows and the producer (one TMA thread plus its warp's tile cursor,
+  // which loads several offsets per lane at once: it spilled at 24) gets what is left, rounded down to 8.
   static constexpr int kConsumerRegs = WGS <= 2 ? 232 : WGS == 3 ? 160 : 112;
+  static constexpr int kProducerRegs = WGS <= 2 ? 40 : 32;
   static constexpr int kRegsNeeded = 128 * kProducerRegs + WGS * 128 * kConsumerRegs;
+  static_assert(kRegsNeeded <= 65536, "setmaxnreg budget exceeds the register file");
   static constexpr int kABytes = BT * 128;                  // one stage of A: BT rows x 64 bf16, swizzled
   static constexpr int kWBytes = WGS * kUnitBytes;          // one stage of weights
   static constexpr int kStageBytes = kABytes + kWBytes;
@@ -444,7 +508,7 @@ __global__ void __launch_bounds__((WGS + 1) * 128, 1)
     int s = 0;
     uint32_t phase = 0;
     TileCursor<BT> cur;
-    for (int idx = blockIdx.x; cur.seek(p, n_ctiles, idx); idx += gridDim.x) {
+    for (int idx = blockIdx.x; cur.template seek<kProducerExpertsPerLane>(p, n_ctiles, idx); idx += gridDim.x) {
       const int local = idx - cur.first;
       const int n_idx = local / cur.ttiles, t_idx = local - n_idx * cur.ttiles;
       const int row0 = cur.row_begin + t_idx * BT;
@@ -485,7 +549,7 @@ __global__ void __launch_bounds__((WGS + 1) * 128, 1)
     int s = 0;
     uint32_t phase = 0;
     TileCursor<BT> cur;
-    for (int idx = blockIdx.x; cur.seek(p, n_ctiles, idx); idx += gridDim.x) {
+    for (int idx = blockIdx.x; cur.template seek<kConsumerExpertsPerLane>(p, n_ctiles, idx); idx += gridDim.x) {
       const int local = idx - cur.first;
       const int n_idx = local / cur.ttiles, t_idx = local - n_idx * cur.ttiles;
       const int unit = n_idx * WGS + c;
@@ -505,16 +569,24 @@ __global__ void __launch_bounds__((WGS + 1) * 128, 1)
         // ld.shared on 32-bit shared addresses (a generic pointer here would compile to generic LD.E).
         const uint32_t wsm = smem_w_u32 + stage * Tr::kWBytes + c * kUnitBytes;
         uint4 codes[2];
+#pragma unroll
+        for (int b = 0; b < 2; ++b) codes[b] = lds128(wsm + b * kChunkBytes + tid * 16);
+#if NVFP4MOE_SM90_DEQUANT_EXPERIMENT != 1 && NVFP4MOE_SM90_DEQUANT_EXPERIMENT != 2 && NVFP4MOE_SM90_DEQUANT_EXPERIMENT != 4
+        // This thread's scale word: block t / 2, word t % 2 of its row pair (dequant_ktile shares it).
+        const uint32_t my_scale_word =
+            lds32(wsm + (t >> 1) * kChunkBytes + kCodeBytes + (warp * 8 + g) * 8 + (t & 1) * 4);
+        dequant_ktile(codes, my_scale_word, a);
+#elif NVFP4MOE_SM90_DEQUANT_EXPERIMENT == 4
+        // Measurement hook: the previous version (every thread converts all 4 scale words).
         uint2 sc[2];
 #pragma unroll
-        for (int b = 0; b < 2; ++b) {
-          codes[b] = lds128(wsm + b * kChunkBytes + tid * 16);
-          sc[b] = lds64(wsm + b * kChunkBytes + kCodeBytes + (warp * 8 + g) * 8);
-        }
-#if NVFP4MOE_SM90_DEQUANT_EXPERIMENT != 1 && NVFP4MOE_SM90_DEQUANT_EXPERIMENT != 2
+        for (int b = 0; b < 2; ++b) sc[b] = lds64(wsm + b * kChunkBytes + kCodeBytes + (warp * 8 + g) * 8);
 #pragma unroll
         for (int b = 0; b < 2; ++b) dequant_block(codes[b], sc[b], a[b]);
 #else
+        uint2 sc[2];
+#pragma unroll
+        for (int b = 0; b < 2; ++b) sc[b] = lds64(wsm + b * kChunkBytes + kCodeBytes + (warp * 8 + g) * 8);
         dequant_experiment(codes, sc, a);
 #endif
       };

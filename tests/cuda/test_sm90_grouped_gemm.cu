@@ -367,6 +367,24 @@ TEST(Sm90GroupedGemm, AdversarialOffsets) {
   }
 }
 
+// More experts than one tile-cursor step covers (256 per consumer step, 128 per producer step): sparse rows
+// on both sides of every step boundary, and one row in every expert (many tiles per CTA across boundaries).
+TEST(Sm90GroupedGemm, ManyExpertsCursorSteps) {
+  const int E = 600;
+  std::vector<int> sparse(E, 0);
+  for (int e : {0, 127, 128, 255, 256, 257, 383, 384, 511, 512, 599}) sparse[e] = 1 + e % 5;
+  sparse[300] = 40;  // several token tiles at BT = 16
+  const std::vector<int> every(E, 1);
+  for (const auto& counts : {sparse, every}) {
+    Problem p = make_problem(E, 256, 64, true, counts, 77);
+    const auto h = reference_h(p);
+    for (const auto& cfg : sm90_gemm_configs()) check(p, Sm90GemmEpilogue::kSwiGLU, cfg, h, false);
+    Problem q = make_problem(E, 128, 128, false, counts, 78);
+    const auto hq = reference_h(q);
+    for (const auto& cfg : sm90_gemm_configs()) check(q, Sm90GemmEpilogue::kF32, cfg, hq, false);
+  }
+}
+
 // The model shapes (nvfp4-format.md section 8) with E = 2 and a few rows: GEMM1 (N = 2I, K = H) and GEMM2
 // (N = H, K = I), K in {7168, 2048, 4096, 1536, 768, 2880, 2688, 1856}; three runs must agree bitwise.
 TEST(Sm90GroupedGemm, RealShapesDeterministic) {
