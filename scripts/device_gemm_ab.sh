@@ -13,10 +13,10 @@ CUBLAS_WHEEL=$(python3 -c 'import nvidia.cublas, os; print(os.path.join(list(nvi
 export LD_LIBRARY_PATH=$PWD/$CARRY:/usr/local/cuda/lib64:${CUBLAS_WHEEL:-}:${LD_LIBRARY_PATH:-}
 export GEMM_MICROBENCH_QUICK=${GEMM_MICROBENCH_QUICK-1}
 [ -z "$GEMM_MICROBENCH_QUICK" ] && unset GEMM_MICROBENCH_QUICK
-# REPEAT=n runs the whole set n times, alternating the binaries (run-to-run drift of one point is ~4%, as
+# MB_DIR (default $CARRY/mb) holds the binaries. REPEAT=n runs the whole set n times, alternating the binaries (run-to-run drift of one point is ~4%, as
 # large as the gains measured: compare a variant with the runs next to it).
 for r in $(seq 1 "${REPEAT:-1}"); do
-  for bin in "$CARRY"/mb/gemm_microbench_*; do
+  for bin in "${MB_DIR:-$CARRY/mb}"/gemm_microbench_*; do
     v=${bin##*/gemm_microbench_}
     [ "${REPEAT:-1}" -gt 1 ] && v="$v-r$r"
     timeout 240 "$bin" "$OUT/$SHA-mb-$v.jsonl" > "$OUT/$SHA-mb-$v.log" 2>&1

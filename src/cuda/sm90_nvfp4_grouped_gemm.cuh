@@ -335,7 +335,8 @@ __device__ __forceinline__ void dequant_ktile(const uint4 (&codes)[2], uint32_t 
 // much of a k-tile's time the dequantization costs, by leaving it out (1: the code words go to wgmma as they
 // are, the shared-memory loads stay) or doing it twice (2: a second pass over the first word of each block,
 // dependent on the first pass; ptxas merges the rest); and what the A loads cost (3: A is loaded into each
-// stage once, then left stale, so the k-loop reads only weights).
+// stage once, then left stale, so the k-loop reads only weights); 4: the scale conversion before 3d97e92
+// (every thread converts all four words); 5: no wgmma (the dequantized registers go to an empty asm).
 #ifndef NVFP4MOE_SM90_DEQUANT_EXPERIMENT
 #define NVFP4MOE_SM90_DEQUANT_EXPERIMENT 0
 #endif
@@ -606,7 +607,13 @@ __global__ void __launch_bounds__((WGS + 1) * 128, 1)
 #pragma unroll
             for (int b = 0; b < 2; ++b) {
               const uint32_t af[4] = {a[b][4 * j], a[b][4 * j + 1], a[b][4 * j + 2], a[b][4 * j + 3]};
+#if NVFP4MOE_SM90_DEQUANT_EXPERIMENT == 5
+              // Measurement hook: no tensor-core work; the dequantized registers are consumed by an empty asm.
+              asm volatile("" ::"r"(af[0]), "r"(af[1]), "r"(af[2]), "r"(af[3]));
+              (void)desc;
+#else
               Wgmma<NM>::mma(acc[b], af, desc + 2 * j);
+#endif
             }
         };
         if constexpr (BT >= 128) { if (n_mma == 128) { run(IntC<128>{}); wgmma_commit(); return; } }
