@@ -49,15 +49,19 @@ __device__ __forceinline__ void load_block16(const void* row, int col, float (&x
 }
 
 // In place: x (16 values) -> NVFP4 with global scale gs -> exact bf16 operands (e2m1 * sf) in bits.
+// fmt::quantize_activation_block's arithmetic, with the code round trip folded into fmt::e2m1_round.
 __device__ __forceinline__ void quant_block16_operand(const float (&x)[16], float gs, uint32_t (&bits)[8]) {
-  uint8_t codes[16];
-  const uint8_t sf = fmt::quantize_activation_block(x, 16, gs, codes);
+  float vmax = 0.0f;
+#pragma unroll
+  for (int i = 0; i < 16; ++i) vmax = fmaxf(vmax, fabsf(x[i]));
+  const uint8_t sf = fmt::activation_block_scale(vmax, gs);
+  const float os = fmt::activation_block_output_scale(sf, gs);
   const float s = fmt::e4m3_decode(sf);
 #pragma unroll
   for (int i = 0; i < 8; ++i) {
     // e2m1 * e4m3 is exact in bf16: truncating the fp32 bits loses nothing.
-    const uint32_t lo = fmt::float_bits(fmt::e2m1_decode(codes[2 * i]) * s) >> 16;
-    const uint32_t hi = fmt::float_bits(fmt::e2m1_decode(codes[2 * i + 1]) * s) & 0xFFFF0000u;
+    const uint32_t lo = fmt::float_bits(fmt::e2m1_round(x[2 * i] * os) * s) >> 16;
+    const uint32_t hi = fmt::float_bits(fmt::e2m1_round(x[2 * i + 1] * os) * s) & 0xFFFF0000u;
     bits[i] = lo | hi;
   }
 }

@@ -433,19 +433,44 @@ struct TileCursor {
 // ------------------------------------------------------------------------------------------- epilogue helpers
 __device__ __forceinline__ float silu_f32(float v) { return v / (1.0f + expf(-v)); }
 
-// NVFP4 quantization (fmt::quantize_activation_block semantics) of the bf16 value x whose 16-column group is
-// spread over this thread's pair partner (x2, the same token 8 rows down) and the 8 lanes with the same lane%4.
-// Returns the bf16 bits of the operand value e2m1(q) * sf for x and x2.
-__device__ __forceinline__ void quantize_pair(float x, float x2, float gs, uint16_t& q0, uint16_t& q1) {
-  float vmax = fmaxf(fabsf(x), fabsf(x2));
-  vmax = fmaxf(vmax, __shfl_xor_sync(0xFFFFFFFFu, vmax, 4));
-  vmax = fmaxf(vmax, __shfl_xor_sync(0xFFFFFFFFu, vmax, 8));
-  vmax = fmaxf(vmax, __shfl_xor_sync(0xFFFFFFFFu, vmax, 16));
-  const uint8_t sf = fmt::activation_block_scale(vmax, gs);
-  const float os = fmt::activation_block_output_scale(sf, gs);
-  const float sff = fmt::e4m3_decode(sf);
-  q0 = fmt::bf16_from_float(fmt::e2m1_decode(fmt::e2m1_encode(x * os)) * sff);
-  q1 = fmt::bf16_from_float(fmt::e2m1_decode(fmt::e2m1_encode(x2 * os)) * sff);
+// NVFP4 quantization (fmt::quantize_activation_block semantics) of NB 16-column groups at once. Group q of this
+// thread holds v[q][0] (row r0) and v[q][1] (row r0 + 8) of one token; its other 14 values sit in the 8 lanes
+// with the same lane % 4 (g = lane / 4 = 0..7). All 8 lanes of a group need the same block scale: lane g
+// computes it only for group g % NB and the lanes exchange the results (2 SHFL per group instead of 8 copies
+// of the scale arithmetic: an exact division, the e4m3 rounding and 1 / (sf / gs)). Returns the bf16 bits of
+// the operand values e2m1(q) * sf.
+template <int NB>
+__device__ __forceinline__ void quantize_groups(const float (&v)[NB][2], float gs, uint16_t (&o)[NB][2]) {
+  static_assert(NB >= 1 && NB <= 8 && (NB & (NB - 1)) == 0, "a power of two, one group per lane g at most");
+  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  float vmax[NB];
+#pragma unroll
+  for (int q = 0; q < NB; ++q) {
+    float m = fmaxf(fabsf(v[q][0]), fabsf(v[q][1]));
+    m = fmaxf(m, __shfl_xor_sync(0xFFFFFFFFu, m, 4));
+    m = fmaxf(m, __shfl_xor_sync(0xFFFFFFFFu, m, 8));
+    vmax[q] = fmaxf(m, __shfl_xor_sync(0xFFFFFFFFu, m, 16));
+  }
+  // mine = vmax[g % NB] as a tree of selects on the bits of g (an if-chain over q became a local-memory table).
+  float sel[NB];
+#pragma unroll
+  for (int q = 0; q < NB; ++q) sel[q] = vmax[q];
+#pragma unroll
+  for (int w = 1; w < NB; w *= 2) {
+    const bool hi = (g & w) != 0;
+#pragma unroll
+    for (int q = 0; q + w < NB; q += 2 * w) sel[q] = hi ? sel[q + w] : sel[q];
+  }
+  const float mine = sel[0];
+  const uint8_t sf = fmt::activation_block_scale(mine, gs);
+  const float os_mine = fmt::activation_block_output_scale(sf, gs), sff_mine = fmt::e4m3_decode(sf);
+#pragma unroll
+  for (int q = 0; q < NB; ++q) {
+    const float os = __shfl_sync(0xFFFFFFFFu, os_mine, 4 * q + t);  // lane g = q of this t computed group q
+    const float sff = __shfl_sync(0xFFFFFFFFu, sff_mine, 4 * q + t);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) o[q][h] = fmt::bf16_from_float(fmt::e2m1_round(v[q][h] * os) * sff);
+  }
 }
 
 // ------------------------------------------------------------------------------------------- the kernel
@@ -675,40 +700,50 @@ __global__ void __launch_bounds__((WGS + 1) * 128, 1)
         const float al0 = __ldg(p.alpha0 + e) * kWeightUnscale;
         const float al1 = EPI == Epilogue::kSwiGLU ? __ldg(p.alpha1 + e) * kWeightUnscale : 0.0f;
         constexpr int kBlocksOut = EPI == Epilogue::kSwiGLU ? 1 : 2;  // output 64-column blocks per unit
+        // Quantization groups of this thread: (b, i0, ip) -> row r0 value acc[b][i0 + ip], row r0 + 8 value
+        // acc[b][i0 + ip + 2], token 8 * (i0 / 4) + 2t + ip; taken 8 at a time (quantize_groups).
+        constexpr int kGroups = kBlocksOut * BT / 4;
+        constexpr int kBatch = kGroups < 8 ? kGroups : 8;
+        static_assert(kGroups % kBatch == 0, "whole batches");
 #pragma unroll
-        for (int b = 0; b < kBlocksOut; ++b)
+        for (int q0 = 0; q0 < kGroups; q0 += kBatch) {
+          float v[kBatch][2];
 #pragma unroll
-          for (int i0 = 0; i0 < BT / 2; i0 += 4)
+          for (int qq = 0; qq < kBatch; ++qq) {
+            const int q = q0 + qq, ip = q & 1, i0 = ((q >> 1) % (BT / 8)) * 4, b = (q >> 1) / (BT / 8);
 #pragma unroll
-            for (int ip = 0; ip < 2; ++ip) {
-              // i0 + ip (row r0) and i0 + ip + 2 (row r0 + 8): same token, one 16-column quantization group.
-              float v[2];
-#pragma unroll
-              for (int h = 0; h < 2; ++h) {
-                const int i = i0 + ip + 2 * h;
-                float x;
-                if constexpr (EPI == Epilogue::kSwiGLU) {
-                  x = silu_f32(acc[0][i] * al0) * (acc[1][i] * al1);
-                } else {
-                  const float y = fmaxf(acc[b][i] * al0, 0.0f);
-                  x = y * y;
-                }
-                v[h] = fmt::bf16_round(x);
-              }
-              uint16_t o[2];
-              if (p.gs != nullptr) {
-                quantize_pair(v[0], v[1], gsv, o[0], o[1]);
+            for (int h = 0; h < 2; ++h) {
+              const int i = i0 + ip + 2 * h;
+              float x;
+              if constexpr (EPI == Epilogue::kSwiGLU) {
+                x = silu_f32(acc[0][i] * al0) * (acc[1][i] * al1);
               } else {
-                o[0] = fmt::bf16_from_float(v[0]);
-                o[1] = fmt::bf16_from_float(v[1]);
+                const float y = fmaxf(acc[b][i] * al0, 0.0f);
+                x = y * y;
               }
-              const int tok = 8 * (i0 >> 2) + 2 * t + ip;
-              const int colb = (EPI == Epilogue::kSwiGLU ? unit * 64 : unit * 128 + b * 64) + 16 * warp + g;
-              if (unit_ok && tok < rows_valid) {
-                if (colb < p.n_out) out[(row_base + tok) * p.n_out + colb] = o[0];
-                if (colb + 8 < p.n_out) out[(row_base + tok) * p.n_out + colb + 8] = o[1];
-              }
+              v[qq][h] = fmt::bf16_round(x);
             }
+          }
+          uint16_t o[kBatch][2];
+          if (p.gs != nullptr) {
+            quantize_groups<kBatch>(v, gsv, o);
+          } else {
+#pragma unroll
+            for (int qq = 0; qq < kBatch; ++qq)
+#pragma unroll
+              for (int h = 0; h < 2; ++h) o[qq][h] = fmt::bf16_from_float(v[qq][h]);
+          }
+#pragma unroll
+          for (int qq = 0; qq < kBatch; ++qq) {
+            const int q = q0 + qq, ip = q & 1, i0 = ((q >> 1) % (BT / 8)) * 4, b = (q >> 1) / (BT / 8);
+            const int tok = 8 * (i0 >> 2) + 2 * t + ip;
+            const int colb = (EPI == Epilogue::kSwiGLU ? unit * 64 : unit * 128 + b * 64) + 16 * warp + g;
+            if (unit_ok && tok < rows_valid) {
+              if (colb < p.n_out) out[(row_base + tok) * p.n_out + colb] = o[qq][0];
+              if (colb + 8 < p.n_out) out[(row_base + tok) * p.n_out + colb + 8] = o[qq][1];
+            }
+          }
+        }
       }
     }
   }

@@ -270,6 +270,34 @@ TEST(E2m1, SaturationAndNonFinitePolicy) {
   EXPECT_EQ(fmt::e2m1_encode(0.0f), 0);
 }
 
+// e2m1_round (the GPU quantizers' shortcut) is bit-identical to decode(encode(x)): every float with |x| in
+// [2^-4, 2^4) (both signs: the whole range where the grid is not just 0 or 6), every power of two around it,
+// the specials, and a sweep of the rest of the exponent range.
+TEST(E2m1, RoundEqualsDecodeOfEncodeForEveryRelevantFloat) {
+  auto check = [](float x) {
+    const float want = fmt::e2m1_decode(fmt::e2m1_encode(x)), got = fmt::e2m1_round(x);
+    return fmt::float_bits(want) == fmt::float_bits(got);
+  };
+  uint64_t bad = 0;
+  uint32_t first_bad = 0;
+  for (uint32_t sign = 0; sign < 2; ++sign)
+    for (uint32_t e = 127 - 4; e < 127 + 4; ++e)
+      for (uint32_t m = 0; m < (1u << 23); ++m) {
+        const uint32_t u = (sign << 31) | (e << 23) | m;
+        if (!check(f_from_bits(u)) && bad++ == 0) first_bad = u;
+      }
+  EXPECT_EQ(bad, 0u) << "first mismatch at bits 0x" << std::hex << first_bad;
+  for (uint32_t sign = 0; sign < 2; ++sign)
+    for (uint32_t e = 0; e < 255; ++e)
+      for (uint32_t m : {0u, 1u, 0x3FFFFFu, 0x400000u, 0x400001u, 0x7FFFFFu, 0x123457u}) {
+        const uint32_t u = (sign << 31) | (e << 23) | m;
+        EXPECT_TRUE(check(f_from_bits(u))) << std::hex << u;
+      }
+  for (uint32_t u : {0x00000000u, 0x80000000u, 0x7F800000u, 0xFF800000u, 0x7FC00000u, 0xFFC00000u, 0x7F800001u,
+                     0xFFFFFFFFu, 0x00000001u, 0x80000001u})
+    EXPECT_TRUE(check(f_from_bits(u))) << std::hex << u;
+}
+
 TEST(E2m1, PackingPutsEvenElementInTheLowNibble) {
   for (int a = 0; a < 16; ++a)
     for (int b = 0; b < 16; ++b) {
