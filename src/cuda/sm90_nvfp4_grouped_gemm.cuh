@@ -336,7 +336,8 @@ __device__ __forceinline__ void dequant_ktile(const uint4 (&codes)[2], uint32_t 
 // are, the shared-memory loads stay) or doing it twice (2: a second pass over the first word of each block,
 // dependent on the first pass; ptxas merges the rest); and what the A loads cost (3: A is loaded into each
 // stage once, then left stale, so the k-loop reads only weights); 4: the scale conversion before 3d97e92
-// (every thread converts all four words); 5: no wgmma (the dequantized registers go to an empty asm).
+// (every thread converts all four words); 5: no wgmma (the dequantized registers go to an empty asm); 6: the
+// k-loop dequantizes two k-tiles ahead of its wgmma (three A buffers, wait<1>), results correct.
 #ifndef NVFP4MOE_SM90_DEQUANT_EXPERIMENT
 #define NVFP4MOE_SM90_DEQUANT_EXPERIMENT 0
 #endif
@@ -618,10 +619,12 @@ __global__ void __launch_bounds__((WGS + 1) * 128, 1)
       };
       auto issue = [&](int stage, const uint32_t (&a)[2][16]) {
         const uint64_t desc = make_b_desc(smem_u32(smem_a + stage * Tr::kABytes));
+#if NVFP4MOE_SM90_DEQUANT_EXPERIMENT != 6  // 6 issues while the previous group runs: no fence on its accumulators
 #pragma unroll
         for (int b = 0; b < 2; ++b)
 #pragma unroll
           for (int i = 0; i < BT / 2; ++i) reg_fence(acc[b][i]);
+#endif
         wgmma_fence();
         auto run = [&](auto n_const) {
           constexpr int NM = decltype(n_const)::value;
@@ -647,6 +650,58 @@ __global__ void __launch_bounds__((WGS + 1) * 128, 1)
         run(IntC<16>{});
         wgmma_commit();
       };
+#if NVFP4MOE_SM90_DEQUANT_EXPERIMENT == 6
+      // Measurement hook (see dequant_experiment), not yet run: dequantize two k-tiles ahead with three A
+      // buffers, so wgmma(kt) is issued while wgmma(kt - 1) may still run (wait<1> instead of wait<0>: the
+      // tensor pipe does not drain between k-tiles). Stage of kt - 1 released after wait<1>.
+      uint32_t a0[2][16], a1[2][16], a2[2][16];
+      int kt = 0, s_prev = -1;
+      auto advance = [&](int& st, uint32_t& ph) {
+        if (++st == STAGES) { st = 0; ph ^= 1; }
+      };
+      int s1 = s, s2;
+      uint32_t ph1 = phase, ph2;
+      advance(s1, ph1);
+      s2 = s1;
+      ph2 = ph1;
+      advance(s2, ph2);
+      mbar_wait(full0 + 8 * s, phase);
+      load_dequant(s, a0);
+      if (p.k_tiles > 1) {
+        mbar_wait(full0 + 8 * s1, ph1);
+        load_dequant(s1, a1);
+      }
+      auto step3 = [&](const uint32_t (&cur_a)[2][16], uint32_t (&free_a)[2][16]) {
+        issue(s, cur_a);
+        wgmma_wait<1>();  // wgmma(kt - 1) done: its registers (free_a) and its stage are free
+        if (tid == 0 && s_prev >= 0) mbar_arrive(empty0 + 8 * s_prev);
+        if (kt + 2 < p.k_tiles) {
+          mbar_wait(full0 + 8 * s2, ph2);
+          load_dequant(s2, free_a);
+        }
+        s_prev = s;
+        s = s1;
+        phase = ph1;
+        s1 = s2;
+        ph1 = ph2;
+        advance(s2, ph2);
+        ++kt;
+      };
+      while (true) {
+        step3(a0, a2);
+        if (kt >= p.k_tiles) break;
+        step3(a1, a0);
+        if (kt >= p.k_tiles) break;
+        step3(a2, a1);
+        if (kt >= p.k_tiles) break;
+      }
+      wgmma_wait<0>();
+#pragma unroll
+      for (int b = 0; b < 2; ++b)
+#pragma unroll
+        for (int i = 0; i < BT / 2; ++i) reg_fence(acc[b][i]);
+      if (tid == 0) mbar_arrive(empty0 + 8 * s_prev);
+#else
       uint32_t a0[2][16], a1[2][16];
       int kt = 0;
       auto step = [&](const uint32_t (&cur_a)[2][16], uint32_t (&next_a)[2][16]) {
@@ -676,6 +731,7 @@ __global__ void __launch_bounds__((WGS + 1) * 128, 1)
         step(a1, a0);
         if (kt >= p.k_tiles) break;
       }
+#endif
 
       // ---------------------------------------------------------------- epilogue
       // acc[b][i]: weight row 16*warp + g + 8*((i>>1)&1) of block b, token 8*(i>>2) + 2t + (i&1) of the tile.
