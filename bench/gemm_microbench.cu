@@ -2,7 +2,7 @@
 //   nvcc -std=c++20 -O3 -gencode arch=compute_90a,code=sm_90a -Isrc -Iinclude bench/gemm_microbench.cu \
 //        src/cuda/sm90_nvfp4_grouped_gemm.cu -lcublas -o gemm_microbench
 // (-DNVFP4MOE_SM90_DEQUANT_EXPERIMENT=1..6: measurement variants of the kernel, listed at dequant_experiment in
-// src/cuda/sm90_nvfp4_grouped_gemm.cuh and in docs/gemm.md; 1..5 give wrong results, timing only.)
+// src/cuda/sm90_nvfp4_grouped_gemm.cuh and in docs/gemm.md; 1, 2, 3 and 5 give wrong results: timing only.)
 // Measures in the same run the ceilings (D2D copy, cuBLAS bf16 8192^3) and the GEMM at decode (rows per expert
 // 1..16, all 256 experts; and T=1 top-8) and prefill (T=4096, k=8, E=256, random routing) on the deepseek-v3
 // shapes (GEMM1 N=2*2048 K=7168 SwiGLU, GEMM2 N=7168 K=2048 f32). Each launch is timed by CUDA events, median
