@@ -1,4 +1,4 @@
-// Microbenchmark of the sm_90a NVFP4 grouped GEMM (not built by CMake). Build:
+// Microbenchmark of the sm_90a NVFP4 grouped GEMM (CMake target gemm_microbench, not in `all`). By hand:
 //   nvcc -std=c++20 -O3 -gencode arch=compute_90a,code=sm_90a -Isrc -Iinclude bench/gemm_microbench.cu \
 //        src/cuda/sm90_nvfp4_grouped_gemm.cu -lcublas -o gemm_microbench
 // (-DNVFP4MOE_SM90_DEQUANT_EXPERIMENT=1..6: measurement variants of the kernel, listed at dequant_experiment in
