@@ -7,7 +7,12 @@ docs/benchmarks.md. Standard library only.
 
   merge_results.py --ours out/ours-*.json --torch out/torch.json [--torch out/torch_skewed.json]
                    [--gpu-info out/gpu-info.txt] --out bench/results/<sha>-bench.json [--markdown FILE]
+  merge_results.py --compare OLD.json NEW.json [NEW2.json ...] [--threshold 0.03]
   merge_results.py --selftest
+
+--compare lines up two runs (merged run files or raw `nvfp4moe bench --json` files, several NEW files for a
+rerun written one per preset) point by point: new / old time, and "moved" where the ratio is beyond the
+threshold AND the two p10-p90 ranges do not overlap (one point drifts ~3% between device calls).
 """
 import argparse
 import json
@@ -146,6 +151,50 @@ def targets(m):
     return out
 
 
+def point_key(r):
+    return (r["preset"], r["mode"], r["routing"], int(r["tokens"]))
+
+
+def compare(old_docs, new_docs, threshold=0.03):
+    """Rows of the points both runs measured: (key, old us, new us, ratio, moved), and the per (preset, mode)
+    geometric mean of the ratios. moved: |ratio - 1| > threshold and disjoint p10-p90 ranges."""
+    def rows_of(docs):
+        out = {}
+        for d in docs:
+            for r in d.get("rows", []):
+                if r.get("us_per_layer") is not None:
+                    out[point_key(r)] = r  # a later file wins (a rerun after the full run)
+        return out
+    old, new = rows_of(old_docs), rows_of(new_docs)
+    rows, groups = [], {}
+    for k in sorted(set(old) & set(new), key=lambda k: (k[0], k[1], k[2], k[3])):
+        o, n = old[k], new[k]
+        ratio = float(n["us_per_layer"]) / float(o["us_per_layer"])
+        disjoint = (n.get("p90") is not None and o.get("p10") is not None and
+                    (float(n["p90"]) < float(o["p10"]) or float(n["p10"]) > float(o["p90"])))
+        moved = abs(ratio - 1.0) > threshold and disjoint
+        rows.append((k, float(o["us_per_layer"]), float(n["us_per_layer"]), ratio, moved))
+        groups.setdefault(k[:2], []).append(ratio)
+    geo = {}
+    for g, rs in groups.items():
+        prod = 1.0
+        for x in rs:
+            prod *= x
+        geo[g] = prod ** (1.0 / len(rs))
+    return rows, geo
+
+
+def compare_report(rows, geo, threshold):
+    lines = [f"{len(rows)} common points; moved = beyond {threshold:.0%} with disjoint p10-p90 ranges"]
+    for k, o, n, ratio, moved in rows:
+        if moved:
+            lines.append(f"  {'faster' if ratio < 1 else 'SLOWER'} {k[0]} {k[1]} {k[2]} T={k[3]}: {o:.1f} -> {n:.1f} us "
+                         f"({ratio:.3f}x)")
+    for g in sorted(geo):
+        lines.append(f"  geomean {g[0]} {g[1]}: {geo[g]:.3f}x over {sum(1 for r in rows if r[0][:2] == g)} points")
+    return lines
+
+
 def selftest():
     tmp = tempfile.mkdtemp(prefix="nvfp4moe-merge-")
     ours = {"git_sha": "abc1234", "gpu": {"name": "FAKE"}, "rows": [
@@ -185,6 +234,20 @@ def selftest():
     t = targets(m)
     assert any("qwen3-30b T=1 w4a16" in x and "MET" in x for x in t), t
     assert "| qwen3-30b | w4a16 | uniform | 1 | 10.0 |" in table(m)
+    # compare: a clear speed-up, a change inside the spread, a slow-down with overlapping ranges, a new point.
+    def row(t, us, p10, p90):
+        return {"preset": "p", "mode": "w4a16", "routing": "uniform", "tokens": t, "us_per_layer": us, "p10": p10,
+                "p90": p90}
+    old_run = {"rows": [row(1, 100.0, 99.0, 101.0), row(4, 100.0, 99.0, 101.0), row(16, 100.0, 95.0, 120.0)]}
+    new_run = {"rows": [row(1, 80.0, 79.0, 81.0), row(4, 101.0, 100.0, 102.0), row(16, 110.0, 105.0, 115.0),
+                        row(64, 5.0, 5.0, 5.0)]}
+    rerun = {"rows": [row(4, 90.0, 89.0, 91.0)]}  # a later file wins
+    rows, geo = compare([old_run], [new_run, rerun], 0.03)
+    got = {r[0][3]: (round(r[3], 6), r[4]) for r in rows}
+    assert got == {1: (0.8, True), 4: (0.9, True), 16: (1.1, False)}, got
+    assert abs(geo[("p", "w4a16")] - (0.8 * 0.9 * 1.1) ** (1 / 3)) < 1e-12
+    rep = compare_report(rows, geo, 0.03)
+    assert any("faster p w4a16 uniform T=1" in x for x in rep) and not any("T=16" in x for x in rep), rep
     print("merge_results selftest: OK")
 
 
@@ -195,10 +258,18 @@ def main():
     ap.add_argument("--gpu-info")
     ap.add_argument("--out")
     ap.add_argument("--markdown")
+    ap.add_argument("--compare", nargs="+", metavar="JSON", help="OLD.json NEW.json [NEW2.json ...]")
+    ap.add_argument("--threshold", type=float, default=0.03)
     ap.add_argument("--selftest", action="store_true")
     a = ap.parse_args()
     if a.selftest:
         selftest()
+        return 0
+    if a.compare:
+        if len(a.compare) < 2:
+            ap.error(f"--compare: expected OLD.json and at least one NEW.json, got {len(a.compare)} file(s)")
+        rows, geo = compare([load(a.compare[0])], [load(p) for p in a.compare[1:]], a.threshold)
+        print("\n".join(compare_report(rows, geo, a.threshold)))
         return 0
     if not a.ours or not a.out:
         ap.error("--ours and --out are required")

@@ -370,7 +370,17 @@ __device__ __forceinline__ void dequant_experiment(const uint4 (&codes)[2], cons
 // An expert-at-a-time walk is a chain of dependent loads and branches: with 257 experts and 9 busy ones at
 // decode, ~257 serialized steps before a CTA finds its first tile and again before it exits; 32 experts per
 // step (until 2b09d03) still made 9 dependent L2 round trips of the exit walk at deepseek-v3 T = 1.
-inline constexpr int kProducerExpertsPerLane = 4, kConsumerExpertsPerLane = 8;
+// Experts per lane of one cursor step. 1 is the 32-experts-per-step walk that ran until 2b09d03 (one expert per
+// lane, two offsets loads). 3d97e92 made it 8 and changed the scale conversion; qwen3-30b (E = 128, short K:
+// many short tiles, a seek per tile) then measured 3-7% slower at T = 4..1024 while the other presets got
+// faster (docs/benchmarks.md). The cursor's per-tile cost is the suspect, not yet separated:
+// -DNVFP4MOE_SM90_CURSOR_EXPERTS_PER_LANE=1 in CMAKE_CUDA_FLAGS builds the old width for that A/B.
+#ifndef NVFP4MOE_SM90_CURSOR_EXPERTS_PER_LANE
+#define NVFP4MOE_SM90_CURSOR_EXPERTS_PER_LANE 8
+#endif
+inline constexpr int kConsumerExpertsPerLane = NVFP4MOE_SM90_CURSOR_EXPERTS_PER_LANE;
+inline constexpr int kProducerExpertsPerLane = kConsumerExpertsPerLane < 4 ? kConsumerExpertsPerLane : 4;
+static_assert(kConsumerExpertsPerLane >= 1 && kConsumerExpertsPerLane <= 16, "experts per lane: 1..16");
 template <int BT>
 struct TileCursor {
   int e = -1, first = 0, count = 0, ttiles = 1, row_begin = 0, rows = 0;
