@@ -409,23 +409,21 @@ struct TileCursor {
       }
       const unsigned hit = __ballot_sync(0xFFFFFFFFu, next_first + incl > idx);
       if (hit != 0u) {
-        // Every lane finds the first of its experts whose tiles reach idx (one pass with a running count);
-        // lane l's answer is the one.
-        int acc = next_first + incl - sum, jf = 0, f_first = 0, f_rb = 0, f_end = 0;
-        bool found = false;
+        // Every lane finds the first of its experts whose tiles reach idx; lane l's answer is the one.
+        int acc = next_first + incl - sum, jf = kPerLane - 1, f_first = 0;
 #pragma unroll
-        for (int j = 0; j < kPerLane; ++j) {
+        for (int j = kPerLane - 1; j >= 0; --j) {  // backwards: the last assignment is the first hit
           const int cj = tiles(base + j, off[j + 1] - off[j]);
-          if (!found && acc + cj > idx) {
-            found = true;
-            jf = j;
-            f_first = acc;
-            f_rb = off[j];
-            f_end = off[j + 1];
-          }
-          acc += cj;
+          int before = acc;
+#pragma unroll
+          for (int q = 0; q < j; ++q) before += tiles(base + q, off[q + 1] - off[q]);
+          if (before + cj > idx) { jf = j; f_first = before; }
         }
         const int l = __ffs(hit) - 1;
+        int f_rb = off[0], f_end = off[1];
+#pragma unroll
+        for (int j = 1; j < kPerLane; ++j)
+          if (jf == j) { f_rb = off[j]; f_end = off[j + 1]; }
         e = __shfl_sync(0xFFFFFFFFu, base + jf, l);
         first = __shfl_sync(0xFFFFFFFFu, f_first, l);
         row_begin = __shfl_sync(0xFFFFFFFFu, f_rb, l);
@@ -474,11 +472,13 @@ __device__ __forceinline__ void quantize_groups(const float (&v)[NB][2], float g
 #pragma unroll
     for (int q = 0; q + w < NB; q += 2 * w) sel[q] = hi ? sel[q + w] : sel[q];
   }
-  const fmt::ActivationBlockScale mine = fmt::activation_block_scales(sel[0], gs);
+  const float mine = sel[0];
+  const uint8_t sf = fmt::activation_block_scale(mine, gs);
+  const float os_mine = fmt::activation_block_output_scale(sf, gs), sff_mine = fmt::e4m3_decode(sf);
 #pragma unroll
   for (int q = 0; q < NB; ++q) {
-    const float os = __shfl_sync(0xFFFFFFFFu, mine.output_scale, 4 * q + t);  // lane g = q of this t: group q
-    const float sff = __shfl_sync(0xFFFFFFFFu, mine.value, 4 * q + t);
+    const float os = __shfl_sync(0xFFFFFFFFu, os_mine, 4 * q + t);  // lane g = q of this t computed group q
+    const float sff = __shfl_sync(0xFFFFFFFFu, sff_mine, 4 * q + t);
 #pragma unroll
     for (int h = 0; h < 2; ++h) o[q][h] = fmt::bf16_from_float(fmt::e2m1_round(v[q][h] * os) * sff);
   }
