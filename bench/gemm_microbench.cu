@@ -1,7 +1,7 @@
 // Microbenchmark of the sm_90a NVFP4 grouped GEMM (CMake target gemm_microbench, not in `all`). By hand:
 //   nvcc -std=c++20 -O3 -gencode arch=compute_90a,code=sm_90a -Isrc -Iinclude bench/gemm_microbench.cu \
 //        src/cuda/sm90_nvfp4_grouped_gemm.cu -lcublas -o gemm_microbench
-// (-DNVFP4MOE_SM90_DEQUANT_EXPERIMENT=1..6: measurement variants of the kernel, listed at dequant_experiment in
+// (-DNVFP4MOE_SM90_DEQUANT_EXPERIMENT=1..5: measurement variants of the kernel, listed at dequant_experiment in
 // src/cuda/sm90_nvfp4_grouped_gemm.cuh and in docs/gemm.md; 1, 2, 3 and 5 give wrong results: timing only.)
 // Measures in the same run the ceilings (D2D copy, cuBLAS bf16 8192^3) and the GEMM at decode (rows per expert
 // 1..16, all 256 experts; and T=1 top-8) and prefill (T=4096, k=8, E=256, random routing) on the deepseek-v3
@@ -265,6 +265,31 @@ int main(int argc, char** argv) {
     row(vname, "gemm1", cfg, run_case(g1, counts, Sm90GemmEpilogue::kSwiGLU, cfg, json, std::string(vname) + "_gemm1", c));
     if (variant == 0)  // GEMM2 on GEMM1's config (as this case always ran)
       row(vname, "gemm2", cfg, run_case(g2, counts, Sm90GemmEpilogue::kF32, cfg, json, std::string(vname) + "_gemm2", c));
+    if (variant == 0 && quick)  // and every other bt16 config (the A/B of the tile choice at T = 1)
+      for (const auto& other : sm90_gemm_configs()) {
+        if (other.block_t != 16 || to_string(other) == to_string(cfg)) continue;
+        const std::string n = std::string(vname) + "_" + to_string(other);
+        row(vname, "gemm1", other, run_case(g1, counts, Sm90GemmEpilogue::kSwiGLU, other, json, n + "_gemm1", c));
+        row(vname, "gemm2", other, run_case(g2, counts, Sm90GemmEpilogue::kF32, other, json, n + "_gemm2", c));
+      }
+  }
+  // qwen3-30b decode, T = 1 top-8 (E = 128; GEMM1 12 and GEMM2 16 units per expert: 96 / 128 units, fewer
+  // two-unit tiles than SMs), every bt16 config: where the half-unit tiles (a unit on two warpgroups) should win.
+  if (wanted("q30_T1_k8")) {
+    const WeightSets q1 = make_sets(128, 1536, 2048, true, 8);
+    const WeightSets q2 = make_sets(128, 2048, 768, false, 8);
+    std::vector<int> counts(128, 0);
+    for (int j = 0; j < 8; ++j) counts[(j * 37 + 5) % 128] = 1;
+    const auto picked1 = sm90_pick_config(Sm90GemmLoad{8, 128, q1.shape.units, prop.multiProcessorCount});
+    const auto picked2 = sm90_pick_config(Sm90GemmLoad{8, 128, q2.shape.units, prop.multiProcessorCount});
+    std::printf("q30_T1_k8: heuristic picks %s (gemm1), %s (gemm2)\n", to_string(picked1).c_str(),
+                to_string(picked2).c_str());
+    for (const auto& cfg : sm90_gemm_configs()) {
+      if (cfg.block_t != 16) continue;
+      const std::string n = "q30_T1_k8_" + to_string(cfg);
+      row("q30_T1_k8", "gemm1", cfg, run_case(q1, counts, Sm90GemmEpilogue::kSwiGLU, cfg, json, n + "_gemm1", c));
+      row("q30_T1_k8", "gemm2", cfg, run_case(q2, counts, Sm90GemmEpilogue::kF32, cfg, json, n + "_gemm2", c));
+    }
   }
   for (int r : {1, 2, 4, 8, 16}) {
     if ((quick && r != 1 && r != 16) || !wanted("decode_rpe" + std::to_string(r))) continue;

@@ -54,14 +54,12 @@ __device__ __forceinline__ void quant_block16_operand(const float (&x)[16], floa
   float vmax = 0.0f;
 #pragma unroll
   for (int i = 0; i < 16; ++i) vmax = fmaxf(vmax, fabsf(x[i]));
-  const uint8_t sf = fmt::activation_block_scale(vmax, gs);
-  const float os = fmt::activation_block_output_scale(sf, gs);
-  const float s = fmt::e4m3_decode(sf);
+  const fmt::ActivationBlockScale sc = fmt::activation_block_scales(vmax, gs);
 #pragma unroll
   for (int i = 0; i < 8; ++i) {
     // e2m1 * e4m3 is exact in bf16: truncating the fp32 bits loses nothing.
-    const uint32_t lo = fmt::float_bits(fmt::e2m1_round(x[2 * i] * os) * s) >> 16;
-    const uint32_t hi = fmt::float_bits(fmt::e2m1_round(x[2 * i + 1] * os) * s) & 0xFFFF0000u;
+    const uint32_t lo = fmt::float_bits(fmt::e2m1_round(x[2 * i] * sc.output_scale) * sc.value) >> 16;
+    const uint32_t hi = fmt::float_bits(fmt::e2m1_round(x[2 * i + 1] * sc.output_scale) * sc.value) & 0xFFFF0000u;
     bits[i] = lo | hi;
   }
 }

@@ -19,16 +19,18 @@ cudaError_t fail(const std::string& msg) {
   return cudaErrorInvalidValue;
 }
 
-// The one explicit list: X(block_t, stages, consumer warpgroups). Every entry is instantiated for every
-// epilogue and tested; the heuristic (sm90_pick_config) picks among them.
+// The one explicit list: X(block_t, stages, consumer warpgroups, warpgroups per unit). Every entry is
+// instantiated for every epilogue and tested; the heuristic (sm90_pick_config) picks among them.
 #define NVFP4MOE_SM90_GEMM_CONFIGS(X) \
-  X(16, 14, 2)  /* decode, 2 consumer warpgroups (the first version's decode tile; kept for comparison) */ \
-  X(16, 9, 4)   /* decode: 1..16 rows per expert; 4 consumer warpgroups = more dequant/wgmma chains per SM */ \
-  X(16, 14, 3)  /* decode: 3 consumer warpgroups (entry cap 128 registers, consumers 160: no spills) */      \
-  X(32, 12, 2)  /* 17..32 rows per expert (4 warpgroups spill at BT = 32) */                                 \
-  X(32, 12, 3)  /* 17..32 rows per expert, 3 consumer warpgroups */                                         \
-  X(64, 10, 2)  /* 33..64 rows per expert */                                                              \
-  X(128, 8, 2)  /* prefill: > 64 rows per expert */
+  X(16, 14, 2, 1)  /* decode, 2 consumer warpgroups (the first version's decode tile; kept for comparison) */ \
+  X(16, 9, 4, 1)   /* decode: 1..16 rows per expert; 4 consumer warpgroups = more dequant/wgmma chains per SM */ \
+  X(16, 14, 3, 1)  /* decode: 3 consumer warpgroups (entry cap 128 registers, consumers 160: no spills) */      \
+  X(16, 14, 2, 2)  /* decode with few units: one unit per tile, its two blocks on two warpgroups */             \
+  X(16, 14, 4, 2)  /* decode with few units: two units per tile, each on two warpgroups */                      \
+  X(32, 12, 2, 1)  /* 17..32 rows per expert (4 warpgroups spill at BT = 32) */                                 \
+  X(32, 12, 3, 1)  /* 17..32 rows per expert, 3 consumer warpgroups */                                         \
+  X(64, 10, 2, 1)  /* 33..64 rows per expert */                                                              \
+  X(128, 8, 2, 1)  /* prefill: > 64 rows per expert */
 
 using EncodeTiledFn = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
                                    const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
@@ -46,10 +48,10 @@ EncodeTiledFn encode_fn() {
   return fn;
 }
 
-template <int BT, int STAGES, int WGS, sm90::Epilogue EPI>
+template <int BT, int STAGES, int WGS, int WPU, sm90::Epilogue EPI>
 cudaError_t launch(const CUtensorMap& map, const sm90::GemmParams& p, int grid, cudaStream_t stream) {
-  using Tr = sm90::KernelTraits<BT, WGS, STAGES, EPI>;
-  auto kernel = sm90::sm90_nvfp4_grouped_gemm_kernel<BT, WGS, STAGES, EPI>;
+  using Tr = sm90::KernelTraits<BT, WGS, STAGES, EPI, WPU>;
+  auto kernel = sm90::sm90_nvfp4_grouped_gemm_kernel<BT, WGS, STAGES, EPI, WPU>;
   // The attribute is per device: checked once per device (up to 64 devices; others checked every launch).
   int dev = 0;
   if (cudaGetDevice(&dev) != cudaSuccess) dev = -1;
@@ -71,13 +73,14 @@ cudaError_t launch(const CUtensorMap& map, const sm90::GemmParams& p, int grid, 
   return launch_pdl(kernel, dim3(grid), dim3(Tr::kThreads), Tr::kSmemBytes, stream, map, p);
 }
 
-template <int BT, int STAGES, int WGS>
+template <int BT, int STAGES, int WGS, int WPU>
 cudaError_t launch_epi(Sm90GemmEpilogue epi, const CUtensorMap& map, const sm90::GemmParams& p, int grid,
                        cudaStream_t stream) {
   switch (epi) {
-    case Sm90GemmEpilogue::kF32: return launch<BT, STAGES, WGS, sm90::Epilogue::kF32>(map, p, grid, stream);
-    case Sm90GemmEpilogue::kSwiGLU: return launch<BT, STAGES, WGS, sm90::Epilogue::kSwiGLU>(map, p, grid, stream);
-    case Sm90GemmEpilogue::kRelu2: return launch<BT, STAGES, WGS, sm90::Epilogue::kRelu2>(map, p, grid, stream);
+    case Sm90GemmEpilogue::kF32: return launch<BT, STAGES, WGS, WPU, sm90::Epilogue::kF32>(map, p, grid, stream);
+    case Sm90GemmEpilogue::kSwiGLU:
+      return launch<BT, STAGES, WGS, WPU, sm90::Epilogue::kSwiGLU>(map, p, grid, stream);
+    case Sm90GemmEpilogue::kRelu2: return launch<BT, STAGES, WGS, WPU, sm90::Epilogue::kRelu2>(map, p, grid, stream);
   }
   return fail("sm90_nvfp4_grouped_gemm: unknown epilogue");
 }
@@ -115,7 +118,7 @@ cudaError_t sm90_prepare_weights(const uint8_t* packed, const uint8_t* scales, c
 
 const std::vector<Sm90GemmConfig>& sm90_gemm_configs() {
   static const std::vector<Sm90GemmConfig> list = {
-#define NVFP4MOE_X(bt, st, wgs) Sm90GemmConfig{bt, st, wgs},
+#define NVFP4MOE_X(bt, st, wgs, wpu) Sm90GemmConfig{bt, st, wgs, wpu},
       NVFP4MOE_SM90_GEMM_CONFIGS(NVFP4MOE_X)
 #undef NVFP4MOE_X
   };
@@ -124,7 +127,7 @@ const std::vector<Sm90GemmConfig>& sm90_gemm_configs() {
 
 std::string to_string(const Sm90GemmConfig& c) {
   return "bt" + std::to_string(c.block_t) + "_s" + std::to_string(c.stages) + "_wg" +
-         std::to_string(c.consumer_warpgroups);
+         std::to_string(c.consumer_warpgroups) + (c.warpgroups_per_unit == 2 ? "_half" : "");
 }
 
 bool sm90_gemm_config_by_name(const std::string& name, Sm90GemmConfig* out) {
@@ -150,7 +153,7 @@ Sm90GemmConfig sm90_pick_config(const Sm90GemmLoad& load) {
   const bool few = rows_per_expert < 0.5;
   const Sm90GemmConfig* best = nullptr;
   for (const auto& c : list) {
-    if (rows_per_expert > c.block_t) continue;
+    if (rows_per_expert > c.block_t || c.warpgroups_per_unit != 1) continue;  // half-unit tiles: cost model only
     if (best == nullptr) { best = &c; continue; }
     if (c.block_t != best->block_t) continue;
     if (few ? c.consumer_warpgroups == 2 : c.consumer_warpgroups > best->consumer_warpgroups) best = &c;
@@ -168,19 +171,29 @@ Sm90GemmConfig sm90_pick_config(const Sm90GemmLoad& load) {
   // shared expert as expert E: 144 tiles = 2 waves with wg2, 99 = 1 with wg3).
   const int64_t active = std::min<int64_t>(std::max<int64_t>(load.experts, 1), load.max_rows);
   const double rows_per_active = static_cast<double>(load.max_rows) / static_cast<double>(active);
+  // A half-unit tile (warpgroups_per_unit = 2) holds W = consumer_warpgroups / 2 units on the same warpgroups:
+  // the same SM throughput, discounted by kHalfUnitRate for its single accumulator chain per warpgroup (a
+  // provisional estimate until measured), so it wins only where it cuts the waves' time (few units).
+  constexpr double kHalfUnitRate = 0.85;
   auto cost = [&](const Sm90GemmConfig& c) {
     const int64_t t_tiles = std::max<int64_t>(1, static_cast<int64_t>(std::ceil(rows_per_active / c.block_t)));
-    const int64_t n_tiles = (load.units + c.consumer_warpgroups - 1) / c.consumer_warpgroups;
+    const int64_t units_per_tile = c.units_per_tile();
+    const int64_t n_tiles = (load.units + units_per_tile - 1) / units_per_tile;
     const int64_t tiles = active * n_tiles * t_tiles;
     const int64_t waves = (tiles + load.num_sms - 1) / load.num_sms;
-    const double rate = c.consumer_warpgroups == 2 ? 1.0 : c.consumer_warpgroups == 3 ? 1.096 : 1.067;
-    return static_cast<double>(waves) * c.consumer_warpgroups / rate;
+    double rate = c.consumer_warpgroups == 2 ? 1.0 : c.consumer_warpgroups == 3 ? 1.096 : 1.067;
+    if (c.warpgroups_per_unit == 2) rate *= kHalfUnitRate;
+    return static_cast<double>(waves) * static_cast<double>(units_per_tile) / rate;
   };
   const int bt = best->block_t;
   for (const auto& c : list) {
     if (c.block_t != bt) continue;
     const double d = cost(c) - cost(*best);
-    if (d < -1e-9 || (d <= 1e-9 && c.consumer_warpgroups > best->consumer_warpgroups)) best = &c;
+    // Ties: whole units first, then the most consumer warpgroups.
+    const bool tie_better = c.warpgroups_per_unit < best->warpgroups_per_unit ||
+                            (c.warpgroups_per_unit == best->warpgroups_per_unit &&
+                             c.consumer_warpgroups > best->consumer_warpgroups);
+    if (d < -1e-9 || (d <= 1e-9 && tie_better)) best = &c;
   }
   return *best;
 }
@@ -232,9 +245,10 @@ cudaError_t sm90_nvfp4_grouped_gemm(const Sm90GemmArgs& args, const Sm90GemmConf
     if (e == cudaSuccess) e = cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, dev);
     if (e != cudaSuccess) return e;
   }
-#define NVFP4MOE_X(bt, st, wgs) \
-  if (config.block_t == bt && config.stages == st && config.consumer_warpgroups == wgs) \
-    return launch_epi<bt, st, wgs>(args.epilogue, map, p, num_sms, stream);
+#define NVFP4MOE_X(bt, st, wgs, wpu)                                                                    \
+  if (config.block_t == bt && config.stages == st && config.consumer_warpgroups == wgs &&             \
+      config.warpgroups_per_unit == wpu)                                                               \
+    return launch_epi<bt, st, wgs, wpu>(args.epilogue, map, p, num_sms, stream);
   NVFP4MOE_SM90_GEMM_CONFIGS(NVFP4MOE_X)
 #undef NVFP4MOE_X
   return fail("sm90_nvfp4_grouped_gemm: config " + to_string(config) + " is not in the instantiated list");

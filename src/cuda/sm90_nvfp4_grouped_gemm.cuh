@@ -118,6 +118,13 @@ __device__ __forceinline__ void wgmma_wait() {
   asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
 }
 // Keeps the compiler from moving accumulator reads/writes across the asynchronous wgmma boundary.
+// Named barriers 1.. (0 is __syncthreads): `threads` counts every thread of both sides; arrive does not wait.
+__device__ __forceinline__ void named_bar_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void named_bar_arrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
 __device__ __forceinline__ void reg_fence(float& x) { asm volatile("" : "+f"(x)::"memory"); }
 
 // wgmma B descriptor: K-major tile of rows x 64 bf16 (128 bytes a row), 128-byte swizzle, 8-row groups 1024 B
@@ -331,13 +338,27 @@ __device__ __forceinline__ void dequant_ktile(const uint4 (&codes)[2], uint32_t 
   for (int b = 0; b < 2; ++b) dequant_block_pairs(codes[b], pairs[b], a[b]);
 }
 
+// One k-tile of one block, for a warpgroup that owns half a unit (kWarpgroupsPerUnit = 2): thread t of a quad
+// loads and converts word t % 2 of the block's two (threads 2, 3 repeat 0, 1), the quad exchanges the pairs.
+__device__ __forceinline__ void dequant_ktile_block(const uint4 codes, uint32_t my_scale_word, uint32_t (&a)[16]) {
+  uint32_t mine[2];
+  scale_pairs(my_scale_word, mine);
+  uint32_t pairs[2][2];  // [h2][jj]
+  const int quad0 = (threadIdx.x & 31) & ~3;
+#pragma unroll
+  for (int h2 = 0; h2 < 2; ++h2)
+#pragma unroll
+    for (int jj = 0; jj < 2; ++jj) pairs[h2][jj] = __shfl_sync(0xFFFFFFFFu, mine[jj], quad0 + h2);
+  dequant_block_pairs(codes, pairs, a);
+}
+
 // Measurement hook of bench/gemm_microbench.cu only (wrong results; never defined by the library build): how
 // much of a k-tile's time the dequantization costs, by leaving it out (1: the code words go to wgmma as they
 // are, the shared-memory loads stay) or doing it twice (2: a second pass over the first word of each block,
 // dependent on the first pass; ptxas merges the rest); and what the A loads cost (3: A is loaded into each
 // stage once, then left stale, so the k-loop reads only weights); 4: the scale conversion before 3d97e92
-// (every thread converts all four words); 5: no wgmma (the dequantized registers go to an empty asm); 6: the
-// k-loop dequantizes two k-tiles ahead of its wgmma (three A buffers, wait<1>), results correct.
+// (every thread converts all four words); 5: no wgmma (the dequantized registers go to an empty asm). (6, the
+// k-loop two k-tiles ahead of its wgmma with wait<1>, measured slower at 69a6420 and removed: docs/gemm.md.)
 #ifndef NVFP4MOE_SM90_DEQUANT_EXPERIMENT
 #define NVFP4MOE_SM90_DEQUANT_EXPERIMENT 0
 #endif
@@ -409,21 +430,23 @@ struct TileCursor {
       }
       const unsigned hit = __ballot_sync(0xFFFFFFFFu, next_first + incl > idx);
       if (hit != 0u) {
-        // Every lane finds the first of its experts whose tiles reach idx; lane l's answer is the one.
-        int acc = next_first + incl - sum, jf = kPerLane - 1, f_first = 0;
+        // Every lane finds the first of its experts whose tiles reach idx (one pass with a running count);
+        // lane l's answer is the one.
+        int acc = next_first + incl - sum, jf = 0, f_first = 0, f_rb = 0, f_end = 0;
+        bool found = false;
 #pragma unroll
-        for (int j = kPerLane - 1; j >= 0; --j) {  // backwards: the last assignment is the first hit
+        for (int j = 0; j < kPerLane; ++j) {
           const int cj = tiles(base + j, off[j + 1] - off[j]);
-          int before = acc;
-#pragma unroll
-          for (int q = 0; q < j; ++q) before += tiles(base + q, off[q + 1] - off[q]);
-          if (before + cj > idx) { jf = j; f_first = before; }
+          if (!found && acc + cj > idx) {
+            found = true;
+            jf = j;
+            f_first = acc;
+            f_rb = off[j];
+            f_end = off[j + 1];
+          }
+          acc += cj;
         }
         const int l = __ffs(hit) - 1;
-        int f_rb = off[0], f_end = off[1];
-#pragma unroll
-        for (int j = 1; j < kPerLane; ++j)
-          if (jf == j) { f_rb = off[j]; f_end = off[j + 1]; }
         e = __shfl_sync(0xFFFFFFFFu, base + jf, l);
         first = __shfl_sync(0xFFFFFFFFu, f_first, l);
         row_begin = __shfl_sync(0xFFFFFFFFu, f_rb, l);
@@ -472,25 +495,32 @@ __device__ __forceinline__ void quantize_groups(const float (&v)[NB][2], float g
 #pragma unroll
     for (int q = 0; q + w < NB; q += 2 * w) sel[q] = hi ? sel[q + w] : sel[q];
   }
-  const float mine = sel[0];
-  const uint8_t sf = fmt::activation_block_scale(mine, gs);
-  const float os_mine = fmt::activation_block_output_scale(sf, gs), sff_mine = fmt::e4m3_decode(sf);
+  const fmt::ActivationBlockScale mine = fmt::activation_block_scales(sel[0], gs);
 #pragma unroll
   for (int q = 0; q < NB; ++q) {
-    const float os = __shfl_sync(0xFFFFFFFFu, os_mine, 4 * q + t);  // lane g = q of this t computed group q
-    const float sff = __shfl_sync(0xFFFFFFFFu, sff_mine, 4 * q + t);
+    const float os = __shfl_sync(0xFFFFFFFFu, mine.output_scale, 4 * q + t);  // lane g = q of this t: group q
+    const float sff = __shfl_sync(0xFFFFFFFFu, mine.value, 4 * q + t);
 #pragma unroll
     for (int h = 0; h < 2; ++h) o[q][h] = fmt::bf16_from_float(fmt::e2m1_round(v[q][h] * os) * sff);
   }
 }
 
 // ------------------------------------------------------------------------------------------- the kernel
-// BT: token rows per tile (wgmma N); WGS: consumer warpgroups (units per CTA tile); STAGES: pipeline depth.
-template <int BT, int WGS, int STAGES, Epilogue EPI>
+// BT: token rows per tile (wgmma N); WGS: consumer warpgroups; STAGES: pipeline depth; WPU: consumer warpgroups
+// per unit. WPU = 1: each warpgroup owns a unit (both 64-row blocks; WGS units per CTA tile). WPU = 2: the two
+// blocks of a unit go to two warpgroups (WGS / 2 units per tile), for launches with too few units to fill the
+// SMs (qwen3-30b T = 1: 96 GEMM1 units = 48 two-unit tiles on 132 SMs): each warpgroup runs half the k-loop's
+// work, and each accumulator still sums the same wgmmas in the same order (bit-identical to WPU = 1). The
+// SwiGLU epilogue needs gate and up in one thread: the up block's warpgroup hands its accumulators to the gate
+// block's through shared memory (two named barriers per unit slot).
+template <int BT, int WGS, int STAGES, Epilogue EPI, int WPU = 1>
 struct KernelTraits {
   static_assert(BT % 16 == 0 && BT >= 16 && BT <= 128, "BT: wgmma N in 16..128, two m64 blocks per thread");
   static_assert(WGS == 2 || (WGS == 3 && BT <= 32) || (WGS == 4 && BT <= 16),
                 "WGS 3 only up to BT = 32, WGS 4 only with the small accumulators of BT = 16");
+  static_assert(WPU == 1 || (WPU == 2 && WGS % 2 == 0), "WPU: 1, or 2 with an even number of warpgroups");
+  static constexpr int kUnitsPerTile = WGS / WPU;
+  static constexpr int kBlocksPerWarpgroup = 2 / WPU;  // 64-row weight blocks (accumulator chains) per thread
   static constexpr int kThreads = (WGS + 1) * 128;
   // setmaxnreg budgets. The CTA owns kThreads x (registers ptxas gave the kernel) registers; asking for more
   // than that in setmaxnreg.inc blocks forever, so the launcher checks kRegsNeeded against the compiled count.
@@ -502,22 +532,26 @@ struct KernelTraits {
   static constexpr int kRegsNeeded = 128 * kProducerRegs + WGS * 128 * kConsumerRegs;
   static_assert(kRegsNeeded <= 65536, "setmaxnreg budget exceeds the register file");
   static constexpr int kABytes = BT * 128;                  // one stage of A: BT rows x 64 bf16, swizzled
-  static constexpr int kWBytes = WGS * kUnitBytes;          // one stage of weights
+  static constexpr int kWBytes = kUnitsPerTile * kUnitBytes;  // one stage of weights
   static constexpr int kStageBytes = kABytes + kWBytes;
-  static constexpr int kSmemBytes = 1024 /*align*/ + STAGES * kStageBytes + STAGES * 16 /*barriers*/;
+  // WPU = 2 with SwiGLU: per unit slot, the up block's BT / 2 accumulators of each of its 128 threads.
+  static constexpr int kExchangeBytes = WPU == 2 && EPI == Epilogue::kSwiGLU ? kUnitsPerTile * 128 * (BT / 2) * 4 : 0;
+  static constexpr int kSmemBytes = 1024 /*align*/ + STAGES * kStageBytes + kExchangeBytes + STAGES * 16 /*barriers*/;
   static_assert(kABytes % 1024 == 0, "A stages must stay 1024-byte aligned for the 128B swizzle");
   static_assert(kSmemBytes <= 232448, "shared memory per block");
 };
 
-template <int BT, int WGS, int STAGES, Epilogue EPI>
+template <int BT, int WGS, int STAGES, Epilogue EPI, int WPU = 1>
 __global__ void __launch_bounds__((WGS + 1) * 128, 1)
     sm90_nvfp4_grouped_gemm_kernel(const __grid_constant__ CUtensorMap tmap_a, const GemmParams p) {
-  using Tr = KernelTraits<BT, WGS, STAGES, EPI>;
+  using Tr = KernelTraits<BT, WGS, STAGES, EPI, WPU>;
+  constexpr int UPT = Tr::kUnitsPerTile, NB = Tr::kBlocksPerWarpgroup;
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
   uint8_t* smem_a = smem;                                    // [STAGES][BT][128 B] swizzled
-  uint8_t* smem_w = smem + STAGES * Tr::kABytes;             // [STAGES][WGS][kUnitBytes]
-  uint64_t* bars = reinterpret_cast<uint64_t*>(smem_w + STAGES * Tr::kWBytes);  // full[STAGES], empty[STAGES]
+  uint8_t* smem_w = smem + STAGES * Tr::kABytes;             // [STAGES][UPT][kUnitBytes]
+  float* smem_xch = reinterpret_cast<float*>(smem_w + STAGES * Tr::kWBytes);  // [UPT][BT / 2][128] (WPU = 2)
+  uint64_t* bars = reinterpret_cast<uint64_t*>(smem_w + STAGES * Tr::kWBytes + Tr::kExchangeBytes);  // full, empty
   const uint32_t full0 = smem_u32(bars), empty0 = smem_u32(bars + STAGES);
 
   const int wg = threadIdx.x / 128;
@@ -533,7 +567,7 @@ __global__ void __launch_bounds__((WGS + 1) * 128, 1)
   // the outputs are read and written: after the previous kernel of the stream (PDL, launch_pdl.cuh).
   kernels::pdl_wait_then_allow_next();
 
-  const int n_ctiles = (p.units + WGS - 1) / WGS;
+  const int n_ctiles = (p.units + UPT - 1) / UPT;
 
   if (wg == 0) {
     // ---------------------------------------------------------------- producer
@@ -549,10 +583,10 @@ __global__ void __launch_bounds__((WGS + 1) * 128, 1)
       const int local = idx - cur.first;
       const int n_idx = local / cur.ttiles, t_idx = local - n_idx * cur.ttiles;
       const int row0 = cur.row_begin + t_idx * BT;
-      const uint8_t* wsrc[WGS];
+      const uint8_t* wsrc[UPT];
 #pragma unroll
-      for (int c = 0; c < WGS; ++c) {
-        const int unit = min(n_idx * WGS + c, p.units - 1);  // a consumer past the last unit computes a copy
+      for (int c = 0; c < UPT; ++c) {
+        const int unit = min(n_idx * UPT + c, p.units - 1);  // a consumer past the last unit computes a copy
         wsrc[c] = p.w + (static_cast<size_t>(cur.e) * p.units + unit) * p.k_tiles * kUnitBytes;
       }
       if (issuer) {
@@ -569,7 +603,7 @@ __global__ void __launch_bounds__((WGS + 1) * 128, 1)
           tma_load_2d(smem_u32(smem_a + s * Tr::kABytes), &tmap_a, kt * kBlockK, row0, full);
 #endif
 #pragma unroll
-          for (int c = 0; c < WGS; ++c)
+          for (int c = 0; c < UPT; ++c)
             bulk_load(smem_u32(smem_w + s * Tr::kWBytes + c * kUnitBytes),
                       wsrc[c] + static_cast<size_t>(kt) * kUnitBytes, kUnitBytes, full);
           if (++s == STAGES) { s = 0; phase ^= 1; }
@@ -581,7 +615,9 @@ __global__ void __launch_bounds__((WGS + 1) * 128, 1)
     // ---------------------------------------------------------------- consumers
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(Tr::kConsumerRegs));
     const int c = wg - 1;
+    const int slot = c / WPU, half = WPU == 2 ? c % 2 : 0;  // unit slot of the tile, block of the unit (WPU = 2)
     const uint32_t smem_w_u32 = smem_u32(smem_w);
+    [[maybe_unused]] bool handed_over = false;  // WPU = 2, SwiGLU, up block: an exchange buffer handed to the gate block
     const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
     int s = 0;
     uint32_t phase = 0;
@@ -589,10 +625,10 @@ __global__ void __launch_bounds__((WGS + 1) * 128, 1)
     for (int idx = blockIdx.x; cur.template seek<kConsumerExpertsPerLane>(p, n_ctiles, idx); idx += gridDim.x) {
       const int local = idx - cur.first;
       const int n_idx = local / cur.ttiles, t_idx = local - n_idx * cur.ttiles;
-      const int unit = n_idx * WGS + c;
-      float acc[2][BT / 2];
+      const int unit = n_idx * UPT + slot;
+      float acc[NB][BT / 2];
 #pragma unroll
-      for (int b = 0; b < 2; ++b)
+      for (int b = 0; b < NB; ++b)
 #pragma unroll
         for (int i = 0; i < BT / 2; ++i) acc[b][i] = 0.0f;
 
@@ -602,48 +638,51 @@ __global__ void __launch_bounds__((WGS + 1) * 128, 1)
       const int n_mma = tile_rows <= 16 ? 16 : tile_rows <= 32 ? 32 : tile_rows <= 64 ? 64 : 128;
 
       // Software pipeline: the dequantization of k-tile kt+1 runs while the wgmmas of k-tile kt execute.
-      auto load_dequant = [&](int stage, uint32_t (&a)[2][16]) {
+      auto load_dequant = [&](int stage, uint32_t (&a)[NB][16]) {
         // ld.shared on 32-bit shared addresses (a generic pointer here would compile to generic LD.E).
-        const uint32_t wsm = smem_w_u32 + stage * Tr::kWBytes + c * kUnitBytes;
-        uint4 codes[2];
+        const uint32_t wsm = smem_w_u32 + stage * Tr::kWBytes + slot * kUnitBytes + half * kChunkBytes;
+        uint4 codes[NB];
 #pragma unroll
-        for (int b = 0; b < 2; ++b) codes[b] = lds128(wsm + b * kChunkBytes + tid * 16);
+        for (int b = 0; b < NB; ++b) codes[b] = lds128(wsm + b * kChunkBytes + tid * 16);
+        if constexpr (NB == 1) {
+          dequant_ktile_block(codes[0], lds32(wsm + kCodeBytes + (warp * 8 + g) * 8 + (t & 1) * 4), a[0]);
+        } else {
 #if NVFP4MOE_SM90_DEQUANT_EXPERIMENT != 1 && NVFP4MOE_SM90_DEQUANT_EXPERIMENT != 2 && NVFP4MOE_SM90_DEQUANT_EXPERIMENT != 4
-        // This thread's scale word: block t / 2, word t % 2 of its row pair (dequant_ktile shares it).
-        const uint32_t my_scale_word =
-            lds32(wsm + (t >> 1) * kChunkBytes + kCodeBytes + (warp * 8 + g) * 8 + (t & 1) * 4);
-        dequant_ktile(codes, my_scale_word, a);
+          // This thread's scale word: block t / 2, word t % 2 of its row pair (dequant_ktile shares it).
+          const uint32_t my_scale_word =
+              lds32(wsm + (t >> 1) * kChunkBytes + kCodeBytes + (warp * 8 + g) * 8 + (t & 1) * 4);
+          dequant_ktile(codes, my_scale_word, a);
 #elif NVFP4MOE_SM90_DEQUANT_EXPERIMENT == 4
-        // Measurement hook: the previous version (every thread converts all 4 scale words).
-        uint2 sc[2];
+          // Measurement hook: the previous version (every thread converts all 4 scale words).
+          uint2 sc[2];
 #pragma unroll
-        for (int b = 0; b < 2; ++b) sc[b] = lds64(wsm + b * kChunkBytes + kCodeBytes + (warp * 8 + g) * 8);
+          for (int b = 0; b < 2; ++b) sc[b] = lds64(wsm + b * kChunkBytes + kCodeBytes + (warp * 8 + g) * 8);
 #pragma unroll
-        for (int b = 0; b < 2; ++b) dequant_block(codes[b], sc[b], a[b]);
+          for (int b = 0; b < 2; ++b) dequant_block(codes[b], sc[b], a[b]);
 #else
-        uint2 sc[2];
+          uint2 sc[2];
 #pragma unroll
-        for (int b = 0; b < 2; ++b) sc[b] = lds64(wsm + b * kChunkBytes + kCodeBytes + (warp * 8 + g) * 8);
-        dequant_experiment(codes, sc, a);
+          for (int b = 0; b < 2; ++b) sc[b] = lds64(wsm + b * kChunkBytes + kCodeBytes + (warp * 8 + g) * 8);
+          dequant_experiment(codes, sc, a);
 #endif
+        }
       };
-      auto issue = [&](int stage, const uint32_t (&a)[2][16]) {
+      auto issue = [&](int stage, const uint32_t (&a)[NB][16]) {
         const uint64_t desc = make_b_desc(smem_u32(smem_a + stage * Tr::kABytes));
-#if NVFP4MOE_SM90_DEQUANT_EXPERIMENT != 6  // 6 issues while the previous group runs: no fence on its accumulators
 #pragma unroll
-        for (int b = 0; b < 2; ++b)
+        for (int b = 0; b < NB; ++b)
 #pragma unroll
           for (int i = 0; i < BT / 2; ++i) reg_fence(acc[b][i]);
-#endif
         wgmma_fence();
         auto run = [&](auto n_const) {
           constexpr int NM = decltype(n_const)::value;
           // b innermost: the two accumulator chains alternate, so one wgmma never waits on the previous one's
-          // accumulator (small N is latency-bound otherwise). Each accumulator still sums k in order.
+          // accumulator (small N is latency-bound otherwise; WPU = 2 has one chain). Each accumulator still sums k
+          // in order.
 #pragma unroll
           for (int j = 0; j < 4; ++j)
 #pragma unroll
-            for (int b = 0; b < 2; ++b) {
+            for (int b = 0; b < NB; ++b) {
               const uint32_t af[4] = {a[b][4 * j], a[b][4 * j + 1], a[b][4 * j + 2], a[b][4 * j + 3]};
 #if NVFP4MOE_SM90_DEQUANT_EXPERIMENT == 5
               // Measurement hook: no tensor-core work; the dequantized registers are consumed by an empty asm.
@@ -660,61 +699,9 @@ __global__ void __launch_bounds__((WGS + 1) * 128, 1)
         run(IntC<16>{});
         wgmma_commit();
       };
-#if NVFP4MOE_SM90_DEQUANT_EXPERIMENT == 6
-      // Measurement hook (see dequant_experiment), not yet run: dequantize two k-tiles ahead with three A
-      // buffers, so wgmma(kt) is issued while wgmma(kt - 1) may still run (wait<1> instead of wait<0>: the
-      // tensor pipe does not drain between k-tiles). Stage of kt - 1 released after wait<1>.
-      uint32_t a0[2][16], a1[2][16], a2[2][16];
-      int kt = 0, s_prev = -1;
-      auto advance = [&](int& st, uint32_t& ph) {
-        if (++st == STAGES) { st = 0; ph ^= 1; }
-      };
-      int s1 = s, s2;
-      uint32_t ph1 = phase, ph2;
-      advance(s1, ph1);
-      s2 = s1;
-      ph2 = ph1;
-      advance(s2, ph2);
-      mbar_wait(full0 + 8 * s, phase);
-      load_dequant(s, a0);
-      if (p.k_tiles > 1) {
-        mbar_wait(full0 + 8 * s1, ph1);
-        load_dequant(s1, a1);
-      }
-      auto step3 = [&](const uint32_t (&cur_a)[2][16], uint32_t (&free_a)[2][16]) {
-        issue(s, cur_a);
-        wgmma_wait<1>();  // wgmma(kt - 1) done: its registers (free_a) and its stage are free
-        if (tid == 0 && s_prev >= 0) mbar_arrive(empty0 + 8 * s_prev);
-        if (kt + 2 < p.k_tiles) {
-          mbar_wait(full0 + 8 * s2, ph2);
-          load_dequant(s2, free_a);
-        }
-        s_prev = s;
-        s = s1;
-        phase = ph1;
-        s1 = s2;
-        ph1 = ph2;
-        advance(s2, ph2);
-        ++kt;
-      };
-      while (true) {
-        step3(a0, a2);
-        if (kt >= p.k_tiles) break;
-        step3(a1, a0);
-        if (kt >= p.k_tiles) break;
-        step3(a2, a1);
-        if (kt >= p.k_tiles) break;
-      }
-      wgmma_wait<0>();
-#pragma unroll
-      for (int b = 0; b < 2; ++b)
-#pragma unroll
-        for (int i = 0; i < BT / 2; ++i) reg_fence(acc[b][i]);
-      if (tid == 0) mbar_arrive(empty0 + 8 * s_prev);
-#else
-      uint32_t a0[2][16], a1[2][16];
+      uint32_t a0[NB][16], a1[NB][16];
       int kt = 0;
-      auto step = [&](const uint32_t (&cur_a)[2][16], uint32_t (&next_a)[2][16]) {
+      auto step = [&](const uint32_t (&cur_a)[NB][16], uint32_t (&next_a)[NB][16]) {
         issue(s, cur_a);
         int s_next = s + 1;
         uint32_t ph_next = phase;
@@ -725,7 +712,7 @@ __global__ void __launch_bounds__((WGS + 1) * 128, 1)
         }
         wgmma_wait<0>();
 #pragma unroll
-        for (int b = 0; b < 2; ++b)
+        for (int b = 0; b < NB; ++b)
 #pragma unroll
           for (int i = 0; i < BT / 2; ++i) reg_fence(acc[b][i]);
         if (tid == 0) mbar_arrive(empty0 + 8 * s);
@@ -741,10 +728,29 @@ __global__ void __launch_bounds__((WGS + 1) * 128, 1)
         step(a1, a0);
         if (kt >= p.k_tiles) break;
       }
-#endif
 
       // ---------------------------------------------------------------- epilogue
-      // acc[b][i]: weight row 16*warp + g + 8*((i>>1)&1) of block b, token 8*(i>>2) + 2t + (i&1) of the tile.
+      // acc[b][i]: weight row 16*warp + g + 8*((i>>1)&1) of block b (WPU = 2: of block `half`), token
+      // 8*(i>>2) + 2t + (i&1) of the tile.
+      // WPU = 2 with SwiGLU: the up block's warpgroup writes its accumulators to its slot's exchange buffer and
+      // is done with the tile; the gate block's reads them (named barrier 1 + 2 slot: buffer full, 2 + 2 slot:
+      // buffer read, which the up side waits for before it writes the next tile's).
+      [[maybe_unused]] float up_acc[WPU == 2 && EPI == Epilogue::kSwiGLU ? BT / 2 : 1];
+      if constexpr (WPU == 2 && EPI == Epilogue::kSwiGLU) {
+        float* xch = smem_xch + slot * (BT / 2) * 128;
+        if (half == 1) {
+          if (handed_over) named_bar_sync(2 + 2 * slot, 256);
+#pragma unroll
+          for (int i = 0; i < BT / 2; ++i) xch[i * 128 + tid] = acc[0][i];
+          named_bar_arrive(1 + 2 * slot, 256);
+          handed_over = true;
+          continue;
+        }
+        named_bar_sync(1 + 2 * slot, 256);
+#pragma unroll
+        for (int i = 0; i < BT / 2; ++i) up_acc[i] = xch[i * 128 + tid];
+        named_bar_arrive(2 + 2 * slot, 256);
+      }
       const int e = cur.e;
       const int tok0 = t_idx * BT, rows_valid = min(BT, cur.rows - tok0);
       const int64_t row_base = cur.row_begin + tok0;
@@ -754,10 +760,10 @@ __global__ void __launch_bounds__((WGS + 1) * 128, 1)
         const float al = __ldg(p.alpha0 + e) * kWeightUnscale;
         float* out = static_cast<float*>(p.out);
 #pragma unroll
-        for (int b = 0; b < 2; ++b)
+        for (int b = 0; b < NB; ++b)
 #pragma unroll
           for (int i = 0; i < BT / 2; ++i) {
-            const int col = unit * 128 + b * 64 + 16 * warp + g + 8 * ((i >> 1) & 1);
+            const int col = unit * 128 + (b + half) * 64 + 16 * warp + g + 8 * ((i >> 1) & 1);
             const int tok = 8 * (i >> 2) + 2 * t + (i & 1);
             if (unit_ok && tok < rows_valid && col < p.n_out) out[(row_base + tok) * p.n_out + col] = acc[b][i] * al;
           }
@@ -765,7 +771,8 @@ __global__ void __launch_bounds__((WGS + 1) * 128, 1)
         uint16_t* out = static_cast<uint16_t*>(p.out);
         const float al0 = __ldg(p.alpha0 + e) * kWeightUnscale;
         const float al1 = EPI == Epilogue::kSwiGLU ? __ldg(p.alpha1 + e) * kWeightUnscale : 0.0f;
-        constexpr int kBlocksOut = EPI == Epilogue::kSwiGLU ? 1 : 2;  // output 64-column blocks per unit
+        // Output 64-column blocks of this warpgroup: SwiGLU 1 per unit; relu^2 its accumulator blocks.
+        constexpr int kBlocksOut = EPI == Epilogue::kSwiGLU ? 1 : NB;
         // Quantization groups of this thread: (b, i0, ip) -> row r0 value acc[b][i0 + ip], row r0 + 8 value
         // acc[b][i0 + ip + 2], token 8 * (i0 / 4) + 2t + ip; taken 8 at a time (quantize_groups).
         struct GroupPos { int b, i0, ip; };
@@ -784,7 +791,9 @@ __global__ void __launch_bounds__((WGS + 1) * 128, 1)
               const int i = i0 + ip + 2 * h;
               float x;
               if constexpr (EPI == Epilogue::kSwiGLU) {
-                x = silu_f32(acc[0][i] * al0) * (acc[1][i] * al1);
+                float up;
+                if constexpr (WPU == 2) up = up_acc[i]; else up = acc[NB - 1][i];
+                x = silu_f32(acc[0][i] * al0) * (up * al1);
               } else {
                 const float y = fmaxf(acc[b][i] * al0, 0.0f);
                 x = y * y;
@@ -805,7 +814,7 @@ __global__ void __launch_bounds__((WGS + 1) * 128, 1)
           for (int qq = 0; qq < kBatch; ++qq) {
             const auto [b, i0, ip] = group_pos(q0 + qq);
             const int tok = 8 * (i0 >> 2) + 2 * t + ip;
-            const int colb = (EPI == Epilogue::kSwiGLU ? unit * 64 : unit * 128 + b * 64) + 16 * warp + g;
+            const int colb = (EPI == Epilogue::kSwiGLU ? unit * 64 : unit * 128 + (b + half) * 64) + 16 * warp + g;
             if (unit_ok && tok < rows_valid) {
               if (colb < p.n_out) out[(row_base + tok) * p.n_out + colb] = o[qq][0];
               if (colb + 8 < p.n_out) out[(row_base + tok) * p.n_out + colb + 8] = o[qq][1];
@@ -813,6 +822,11 @@ __global__ void __launch_bounds__((WGS + 1) * 128, 1)
           }
         }
       }
+    }
+    // The gate side arrived on "buffer read" once per tile; the up side waited before every tile but the first:
+    // one wait here leaves the barrier as it was at launch.
+    if constexpr (WPU == 2 && EPI == Epilogue::kSwiGLU) {
+      if (half == 1 && handed_over) named_bar_sync(2 + 2 * slot, 256);
     }
   }
 }

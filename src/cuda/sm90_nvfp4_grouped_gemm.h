@@ -44,10 +44,14 @@ cudaError_t sm90_prepare_weights(const uint8_t* packed, const uint8_t* scales, c
 struct Sm90GemmConfig {
   int block_t;   // token rows per tile = wgmma N
   int stages;    // shared-memory pipeline depth
-  int consumer_warpgroups;  // weight units (128 rows) per CTA tile
+  int consumer_warpgroups;  // consumer warpgroups per CTA
+  // 1: each warpgroup owns a weight unit (128 rows; consumer_warpgroups units per CTA tile); 2: a unit's two
+  // 64-row blocks on two warpgroups (consumer_warpgroups / 2 units per tile), for launches with few units.
+  int warpgroups_per_unit = 1;
+  int units_per_tile() const { return consumer_warpgroups / warpgroups_per_unit; }
 };
 const std::vector<Sm90GemmConfig>& sm90_gemm_configs();
-std::string to_string(const Sm90GemmConfig& c);  // "bt16_s9_wg4"
+std::string to_string(const Sm90GemmConfig& c);  // "bt16_s9_wg4", "bt16_s14_wg2_half" (2 warpgroups per unit)
 // The listed config of that name (to_string's form), or false.
 bool sm90_gemm_config_by_name(const std::string& name, Sm90GemmConfig* out);
 // The load of one launch as the host knows it before the routing exists (never from the routing: the choice

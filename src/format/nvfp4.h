@@ -177,14 +177,25 @@ NVFP4_HD float activation_block_output_scale(uint8_t sf, float gs) {
   return sff != 0.0f ? 1.0f / (sff / gs) : 0.0f;
 }
 
+// The three numbers every user of one block's scale needs: the e4m3 code, its value, and the output scale
+// the values are multiplied by before the e2m1 rounding (sections 4.4 and 4.5).
+struct ActivationBlockScale {
+  uint8_t code;
+  float value;
+  float output_scale;
+};
+NVFP4_HD ActivationBlockScale activation_block_scales(float block_vmax, float gs) {
+  const uint8_t sf = activation_block_scale(block_vmax, gs);
+  return {sf, e4m3_decode(sf), activation_block_output_scale(sf, gs)};
+}
+
 // Quantizes one block of n <= 16 activations. Returns the block scale code; codes[i] for i < n.
 NVFP4_HD uint8_t quantize_activation_block(const float* x, int n, float gs, uint8_t* codes) {
   float vmax = 0.0f;
   for (int i = 0; i < n; ++i) vmax = fmaxf(vmax, fabsf(x[i]));
-  const uint8_t sf = activation_block_scale(vmax, gs);
-  const float os = activation_block_output_scale(sf, gs);
-  for (int i = 0; i < n; ++i) codes[i] = e2m1_encode(x[i] * os);
-  return sf;
+  const ActivationBlockScale sc = activation_block_scales(vmax, gs);
+  for (int i = 0; i < n; ++i) codes[i] = e2m1_encode(x[i] * sc.output_scale);
+  return sc.code;
 }
 
 // The GEMM operand an NVFP4 element becomes on Hopper: code * block scale, exact in bf16 (2 x 4 significant

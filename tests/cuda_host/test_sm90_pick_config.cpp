@@ -15,7 +15,9 @@ namespace {
 
 bool listed(const Sm90GemmConfig& c) {
   for (const auto& l : sm90_gemm_configs())
-    if (l.block_t == c.block_t && l.stages == c.stages && l.consumer_warpgroups == c.consumer_warpgroups) return true;
+    if (l.block_t == c.block_t && l.stages == c.stages && l.consumer_warpgroups == c.consumer_warpgroups &&
+        l.warpgroups_per_unit == c.warpgroups_per_unit)
+      return true;
   return false;
 }
 
@@ -74,6 +76,25 @@ TEST(Sm90PickConfig, NoSecondNearlyEmptyWave) {
   EXPECT_EQ(sm90_pick_config(Sm90GemmLoad{8, 256, kDeepseekGemm1Units, kSms}).consumer_warpgroups, 2);
   // Fewer SMs (a partitioned GPU): 128 wg2 tiles on 100 SMs are 2 waves; wg3 (88 tiles) is one.
   EXPECT_EQ(sm90_pick_config(Sm90GemmLoad{8, 256, kDeepseekGemm1Units, 100}).consumer_warpgroups, 3);
+}
+
+TEST(Sm90PickConfig, HalfUnitTilesOnlyWhenTheUnitsDoNotFillTheSms) {
+  // qwen3-30b T = 1: 8 rows on 128 experts; GEMM1 12 units per expert (96 in all: 48 two-unit tiles on 132
+  // SMs), GEMM2 16 (128: 64 tiles). One unit per tile on two warpgroups: 96 / 128 tiles, still one wave.
+  for (int units : {12, 16}) {
+    const Sm90GemmConfig c = sm90_pick_config(Sm90GemmLoad{8, 128, units, kSms});
+    EXPECT_EQ(c.block_t, 16);
+    EXPECT_EQ(c.warpgroups_per_unit, 2) << units << " units";
+    EXPECT_EQ(c.units_per_tile(), 1) << units << " units";
+  }
+  // deepseek-v3 T = 1 (256 or 288 / 504 units with the shared expert): half-unit tiles would need 2+ waves.
+  EXPECT_EQ(sm90_pick_config(Sm90GemmLoad{8, 256, kDeepseekGemm1Units, kSms}).warpgroups_per_unit, 1);
+  EXPECT_EQ(sm90_pick_config(Sm90GemmLoad{9, 257, kDeepseekGemm1Units, kSms}).warpgroups_per_unit, 1);
+  EXPECT_EQ(sm90_pick_config(Sm90GemmLoad{9, 257, kDeepseekGemm2Units, kSms}).warpgroups_per_unit, 1);
+  // Many rows: never (the list rule and the prefill tile).
+  EXPECT_EQ(sm90_pick_config(Sm90GemmLoad{4096 * 8, 256, kDeepseekGemm1Units, kSms}).warpgroups_per_unit, 1);
+  EXPECT_EQ(sm90_pick_config(Sm90GemmLoad{128, 128, 12, kSms}).warpgroups_per_unit, 1);
+  EXPECT_EQ(to_string(Sm90GemmConfig{16, 14, 2, 2}), "bt16_s14_wg2_half");
 }
 
 TEST(Sm90ConfigOverride, NamesRoundTripAndTheOverrideParses) {

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# ONE device call step: the whole-layer benchmark (`nvfp4moe bench`, the protocol: graph replay over 8 layers,
+# median of 50) on several carried CLI builds of the same tree (A/B variants), alternating the builds point set
+# by point set so that drift over the call hits every variant alike. Writes
+# $OUT/<sha>-ab-<variant>-<preset>-<modes>-r<i>.{json,log} and prints one line per point.
+#   VARIANTS="base:.carry/nvfp4moe x6:.carry/x6/nvfp4moe" POINTS="qwen3-30b:1,4,64:w4a16,w4a4 deepseek-v3:1,64:w4a16" \
+#   REPEAT=2 NVFP4MOE_GIT_SHA=<sha> OUT=out bash scripts/device_variant_ab.sh
+# Compare: python3 bench/merge_results.py --compare A.json B.json.
+set -u -o pipefail
+OUT=${OUT:-out}
+SHA=${NVFP4MOE_GIT_SHA:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
+: "${VARIANTS:?VARIANTS=\"name:path/to/nvfp4moe ...\"}"
+: "${POINTS:?POINTS=\"preset:T,T,...:mode,mode ...\"}"
+mkdir -p "$OUT"
+for r in $(seq 1 "${REPEAT:-1}"); do
+  for point in $POINTS; do
+    IFS=: read -r preset tokens modes <<< "$point"
+    for v in $VARIANTS; do
+      name=${v%%:*} bin=${v#*:}
+      base="$OUT/$SHA-ab-$name-$preset-${modes//,/_}-r$r"
+      timeout "${POINT_TIMEOUT_S:-120}" "$bin" bench --preset "$preset" --tokens "$tokens" --mode "$modes" \
+        --json "$base.json" > "$base.log" 2>&1
+      echo "ab $name $preset r$r: exit $?"
+      grep -E "us/layer" "$base.log" | sed "s/^/  $name /"
+    done
+  done
+done
