@@ -5,7 +5,9 @@
 # page (stall samples per instruction) as text next to the .ncu-rep.
 #   NVFP4MOE_GIT_SHA=<sha> OUT=out bash scripts/device_ncu_gemm.sh
 # Env: CARRY (.carry), NCU_CASES: "layer:<preset>:<T>" (the CLI bench) or "mb:<microbench case prefix>"
-# (default "layer:deepseek-v3:1 mb:decode_T1_k8 mb:decode_rpe1"), NCU_MB (the microbench binary).
+# (default "layer:deepseek-v3:1 mb:decode_T1_k8 mb:decode_rpe1"), NCU_MB (the microbench binary), NCU_SKIP
+# (microbench launches to skip, default 8: the first config's warm-up; each config of a case runs 64 GEMM1
+# launches then 64 GEMM2).
 # Output: $OUT/<sha>-ncu.tgz (reports + text pages) and $OUT/<sha>-ncu-summary.txt.
 set -u -o pipefail
 OUT=${OUT:-out}
@@ -28,7 +30,7 @@ for c in $CASES; do
     cmd=("$CARRY/nvfp4moe" bench --preset "$preset" --tokens "$tokens" --iters 1 --warmup 1 --layers 8)
   else
     # bench/gemm_microbench.cu, one case (GEMM_MICROBENCH_ONLY), after its 8 warm-up launches.
-    name="mb-$rest" skip=8 count=1
+    name="mb-$rest${NCU_SKIP:+-skip$NCU_SKIP}" skip=${NCU_SKIP:-8} count=1
     cmd=(env GEMM_MICROBENCH_ONLY="$rest" GEMM_MICROBENCH_QUICK=1 "$CARRY/mb/${NCU_MB:-gemm_microbench_x0}" /dev/null)
   fi
   timeout 150 "$NCU" --clock-control none --kernel-name regex:sm90_nvfp4_grouped_gemm_kernel --launch-skip $skip \

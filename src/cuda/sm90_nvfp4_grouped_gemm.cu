@@ -26,7 +26,6 @@ cudaError_t fail(const std::string& msg) {
   X(16, 9, 4, 1)   /* decode: 1..16 rows per expert; 4 consumer warpgroups = more dequant/wgmma chains per SM */ \
   X(16, 14, 3, 1)  /* decode: 3 consumer warpgroups (entry cap 128 registers, consumers 160: no spills) */      \
   X(16, 14, 2, 2)  /* decode with few units: one unit per tile, its two blocks on two warpgroups */             \
-  X(16, 14, 4, 2)  /* decode with few units: two units per tile, each on two warpgroups */                      \
   X(32, 12, 2, 1)  /* 17..32 rows per expert (4 warpgroups spill at BT = 32) */                                 \
   X(32, 12, 3, 1)  /* 17..32 rows per expert, 3 consumer warpgroups */                                         \
   X(64, 10, 2, 1)  /* 33..64 rows per expert */                                                              \
@@ -171,10 +170,13 @@ Sm90GemmConfig sm90_pick_config(const Sm90GemmLoad& load) {
   // shared expert as expert E: 144 tiles = 2 waves with wg2, 99 = 1 with wg3).
   const int64_t active = std::min<int64_t>(std::max<int64_t>(load.experts, 1), load.max_rows);
   const double rows_per_active = static_cast<double>(load.max_rows) / static_cast<double>(active);
-  // A half-unit tile (warpgroups_per_unit = 2) holds W = consumer_warpgroups / 2 units on the same warpgroups:
-  // the same SM throughput, discounted by kHalfUnitRate for its single accumulator chain per warpgroup (a
-  // provisional estimate until measured), so it wins only where it cuts the waves' time (few units).
-  constexpr double kHalfUnitRate = 0.85;
+  // A half-unit tile (warpgroups_per_unit = 2) holds W = consumer_warpgroups / 2 units on the same warpgroups,
+  // at kHalfUnitRate of the whole-unit tile's throughput per unit (one accumulator chain per warpgroup, the
+  // same per-k-tile overheads for half the work), measured at 2bb7842 (bench/results/2bb7842-ab/): 0.55 at
+  // qwen3-30b T = 1 (one wave either way: 96 half tiles 19.0 us vs 48 wg2 tiles 20.9 us for GEMM1, 10.9 vs 12.4
+  // for GEMM2), 0.6 with every deepseek-v3 expert busy (rpe1: 2099 vs 1271 us). So it wins only where it
+  // halves the waves' time (few units: qwen3-30b and nemotron-nano at T = 1), never with units to spare.
+  constexpr double kHalfUnitRate = 0.55;
   auto cost = [&](const Sm90GemmConfig& c) {
     const int64_t t_tiles = std::max<int64_t>(1, static_cast<int64_t>(std::ceil(rows_per_active / c.block_t)));
     const int64_t units_per_tile = c.units_per_tile();
