@@ -60,12 +60,14 @@ cudaError_t launch_plan(const PlanArgs& a, cudaStream_t stream) {
   if (pairs <= 0) return cudaSuccess;
   if (a.experts <= 0 || a.experts > kMaxExperts) return cudaErrorInvalidValue;
   if (pairs <= kSmallPlanPairs)
-    return launch_pdl(kernels::plan_small_kernel, dim3(1), dim3(kernels::kScanThreads), 0, stream, a, pairs);
+    return launch_pdl(kernels::plan_small_kernel, dim3(1), dim3(kernels::plan_block_threads(a.experts)), 0, stream, a,
+                      pairs);
   const int chunks = static_cast<int>(plan_chunks(pairs));
   cudaError_t err = launch_pdl(kernels::plan_count_kernel, dim3(chunks), dim3(kPlanChunk), 0, stream, a.topk_ids,
                                pairs, a.experts, a.chunk_counts);
   if (err != cudaSuccess) return err;
-  err = launch_pdl(kernels::plan_scan_kernel, dim3(1), dim3(kernels::kScanThreads), 0, stream, a, chunks);
+  err = launch_pdl(kernels::plan_scan_kernel, dim3(1), dim3(kernels::plan_block_threads(a.experts)), 0, stream, a,
+                   chunks);
   if (err != cudaSuccess) return err;
   return launch_pdl(kernels::plan_scatter_kernel, dim3(chunks), dim3(kPlanChunk), 0, stream, a, pairs);
 }
@@ -95,8 +97,8 @@ cudaError_t launch_route_plan(const RouteArgs& r, const PlanArgs& a, cudaStream_
     return err != cudaSuccess ? err : launch_plan(a, stream);
   }
   if (!r.logits || !r.topk_weights || r.experts > kMaxExperts || r.top_k > r.experts) return cudaErrorInvalidValue;
-  return launch_pdl(kernels::route_plan_small_kernel, dim3(1), dim3(kernels::kScanThreads), smem, stream, r, a,
-                    pairs);
+  return launch_pdl(kernels::route_plan_small_kernel, dim3(1), dim3(kernels::plan_block_threads(a.experts, r.tokens)),
+                    smem, stream, r, a, pairs);
 }
 
 cudaError_t launch_gather(const GatherArgs& a, cudaStream_t stream) {

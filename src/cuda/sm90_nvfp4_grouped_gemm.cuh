@@ -118,12 +118,9 @@ __device__ __forceinline__ void wgmma_wait() {
   asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
 }
 // Keeps the compiler from moving accumulator reads/writes across the asynchronous wgmma boundary.
-// Named barriers 1.. (0 is __syncthreads): `threads` counts every thread of both sides; arrive does not wait.
+// Named barrier 1.. (0 is __syncthreads) over `threads` threads (a multiple of 32).
 __device__ __forceinline__ void named_bar_sync(int id, int threads) {
   asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
-}
-__device__ __forceinline__ void named_bar_arrive(int id, int threads) {
-  asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(threads) : "memory");
 }
 __device__ __forceinline__ void reg_fence(float& x) { asm volatile("" : "+f"(x)::"memory"); }
 
@@ -512,7 +509,7 @@ __device__ __forceinline__ void quantize_groups(const float (&v)[NB][2], float g
 // SMs (qwen3-30b T = 1: 96 GEMM1 units = 48 two-unit tiles on 132 SMs): each warpgroup runs half the k-loop's
 // work, and each accumulator still sums the same wgmmas in the same order (bit-identical to WPU = 1). The
 // SwiGLU epilogue needs gate and up in one thread: the up block's warpgroup hands its accumulators to the gate
-// block's through shared memory (two named barriers per unit slot).
+// block's through shared memory (one named barrier per unit slot, synced twice per tile).
 template <int BT, int WGS, int STAGES, Epilogue EPI, int WPU = 1>
 struct KernelTraits {
   static_assert(BT % 16 == 0 && BT >= 16 && BT <= 128, "BT: wgmma N in 16..128, two m64 blocks per thread");
@@ -617,7 +614,6 @@ __global__ void __launch_bounds__((WGS + 1) * 128, 1)
     const int c = wg - 1;
     const int slot = c / WPU, half = WPU == 2 ? c % 2 : 0;  // unit slot of the tile, block of the unit (WPU = 2)
     const uint32_t smem_w_u32 = smem_u32(smem_w);
-    [[maybe_unused]] bool handed_over = false;  // WPU = 2, SwiGLU, up block: an exchange buffer handed to the gate block
     const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
     int s = 0;
     uint32_t phase = 0;
@@ -733,23 +729,24 @@ __global__ void __launch_bounds__((WGS + 1) * 128, 1)
       // acc[b][i]: weight row 16*warp + g + 8*((i>>1)&1) of block b (WPU = 2: of block `half`), token
       // 8*(i>>2) + 2t + (i&1) of the tile.
       // WPU = 2 with SwiGLU: the up block's warpgroup writes its accumulators to its slot's exchange buffer and
-      // is done with the tile; the gate block's reads them (named barrier 1 + 2 slot: buffer full, 2 + 2 slot:
-      // buffer read, which the up side waits for before it writes the next tile's).
+      // is done with the tile; the gate block's reads them. Named barrier 1 + slot (both warpgroups of the slot,
+      // bar.sync on both sides): once after the write, once after the read, so the next tile's write cannot
+      // overtake this read. (An arrive on the writer's side would let it run ahead; compute-sanitizer's racecheck
+      // does not follow arrive-to-sync ordering and reports every access.)
       [[maybe_unused]] float up_acc[WPU == 2 && EPI == Epilogue::kSwiGLU ? BT / 2 : 1];
       if constexpr (WPU == 2 && EPI == Epilogue::kSwiGLU) {
         float* xch = smem_xch + slot * (BT / 2) * 128;
         if (half == 1) {
-          if (handed_over) named_bar_sync(2 + 2 * slot, 256);
 #pragma unroll
           for (int i = 0; i < BT / 2; ++i) xch[i * 128 + tid] = acc[0][i];
-          named_bar_arrive(1 + 2 * slot, 256);
-          handed_over = true;
+          named_bar_sync(1 + slot, 256);  // written
+          named_bar_sync(1 + slot, 256);  // read
           continue;
         }
-        named_bar_sync(1 + 2 * slot, 256);
+        named_bar_sync(1 + slot, 256);
 #pragma unroll
         for (int i = 0; i < BT / 2; ++i) up_acc[i] = xch[i * 128 + tid];
-        named_bar_arrive(2 + 2 * slot, 256);
+        named_bar_sync(1 + slot, 256);
       }
       const int e = cur.e;
       const int tok0 = t_idx * BT, rows_valid = min(BT, cur.rows - tok0);
@@ -822,11 +819,6 @@ __global__ void __launch_bounds__((WGS + 1) * 128, 1)
           }
         }
       }
-    }
-    // The gate side arrived on "buffer read" once per tile; the up side waited before every tile but the first:
-    // one wait here leaves the barrier as it was at launch.
-    if constexpr (WPU == 2 && EPI == Epilogue::kSwiGLU) {
-      if (half == 1 && handed_over) named_bar_sync(2 + 2 * slot, 256);
     }
   }
 }
