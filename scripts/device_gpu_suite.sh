@@ -45,7 +45,8 @@ if has sanitizer; then
     filter=$SUB
     [ "$tool" = racecheck ] && filter='Modes/ModeTest.AdversarialRouting/w4a4:CudaLayer.Calibration'
     echo "=== compute-sanitizer --tool $tool --gtest_filter=$filter" >> "$OUT/$SHA-cuda-sanitizer.log"
-    timeout 120 "$SAN" --tool $tool --error-exitcode 9 "$CARRY/cuda_test_cuda_layer" --gtest_color=no \
+    limit=120; [ "$tool" = racecheck ] && limit=240  # racecheck of the layer subset: 119 s at 3d97e92, > 120 at 8404347
+    timeout $limit "$SAN" --tool $tool --error-exitcode 9 "$CARRY/cuda_test_cuda_layer" --gtest_color=no \
       --gtest_brief=1 --gtest_filter="$filter" 2>&1 | tail -n 25 >> "$OUT/$SHA-cuda-sanitizer.log"
     rc=${PIPESTATUS[0]}
     echo "=== $tool exit $rc" >> "$OUT/$SHA-cuda-sanitizer.log"

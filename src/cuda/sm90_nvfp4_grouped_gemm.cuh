@@ -118,9 +118,12 @@ __device__ __forceinline__ void wgmma_wait() {
   asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
 }
 // Keeps the compiler from moving accumulator reads/writes across the asynchronous wgmma boundary.
-// Named barrier 1.. (0 is __syncthreads) over `threads` threads (a multiple of 32).
+// Named barrier 1.. (0 is __syncthreads) over `threads` threads (a multiple of 32). The non-.aligned form: the
+// compiler does not reconverge a warp before inline asm (the k-loop's `tid == 0` arrivals leave warp 0
+// diverged), and bar.sync (= barrier.sync.aligned) executed by a diverged warp is what compute-sanitizer's
+// synccheck reported at 8404347.
 __device__ __forceinline__ void named_bar_sync(int id, int threads) {
-  asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
+  asm volatile("barrier.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
 }
 __device__ __forceinline__ void reg_fence(float& x) { asm volatile("" : "+f"(x)::"memory"); }
 
