@@ -117,7 +117,6 @@ template <int N>
 __device__ __forceinline__ void wgmma_wait() {
   asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
 }
-// Keeps the compiler from moving accumulator reads/writes across the asynchronous wgmma boundary.
 // Named barrier 1.. (0 is __syncthreads) over `threads` threads (a multiple of 32). The non-.aligned form: the
 // compiler does not reconverge a warp before inline asm (the k-loop's `tid == 0` arrivals leave warp 0
 // diverged), and bar.sync (= barrier.sync.aligned) executed by a diverged warp is what compute-sanitizer's
@@ -125,6 +124,7 @@ __device__ __forceinline__ void wgmma_wait() {
 __device__ __forceinline__ void named_bar_sync(int id, int threads) {
   asm volatile("barrier.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
 }
+// Keeps the compiler from moving accumulator reads/writes across the asynchronous wgmma boundary.
 __device__ __forceinline__ void reg_fence(float& x) { asm volatile("" : "+f"(x)::"memory"); }
 
 // wgmma B descriptor: K-major tile of rows x 64 bf16 (128 bytes a row), 128-byte swizzle, 8-row groups 1024 B
@@ -318,38 +318,30 @@ __device__ __forceinline__ void dequant_block(const uint4 codes, const uint2 sc,
   scale_pairs(sc.y, pairs[1]);
   dequant_block_pairs(codes, pairs, a);
 }
-// One k-tile of this thread's unit (2 blocks). The 4 threads t of a quad (same g) need the same 4 scale words
-// (2 blocks x 2 words, 16 scales): thread t loads and converts only word t (block t / 2, word t % 2) and the
-// quad exchanges the 8 converted pairs by shuffles. Per thread: 1 LDS.32 + 5 integer ops + 4 HMUL2 + 8 SHFL
-// instead of 2 LDS.64 + 20 integer ops + 16 HMUL2 (bit-identical results: the same conversion, done once).
-__device__ __forceinline__ void dequant_ktile(const uint4 (&codes)[2], uint32_t my_scale_word,
-                                              uint32_t (&a)[2][16]) {
+// One k-tile of this thread's NB blocks (2: a whole unit; 1: half a unit, WPU = 2). The 4 threads t of a quad
+// (same g) need the same 2 NB scale words (2 per block): thread t loads and converts only word t % 2 of block
+// t / 2 (scale_word_offset; with one block threads 2, 3 repeat 0, 1) and the quad exchanges the converted
+// pairs by shuffles. Per thread (NB = 2): 1 LDS.32 + 5 integer ops + 4 HMUL2 + 8 SHFL instead of 2 LDS.64 + 20
+// integer ops + 16 HMUL2 (bit-identical results: the same conversion, done once).
+template <int NB>
+__device__ __forceinline__ int scale_word_offset(int warp, int g, int t) {
+  return (NB == 1 ? 0 : t >> 1) * kChunkBytes + kCodeBytes + (warp * 8 + g) * 8 + (t & 1) * 4;
+}
+template <int NB>
+__device__ __forceinline__ void dequant_ktile(const uint4 (&codes)[NB], uint32_t my_scale_word,
+                                              uint32_t (&a)[NB][16]) {
   uint32_t mine[2];
   scale_pairs(my_scale_word, mine);
-  uint32_t pairs[2][2][2];  // [block][h2][jj]
+  uint32_t pairs[NB][2][2];  // [block][h2][jj]
   const int quad0 = (threadIdx.x & 31) & ~3;
 #pragma unroll
-  for (int src = 0; src < 4; ++src)
+  for (int src = 0; src < 2 * NB; ++src)
 #pragma unroll
     for (int jj = 0; jj < 2; ++jj) {
       pairs[src >> 1][src & 1][jj] = __shfl_sync(0xFFFFFFFFu, mine[jj], quad0 + src);  // src == t: its own
     }
 #pragma unroll
-  for (int b = 0; b < 2; ++b) dequant_block_pairs(codes[b], pairs[b], a[b]);
-}
-
-// One k-tile of one block, for a warpgroup that owns half a unit (kWarpgroupsPerUnit = 2): thread t of a quad
-// loads and converts word t % 2 of the block's two (threads 2, 3 repeat 0, 1), the quad exchanges the pairs.
-__device__ __forceinline__ void dequant_ktile_block(const uint4 codes, uint32_t my_scale_word, uint32_t (&a)[16]) {
-  uint32_t mine[2];
-  scale_pairs(my_scale_word, mine);
-  uint32_t pairs[2][2];  // [h2][jj]
-  const int quad0 = (threadIdx.x & 31) & ~3;
-#pragma unroll
-  for (int h2 = 0; h2 < 2; ++h2)
-#pragma unroll
-    for (int jj = 0; jj < 2; ++jj) pairs[h2][jj] = __shfl_sync(0xFFFFFFFFu, mine[jj], quad0 + h2);
-  dequant_block_pairs(codes, pairs, a);
+  for (int b = 0; b < NB; ++b) dequant_block_pairs(codes[b], pairs[b], a[b]);
 }
 
 // Measurement hook of bench/gemm_microbench.cu only (wrong results; never defined by the library build): how
@@ -392,10 +384,10 @@ __device__ __forceinline__ void dequant_experiment(const uint4 (&codes)[2], cons
 // decode, ~257 serialized steps before a CTA finds its first tile and again before it exits; 32 experts per
 // step (until 2b09d03) still made 9 dependent L2 round trips of the exit walk at deepseek-v3 T = 1.
 // Experts per lane of one cursor step. 1 is the 32-experts-per-step walk that ran until 2b09d03 (one expert per
-// lane, two offsets loads). 3d97e92 made it 8 and changed the scale conversion; qwen3-30b (E = 128, short K:
-// many short tiles, a seek per tile) then measured 3-7% slower at T = 4..1024 while the other presets got
-// faster (docs/benchmarks.md). The cursor's per-tile cost is the suspect, not yet separated:
-// -DNVFP4MOE_SM90_CURSOR_EXPERTS_PER_LANE=1 in CMAKE_CUDA_FLAGS builds the old width for that A/B.
+// lane, two offsets loads). At 8 (3d97e92) qwen3-30b (E = 128, short K: a seek per short tile) ran 3-7% slower
+// at T = 4..1024; the A/B at 69a6420 (-DNVFP4MOE_SM90_CURSOR_EXPERTS_PER_LANE=1 in CMAKE_CUDA_FLAGS builds width
+// 1) put it in the per-seek cost of the lane's local search, now one pass (2bb7842: the regression gone, the
+// T = 1 gain of the wide step kept; bench/results/69a6420-ab/, 2bb7842-ab/).
 #ifndef NVFP4MOE_SM90_CURSOR_EXPERTS_PER_LANE
 #define NVFP4MOE_SM90_CURSOR_EXPERTS_PER_LANE 8
 #endif
@@ -643,22 +635,19 @@ __global__ void __launch_bounds__((WGS + 1) * 128, 1)
         uint4 codes[NB];
 #pragma unroll
         for (int b = 0; b < NB; ++b) codes[b] = lds128(wsm + b * kChunkBytes + tid * 16);
-        if constexpr (NB == 1) {
-          dequant_ktile_block(codes[0], lds32(wsm + kCodeBytes + (warp * 8 + g) * 8 + (t & 1) * 4), a[0]);
+        if constexpr (NB == 1 || (NVFP4MOE_SM90_DEQUANT_EXPERIMENT != 1 && NVFP4MOE_SM90_DEQUANT_EXPERIMENT != 2 &&
+                                  NVFP4MOE_SM90_DEQUANT_EXPERIMENT != 4)) {
+          // This thread's scale word (dequant_ktile shares it across the quad).
+          dequant_ktile<NB>(codes, lds32(wsm + scale_word_offset<NB>(warp, g, t)), a);
         } else {
-#if NVFP4MOE_SM90_DEQUANT_EXPERIMENT != 1 && NVFP4MOE_SM90_DEQUANT_EXPERIMENT != 2 && NVFP4MOE_SM90_DEQUANT_EXPERIMENT != 4
-          // This thread's scale word: block t / 2, word t % 2 of its row pair (dequant_ktile shares it).
-          const uint32_t my_scale_word =
-              lds32(wsm + (t >> 1) * kChunkBytes + kCodeBytes + (warp * 8 + g) * 8 + (t & 1) * 4);
-          dequant_ktile(codes, my_scale_word, a);
-#elif NVFP4MOE_SM90_DEQUANT_EXPERIMENT == 4
+#if NVFP4MOE_SM90_DEQUANT_EXPERIMENT == 4
           // Measurement hook: the previous version (every thread converts all 4 scale words).
           uint2 sc[2];
 #pragma unroll
           for (int b = 0; b < 2; ++b) sc[b] = lds64(wsm + b * kChunkBytes + kCodeBytes + (warp * 8 + g) * 8);
 #pragma unroll
           for (int b = 0; b < 2; ++b) dequant_block(codes[b], sc[b], a[b]);
-#else
+#elif NVFP4MOE_SM90_DEQUANT_EXPERIMENT == 1 || NVFP4MOE_SM90_DEQUANT_EXPERIMENT == 2
           uint2 sc[2];
 #pragma unroll
           for (int b = 0; b < 2; ++b) sc[b] = lds64(wsm + b * kChunkBytes + kCodeBytes + (warp * 8 + g) * 8);
