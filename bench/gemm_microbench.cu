@@ -251,7 +251,7 @@ int main(int argc, char** argv) {
   const char* only_env = std::getenv("GEMM_MICROBENCH_ONLY");
   const std::string only = only_env ? only_env : "";
   auto wanted = [&](const std::string& n) { return only.empty() || n.rfind(only, 0) == 0; };
-  // GEMM_MICROBENCH_QUICK=1: rows/expert 1 and 16 on the bt16 configs and the bt128 prefill only (A/B runs).
+  // GEMM_MICROBENCH_QUICK=1: rows/expert 1, 8 and 16 on the bt16 configs and the bt128 prefill only (A/B runs).
   const bool quick = std::getenv("GEMM_MICROBENCH_QUICK") != nullptr;
   // decode, T = 1 top-8: 8 experts with one row (scattered experts), and its variants: the same 8 experts
   // contiguous (0..7), and 1 row in each of 32 experts (4 tiles per CTA instead of 1).
@@ -292,7 +292,7 @@ int main(int argc, char** argv) {
     }
   }
   for (int r : {1, 2, 4, 8, 16}) {
-    if ((quick && r != 1 && r != 16) || !wanted("decode_rpe" + std::to_string(r))) continue;
+    if ((quick && r != 1 && r != 8 && r != 16) || !wanted("decode_rpe" + std::to_string(r))) continue;
     std::vector<int> counts(E, r);
     const std::string n = "decode_rpe" + std::to_string(r);
     for (const auto& cfg : sm90_gemm_configs()) {  // every config that holds r rows in one tile, up to 64

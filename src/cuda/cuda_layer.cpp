@@ -157,7 +157,8 @@ Sm90ConfigOverride parse_sm90_config_override(const std::string& value) {
     std::string names;
     for (const auto& c : sm90_gemm_configs()) names += (names.empty() ? "" : ", ") + to_string(c);
     throw ArgumentError("NVFP4MOE_SM90_CONFIG: " + why + " in '" + value +
-                        "'; expected a config name for both GEMMs or gemm1=NAME,gemm2=NAME, names: " + names);
+                        "'; expected a config name for both GEMMs or gemm1=NAME,gemm2=NAME[,mma=sync|wgmma] or "
+                        "mma=sync|wgmma, names: " + names);
   };
   auto config = [&](const std::string& name) {
     Sm90GemmConfig c{};
@@ -176,6 +177,13 @@ Sm90ConfigOverride parse_sm90_config_override(const std::string& value) {
     const size_t eq = item.find('=');
     if (eq == std::string::npos) refuse("item '" + item + "' is not gemm1=NAME or gemm2=NAME");
     const std::string key = item.substr(0, eq);
+    if (key == "mma") {
+      const std::string v = item.substr(eq + 1);
+      if (o.mma_sync >= 0 || (v != "sync" && v != "wgmma")) refuse("mma= must be sync or wgmma, once");
+      o.mma_sync = v == "sync" ? 1 : 0;
+      pos = end + 1;
+      continue;
+    }
     const Sm90GemmConfig c = config(item.substr(eq + 1));
     if (key == "gemm1" && !o.gemm1_set) {
       o.gemm1 = c;
@@ -796,7 +804,13 @@ Sm90GemmConfig CudaMoeLayer::pick_sm90(const Sm90PreparedShape& launch_shape, in
   // NVFP4MOE_SM90_CONFIG (read at creation) may fix either GEMM's config for an A/B measurement.
   if (gemm1 ? sm90_override_.gemm1_set : sm90_override_.gemm2_set)
     return gemm1 ? sm90_override_.gemm1 : sm90_override_.gemm2;
-  return sm90_pick_config(Sm90GemmLoad{max_rows, experts, launch_shape.units, device_sm_count()});
+  Sm90GemmConfig c = sm90_pick_config(Sm90GemmLoad{max_rows, experts, launch_shape.units, device_sm_count()});
+  if (sm90_override_.mma_sync >= 0) {  // the same tile with the other consumers' MMA, where listed
+    Sm90GemmConfig twin = c;
+    twin.mma_sync = sm90_override_.mma_sync == 1;
+    if (sm90_gemm_config_by_name(to_string(twin), &twin)) c = twin;
+  }
+  return c;
 }
 
 std::vector<CudaMoeLayer::Sm90Launch> CudaMoeLayer::sm90_launches(int64_t T) const {

@@ -30,10 +30,13 @@ GemmPath gemm_path_from_env();
 // A fixed sm90 tile config instead of sm90_pick_config's, for A/B measurements of the heuristic on one binary
 // (every config is bit-identical, so only the speed changes). NVFP4MOE_SM90_CONFIG: empty / unset = the
 // heuristic; "bt16_s9_wg4" = that config for GEMM1 and GEMM2; "gemm1=bt16_s14_wg3,gemm2=bt16_s9_wg4" = per GEMM
-// (either may be left out). Anything else: ArgumentError naming the accepted names. Read at layer creation.
+// (either may be left out); "mma=sync" / "mma=wgmma" (alone or as one more item) = the heuristic's tile with its
+// consumers' MMA switched where the list has that twin (bt16), for the GEMMs not fixed by name. Anything else:
+// ArgumentError naming the accepted names. Read at layer creation.
 struct Sm90ConfigOverride {
   bool gemm1_set = false, gemm2_set = false;
   Sm90GemmConfig gemm1{}, gemm2{};
+  int mma_sync = -1;  // -1: the heuristic's choice; 0: wgmma; 1: mma.sync consumers (where listed)
 };
 Sm90ConfigOverride parse_sm90_config_override(const std::string& value);
 Sm90ConfigOverride sm90_config_override_from_env();

@@ -19,17 +19,21 @@ cudaError_t fail(const std::string& msg) {
   return cudaErrorInvalidValue;
 }
 
-// The one explicit list: X(block_t, stages, consumer warpgroups, warpgroups per unit). Every entry is
-// instantiated for every epilogue and tested; the heuristic (sm90_pick_config) picks among them.
+// The one explicit list: X(block_t, stages, consumer warpgroups, warpgroups per unit, mma.sync consumers).
+// Every entry is instantiated for every epilogue and tested; the heuristic (sm90_pick_config) picks among them.
 #define NVFP4MOE_SM90_GEMM_CONFIGS(X) \
-  X(16, 14, 2, 1)  /* decode, 2 consumer warpgroups (the first version's decode tile; kept for comparison) */ \
-  X(16, 9, 4, 1)   /* decode: 1..16 rows per expert; 4 consumer warpgroups = more dequant/wgmma chains per SM */ \
-  X(16, 14, 3, 1)  /* decode: 3 consumer warpgroups (entry cap 128 registers, consumers 160: no spills) */      \
-  X(16, 14, 2, 2)  /* decode with few units: one unit per tile, its two blocks on two warpgroups */             \
-  X(32, 12, 2, 1)  /* 17..32 rows per expert (4 warpgroups spill at BT = 32) */                                 \
-  X(32, 12, 3, 1)  /* 17..32 rows per expert, 3 consumer warpgroups */                                         \
-  X(64, 10, 2, 1)  /* 33..64 rows per expert */                                                              \
-  X(128, 8, 2, 1)  /* prefill: > 64 rows per expert */
+  X(16, 14, 2, 1, 0)  /* decode, 2 consumer warpgroups (the first version's decode tile; kept for comparison) */ \
+  X(16, 9, 4, 1, 0)   /* decode: 1..16 rows per expert; 4 consumer warpgroups = more dequant/wgmma chains per SM */ \
+  X(16, 14, 3, 1, 0)  /* decode: 3 consumer warpgroups (entry cap 128 registers, consumers 160: no spills) */      \
+  X(16, 14, 2, 2, 0)  /* decode with few units: one unit per tile, its two blocks on two warpgroups */             \
+  X(16, 14, 2, 1, 1)  /* the decode tiles with mma.sync consumers (per warp, N = 8 for <= 8 rows) */              \
+  X(16, 9, 4, 1, 1)                                                                                                \
+  X(16, 14, 3, 1, 1)                                                                                               \
+  X(16, 14, 2, 2, 1)                                                                                               \
+  X(32, 12, 2, 1, 0)  /* 17..32 rows per expert (4 warpgroups spill at BT = 32) */                                 \
+  X(32, 12, 3, 1, 0)  /* 17..32 rows per expert, 3 consumer warpgroups */                                         \
+  X(64, 10, 2, 1, 0)  /* 33..64 rows per expert */                                                              \
+  X(128, 8, 2, 1, 0)  /* prefill: > 64 rows per expert */
 
 using EncodeTiledFn = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
                                    const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
@@ -47,10 +51,10 @@ EncodeTiledFn encode_fn() {
   return fn;
 }
 
-template <int BT, int STAGES, int WGS, int WPU, sm90::Epilogue EPI>
+template <int BT, int STAGES, int WGS, int WPU, bool SYNC, sm90::Epilogue EPI>
 cudaError_t launch(const CUtensorMap& map, const sm90::GemmParams& p, int grid, cudaStream_t stream) {
-  using Tr = sm90::KernelTraits<BT, WGS, STAGES, EPI, WPU>;
-  auto kernel = sm90::sm90_nvfp4_grouped_gemm_kernel<BT, WGS, STAGES, EPI, WPU>;
+  using Tr = sm90::KernelTraits<BT, WGS, STAGES, EPI, WPU, SYNC>;
+  auto kernel = sm90::sm90_nvfp4_grouped_gemm_kernel<BT, WGS, STAGES, EPI, WPU, SYNC>;
   // The attribute is per device: checked once per device (up to 64 devices; others checked every launch).
   int dev = 0;
   if (cudaGetDevice(&dev) != cudaSuccess) dev = -1;
@@ -72,14 +76,15 @@ cudaError_t launch(const CUtensorMap& map, const sm90::GemmParams& p, int grid, 
   return launch_pdl(kernel, dim3(grid), dim3(Tr::kThreads), Tr::kSmemBytes, stream, map, p);
 }
 
-template <int BT, int STAGES, int WGS, int WPU>
+template <int BT, int STAGES, int WGS, int WPU, bool SYNC>
 cudaError_t launch_epi(Sm90GemmEpilogue epi, const CUtensorMap& map, const sm90::GemmParams& p, int grid,
                        cudaStream_t stream) {
   switch (epi) {
-    case Sm90GemmEpilogue::kF32: return launch<BT, STAGES, WGS, WPU, sm90::Epilogue::kF32>(map, p, grid, stream);
+    case Sm90GemmEpilogue::kF32: return launch<BT, STAGES, WGS, WPU, SYNC, sm90::Epilogue::kF32>(map, p, grid, stream);
     case Sm90GemmEpilogue::kSwiGLU:
-      return launch<BT, STAGES, WGS, WPU, sm90::Epilogue::kSwiGLU>(map, p, grid, stream);
-    case Sm90GemmEpilogue::kRelu2: return launch<BT, STAGES, WGS, WPU, sm90::Epilogue::kRelu2>(map, p, grid, stream);
+      return launch<BT, STAGES, WGS, WPU, SYNC, sm90::Epilogue::kSwiGLU>(map, p, grid, stream);
+    case Sm90GemmEpilogue::kRelu2:
+      return launch<BT, STAGES, WGS, WPU, SYNC, sm90::Epilogue::kRelu2>(map, p, grid, stream);
   }
   return fail("sm90_nvfp4_grouped_gemm: unknown epilogue");
 }
@@ -117,7 +122,7 @@ cudaError_t sm90_prepare_weights(const uint8_t* packed, const uint8_t* scales, c
 
 const std::vector<Sm90GemmConfig>& sm90_gemm_configs() {
   static const std::vector<Sm90GemmConfig> list = {
-#define NVFP4MOE_X(bt, st, wgs, wpu) Sm90GemmConfig{bt, st, wgs, wpu},
+#define NVFP4MOE_X(bt, st, wgs, wpu, sync) Sm90GemmConfig{bt, st, wgs, wpu, sync != 0},
       NVFP4MOE_SM90_GEMM_CONFIGS(NVFP4MOE_X)
 #undef NVFP4MOE_X
   };
@@ -126,7 +131,8 @@ const std::vector<Sm90GemmConfig>& sm90_gemm_configs() {
 
 std::string to_string(const Sm90GemmConfig& c) {
   return "bt" + std::to_string(c.block_t) + "_s" + std::to_string(c.stages) + "_wg" +
-         std::to_string(c.consumer_warpgroups) + (c.warpgroups_per_unit == 2 ? "_half" : "");
+         std::to_string(c.consumer_warpgroups) + (c.warpgroups_per_unit == 2 ? "_half" : "") +
+         (c.mma_sync ? "_sync" : "");
 }
 
 bool sm90_gemm_config_by_name(const std::string& name, Sm90GemmConfig* out) {
@@ -152,7 +158,7 @@ Sm90GemmConfig sm90_pick_config(const Sm90GemmLoad& load) {
   const bool few = rows_per_expert < 0.5;
   const Sm90GemmConfig* best = nullptr;
   for (const auto& c : list) {
-    if (rows_per_expert > c.block_t || c.warpgroups_per_unit != 1) continue;  // half-unit tiles: cost model only
+    if (rows_per_expert > c.block_t || c.warpgroups_per_unit != 1 || c.mma_sync) continue;  // cost model only
     if (best == nullptr) { best = &c; continue; }
     if (c.block_t != best->block_t) continue;
     if (few ? c.consumer_warpgroups == 2 : c.consumer_warpgroups > best->consumer_warpgroups) best = &c;
@@ -189,7 +195,7 @@ Sm90GemmConfig sm90_pick_config(const Sm90GemmLoad& load) {
   };
   const int bt = best->block_t;
   for (const auto& c : list) {
-    if (c.block_t != bt) continue;
+    if (c.block_t != bt || c.mma_sync) continue;
     const double d = cost(c) - cost(*best);
     // Ties: whole units first, then the most consumer warpgroups.
     const bool tie_better = c.warpgroups_per_unit < best->warpgroups_per_unit ||
@@ -247,10 +253,10 @@ cudaError_t sm90_nvfp4_grouped_gemm(const Sm90GemmArgs& args, const Sm90GemmConf
     if (e == cudaSuccess) e = cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, dev);
     if (e != cudaSuccess) return e;
   }
-#define NVFP4MOE_X(bt, st, wgs, wpu)                                                                    \
+#define NVFP4MOE_X(bt, st, wgs, wpu, sync)                                                              \
   if (config.block_t == bt && config.stages == st && config.consumer_warpgroups == wgs &&             \
-      config.warpgroups_per_unit == wpu)                                                               \
-    return launch_epi<bt, st, wgs, wpu>(args.epilogue, map, p, num_sms, stream);
+      config.warpgroups_per_unit == wpu && config.mma_sync == (sync != 0))                             \
+    return launch_epi<bt, st, wgs, wpu, sync != 0>(args.epilogue, map, p, num_sms, stream);
   NVFP4MOE_SM90_GEMM_CONFIGS(NVFP4MOE_X)
 #undef NVFP4MOE_X
   return fail("sm90_nvfp4_grouped_gemm: config " + to_string(config) + " is not in the instantiated list");

@@ -111,6 +111,21 @@ __device__ __forceinline__ uint2 lds64(uint32_t addr) {
   asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "r"(addr));
   return v;
 }
+// Four 8x8 b16 matrices from shared memory; lane l gives the row address of row l % 8 of matrix l / 8, and
+// receives in r[m] matrix m's (row lane / 4, columns 2 (lane % 4), +1).
+__device__ __forceinline__ void ldmatrix_x4(uint32_t addr, uint32_t (&r)[4]) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+// Warp-level m16n8k16, f32 += bf16 * bf16 (the sync-MMA consumer's instruction): A = the same 4 fragment
+// registers as one warp's share of wgmma's m64k16 A; d = c[0..3] = rows g, g, g + 8, g + 8 x tokens 2t, 2t + 1.
+__device__ __forceinline__ void mma_16816(float* d, const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
 template <int N>
@@ -505,15 +520,28 @@ __device__ __forceinline__ void quantize_groups(const float (&v)[NB][2], float g
 // work, and each accumulator still sums the same wgmmas in the same order (bit-identical to WPU = 1). The
 // SwiGLU epilogue needs gate and up in one thread: the up block's warpgroup hands its accumulators to the gate
 // block's through shared memory (one named barrier per unit slot, synced twice per tile).
-template <int BT, int WGS, int STAGES, Epilogue EPI, int WPU = 1>
+//
+// SYNC: the consumers' MMA. false: wgmma (register A, the token tile as the smem B operand), a warpgroup-wide
+// asynchronous instruction that the 4 warps of a warpgroup issue together and wait for. true: mma.sync
+// m16n8k16, per warp, on the same A fragment registers (one warp's share of wgmma's m64k16 A is exactly the
+// m16k16 A of mma.sync) and the same accumulator layout (wgmma accumulator i = token 8 (i / 4) + 2t + i % 2,
+// row g + 8 ((i / 2) % 2) is n-tile i / 4's c[i % 4]); B fragments by ldmatrix from the swizzled token tile.
+// Each warp then runs on its own (it releases a stage as soon as its registers hold the stage's data) and an
+// expert tile with at most 8 rows runs N = 8 instead of wgmma's smallest N = 16. Both sum each output's k16
+// dot products in the same order into one fp32 accumulator; the tensor cores' k16 step gives the same bits
+// either way (tested bitwise against the wgmma configs: BatchInvariance, SyncMmaBitIdenticalToWgmma).
+template <int BT, int WGS, int STAGES, Epilogue EPI, int WPU = 1, bool SYNC = false>
 struct KernelTraits {
   static_assert(BT % 16 == 0 && BT >= 16 && BT <= 128, "BT: wgmma N in 16..128, two m64 blocks per thread");
+  static_assert(!SYNC || BT == 16, "the sync-MMA consumer: decode tiles (BT = 16: one or two n-tiles of 8)");
   static_assert(WGS == 2 || (WGS == 3 && BT <= 32) || (WGS == 4 && BT <= 16),
                 "WGS 3 only up to BT = 32, WGS 4 only with the small accumulators of BT = 16");
   static_assert(WPU == 1 || (WPU == 2 && WGS % 2 == 0), "WPU: 1, or 2 with an even number of warpgroups");
   static constexpr int kUnitsPerTile = WGS / WPU;
   static constexpr int kBlocksPerWarpgroup = 2 / WPU;  // 64-row weight blocks (accumulator chains) per thread
   static constexpr int kThreads = (WGS + 1) * 128;
+  // Arrivals that release a stage: one per consumer warpgroup after its wgmma wait, or one per consumer warp.
+  static constexpr int kEmptyArrivals = SYNC ? WGS * 4 : WGS;
   // setmaxnreg budgets. The CTA owns kThreads x (registers ptxas gave the kernel) registers; asking for more
   // than that in setmaxnreg.inc blocks forever, so the launcher checks kRegsNeeded against the compiled count.
   // ptxas allocates each branch under its setmaxnreg value (the consumers' spills grow when theirs shrinks), so
@@ -533,10 +561,10 @@ struct KernelTraits {
   static_assert(kSmemBytes <= 232448, "shared memory per block");
 };
 
-template <int BT, int WGS, int STAGES, Epilogue EPI, int WPU = 1>
+template <int BT, int WGS, int STAGES, Epilogue EPI, int WPU = 1, bool SYNC = false>
 __global__ void __launch_bounds__((WGS + 1) * 128, 1)
     sm90_nvfp4_grouped_gemm_kernel(const __grid_constant__ CUtensorMap tmap_a, const GemmParams p) {
-  using Tr = KernelTraits<BT, WGS, STAGES, EPI, WPU>;
+  using Tr = KernelTraits<BT, WGS, STAGES, EPI, WPU, SYNC>;
   constexpr int UPT = Tr::kUnitsPerTile, NB = Tr::kBlocksPerWarpgroup;
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
@@ -550,7 +578,7 @@ __global__ void __launch_bounds__((WGS + 1) * 128, 1)
   if (threadIdx.x == 0) {
     for (int s = 0; s < STAGES; ++s) {
       mbar_init(full0 + 8 * s, 1);
-      mbar_init(empty0 + 8 * s, WGS);
+      mbar_init(empty0 + 8 * s, Tr::kEmptyArrivals);
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
@@ -687,34 +715,102 @@ __global__ void __launch_bounds__((WGS + 1) * 128, 1)
         run(IntC<16>{});
         wgmma_commit();
       };
-      uint32_t a0[NB][16], a1[NB][16];
-      int kt = 0;
-      auto step = [&](const uint32_t (&cur_a)[NB][16], uint32_t (&next_a)[NB][16]) {
-        issue(s, cur_a);
-        int s_next = s + 1;
-        uint32_t ph_next = phase;
-        if (s_next == STAGES) { s_next = 0; ph_next ^= 1; }
-        if (kt + 1 < p.k_tiles) {
-          mbar_wait(full0 + 8 * s_next, ph_next);
-          load_dequant(s_next, next_a);
+      if constexpr (!SYNC) {
+        uint32_t a0[NB][16], a1[NB][16];
+        int kt = 0;
+        auto step = [&](const uint32_t (&cur_a)[NB][16], uint32_t (&next_a)[NB][16]) {
+          issue(s, cur_a);
+          int s_next = s + 1;
+          uint32_t ph_next = phase;
+          if (s_next == STAGES) { s_next = 0; ph_next ^= 1; }
+          if (kt + 1 < p.k_tiles) {
+            mbar_wait(full0 + 8 * s_next, ph_next);
+            load_dequant(s_next, next_a);
+          }
+          wgmma_wait<0>();
+  #pragma unroll
+          for (int b = 0; b < NB; ++b)
+  #pragma unroll
+            for (int i = 0; i < BT / 2; ++i) reg_fence(acc[b][i]);
+          if (tid == 0) mbar_arrive(empty0 + 8 * s);
+          s = s_next;
+          phase = ph_next;
+          ++kt;
+        };
+        mbar_wait(full0 + 8 * s, phase);
+        load_dequant(s, a0);
+        while (true) {
+          step(a0, a1);
+          if (kt >= p.k_tiles) break;
+          step(a1, a0);
+          if (kt >= p.k_tiles) break;
         }
-        wgmma_wait<0>();
+      } else {
+        // mma.sync: each warp loads its stage (codes, its scale word, the B fragments of the rows this tile
+        // has), releases the stage, dequantizes, and issues the k-tile's m16n8k16s while it fetches the next.
+        constexpr int NT = BT / 8;                // n-tiles of 8 tokens
+        const int n_nt = (tile_rows + 7) / 8;      // the ones with rows (uniform over the CTA)
+        auto fetch = [&](uint32_t (&a)[NB][16], uint32_t (&bf)[NT][4][2]) {
+          mbar_wait(full0 + 8 * s, phase);
+          const uint32_t wsm = smem_w_u32 + s * Tr::kWBytes + slot * kUnitBytes + half * kChunkBytes;
+          uint4 codes[NB];
 #pragma unroll
-        for (int b = 0; b < NB; ++b)
+          for (int b = 0; b < NB; ++b) codes[b] = lds128(wsm + b * kChunkBytes + tid * 16);
+          const uint32_t sw = lds32(wsm + scale_word_offset<NB>(warp, g, t));
+          // B fragment of k16 step j, n-tile nt: token nt * 8 + g, k 16j + 2t (+1) and + 8: 16-byte chunks
+          // 2j and 2j + 1 of the token's 128-byte row, each chunk at (chunk ^ row % 8) (the TMA's 128B swizzle).
+          const uint32_t abase = smem_u32(smem_a + s * Tr::kABytes);
+          const int m = lane >> 3, r = lane & 7;
 #pragma unroll
-          for (int i = 0; i < BT / 2; ++i) reg_fence(acc[b][i]);
-        if (tid == 0) mbar_arrive(empty0 + 8 * s);
-        s = s_next;
-        phase = ph_next;
-        ++kt;
-      };
-      mbar_wait(full0 + 8 * s, phase);
-      load_dequant(s, a0);
-      while (true) {
-        step(a0, a1);
-        if (kt >= p.k_tiles) break;
-        step(a1, a0);
-        if (kt >= p.k_tiles) break;
+          for (int nt = 0; nt < NT; ++nt) {
+            if (nt >= n_nt) continue;
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {  // chunks 4h .. 4h + 3: k16 steps 2h, 2h + 1
+              uint32_t q[4];
+              ldmatrix_x4(abase + (nt * 8 + r) * 128 + (((4 * h + m) ^ r) << 4), q);
+              bf[nt][2 * h][0] = q[0];
+              bf[nt][2 * h][1] = q[1];
+              bf[nt][2 * h + 1][0] = q[2];
+              bf[nt][2 * h + 1][1] = q[3];
+            }
+          }
+          __syncwarp();
+          if (lane == 0) mbar_arrive(empty0 + 8 * s);  // this warp is done with the stage's shared memory
+          if (++s == STAGES) { s = 0; phase ^= 1; }
+          dequant_ktile<NB>(codes, sw, a);
+        };
+        auto mma = [&](const uint32_t (&a)[NB][16], const uint32_t (&bf)[NT][4][2]) {
+          auto run = [&](auto nt_const) {
+            constexpr int NTR = decltype(nt_const)::value;
+#pragma unroll
+            for (int j = 0; j < 4; ++j)
+#pragma unroll
+              for (int b = 0; b < NB; ++b) {
+                const uint32_t af[4] = {a[b][4 * j], a[b][4 * j + 1], a[b][4 * j + 2], a[b][4 * j + 3]};
+#pragma unroll
+                for (int nt = 0; nt < NTR; ++nt) mma_16816(&acc[b][4 * nt], af, bf[nt][j][0], bf[nt][j][1]);
+              }
+          };
+          if constexpr (NT > 1) {
+            if (n_nt > 1) { run(IntC<NT>{}); return; }
+          }
+          run(IntC<1>{});
+        };
+        uint32_t a0[NB][16], a1[NB][16], b0[NT][4][2], b1[NT][4][2];
+        int kt = 0;
+        auto step = [&](const uint32_t (&cur_a)[NB][16], const uint32_t (&cur_b)[NT][4][2],
+                        uint32_t (&next_a)[NB][16], uint32_t (&next_b)[NT][4][2]) {
+          mma(cur_a, cur_b);
+          if (kt + 1 < p.k_tiles) fetch(next_a, next_b);
+          ++kt;
+        };
+        fetch(a0, b0);
+        while (true) {
+          step(a0, b0, a1, b1);
+          if (kt >= p.k_tiles) break;
+          step(a1, b1, a0, b0);
+          if (kt >= p.k_tiles) break;
+        }
       }
 
       // ---------------------------------------------------------------- epilogue

@@ -48,10 +48,14 @@ struct Sm90GemmConfig {
   // 1: each warpgroup owns a weight unit (128 rows; consumer_warpgroups units per CTA tile); 2: a unit's two
   // 64-row blocks on two warpgroups (consumer_warpgroups / 2 units per tile), for launches with few units.
   int warpgroups_per_unit = 1;
+  // The consumers' MMA: false = wgmma (warpgroup-wide, asynchronous), true = mma.sync m16n8k16 per warp on the
+  // same registers (BT = 16 only; the same bits: sm90_nvfp4_grouped_gemm.cuh, KernelTraits).
+  bool mma_sync = false;
   int units_per_tile() const { return consumer_warpgroups / warpgroups_per_unit; }
 };
 const std::vector<Sm90GemmConfig>& sm90_gemm_configs();
-std::string to_string(const Sm90GemmConfig& c);  // "bt16_s9_wg4", "bt16_s14_wg2_half" (2 warpgroups per unit)
+std::string to_string(const Sm90GemmConfig& c);  // "bt16_s9_wg4", "bt16_s14_wg2_half" (2 warpgroups per unit),
+                                                  // "bt16_s9_wg4_sync" (mma.sync consumers)
 // The listed config of that name (to_string's form), or false.
 bool sm90_gemm_config_by_name(const std::string& name, Sm90GemmConfig* out);
 // The load of one launch as the host knows it before the routing exists (never from the routing: the choice

@@ -1186,7 +1186,8 @@ TEST(CudaLayer, Sm90ConfigOverrideIsBitIdentical) {
     EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     return hs.out.get(T * H);
   };
-  for (const char* value : {"bt16_s14_wg2", "gemm2=bt16_s9_wg4", "gemm1=bt16_s14_wg3,gemm2=bt128_s8_wg2"}) {
+  for (const char* value : {"bt16_s14_wg2", "gemm2=bt16_s9_wg4", "gemm1=bt16_s14_wg3,gemm2=bt128_s8_wg2", "mma=sync",
+                            "gemm1=bt16_s14_wg2_half_sync,gemm2=bt16_s9_wg4_sync"}) {
     SCOPED_TRACE(value);
     setenv("NVFP4MOE_SM90_CONFIG", value, 1);
     Harness fixed(d, Mode::W4A16, maxT, 61, GemmPath::kSm90Wgmma);
@@ -1196,10 +1197,17 @@ TEST(CudaLayer, Sm90ConfigOverrideIsBitIdentical) {
     ASSERT_EQ(launches.size(), 2u);  // GEMM1 and GEMM2 of the routed experts with the shared one as expert E
     EXPECT_EQ(launches[0].name, "gemm1 routed+shared");
     EXPECT_EQ(launches[1].name, "gemm2 routed+shared");
-    EXPECT_EQ(to_string(launches[0].config),
-              to_string(want.gemm1_set ? want.gemm1 : ref.cuda->sm90_launches(9)[0].config));
-    EXPECT_EQ(to_string(launches[1].config),
-              to_string(want.gemm2_set ? want.gemm2 : ref.cuda->sm90_launches(9)[1].config));
+    // Not fixed by name: the heuristic's, switched to its mma.sync / wgmma twin by mma= where listed.
+    auto expected = [&](bool set, const Sm90GemmConfig& named, Sm90GemmConfig heuristic) {
+      if (set) return to_string(named);
+      Sm90GemmConfig twin = heuristic;
+      twin.mma_sync = want.mma_sync == 1;
+      if (want.mma_sync >= 0 && sm90_gemm_config_by_name(to_string(twin), &twin)) return to_string(twin);
+      return to_string(heuristic);
+    };
+    EXPECT_EQ(to_string(launches[0].config), expected(want.gemm1_set, want.gemm1, ref.cuda->sm90_launches(9)[0].config));
+    EXPECT_EQ(to_string(launches[1].config), expected(want.gemm2_set, want.gemm2, ref.cuda->sm90_launches(9)[1].config));
+    if (want.mma_sync == 1) EXPECT_TRUE(launches[0].config.mma_sync && launches[1].config.mma_sync);
     for (int64_t T : {1, 9, 300}) {
       const auto want = run(ref, T);
       ASSERT_EQ(std::memcmp(run(fixed, T).data(), want.data(), want.size() * 4), 0) << "T=" << T;

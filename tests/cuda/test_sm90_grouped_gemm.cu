@@ -430,6 +430,53 @@ TEST(Sm90GroupedGemm, BatchInvariance) {
   }
 }
 
+// The mma.sync consumers (configs *_sync) against their wgmma twins, bitwise: the same k16 dot products in the
+// same order into one fp32 accumulator, on adversarial activations (exponents over 2^-60 .. 2^40, both signs,
+// exact cancellations: x and -x in one k16 step) and weights with subnormal and zero block scales, at 1..16
+// rows per expert (mma.sync runs one n-tile of 8 tokens up to 8 rows, two above), every epilogue.
+TEST(Sm90GroupedGemm, SyncMmaBitIdenticalToWgmma) {
+  std::mt19937 rng(2024);
+  std::vector<int> counts;
+  for (int e = 0; e < 12; ++e) counts.push_back(e == 3 ? 0 : 1 + static_cast<int>(rng() % 16));
+  int pairs = 0;
+  for (const bool gated : {false, true}) {
+    Problem p = make_problem(12, gated ? 2 * 192 : 320, 448, gated, counts, 4242);
+    for (size_t i = 0; i < p.a.size(); ++i) {
+      const uint32_t h = static_cast<uint32_t>(rng());
+      const int ex = static_cast<int>(h % 101) - 60;
+      float v = std::ldexp(1.0f + static_cast<float>((h >> 8) & 0x7F) / 128.0f, ex);
+      if (h & 0x80000000u) v = -v;
+      p.a[i] = fmt::bf16_from_float(v);
+    }
+    for (size_t i = 0; i + 16 < p.a.size(); i += 97) p.a[i + 8] = p.a[i] ^ 0x8000u;  // x and -x in one step
+    const std::vector<Sm90GemmEpilogue> epis = gated ? std::vector<Sm90GemmEpilogue>{Sm90GemmEpilogue::kSwiGLU}
+                                                     : std::vector<Sm90GemmEpilogue>{Sm90GemmEpilogue::kF32,
+                                                                                     Sm90GemmEpilogue::kRelu2};
+    for (const Sm90GemmEpilogue epi : epis)
+      for (const auto& sync_cfg : sm90_gemm_configs()) {
+        if (!sync_cfg.mma_sync) continue;
+        Sm90GemmConfig twin = sync_cfg;
+        twin.mma_sync = false;
+        SCOPED_TRACE(::testing::Message() << to_string(sync_cfg) << " epi=" << epi_name(epi));
+        for (const bool quant : {false, true}) {
+          if (quant && epi == Sm90GemmEpilogue::kF32) continue;
+          GpuRun a, b;
+          run_gpu(p, epi, quant, sync_cfg, a);
+          run_gpu(p, epi, quant, twin, b);
+          if (HasFatalFailure()) return;
+          EXPECT_EQ(a.unwritten, 0);
+          EXPECT_EQ(a.overwritten, 0);
+          int64_t differ = 0;
+          for (size_t i = 0; i < a.bits.size(); ++i) differ += a.bits[i] != b.bits[i];
+          EXPECT_EQ(differ, 0) << "of " << a.bits.size() << " outputs (quantized: " << quant << ") differ from "
+                               << to_string(twin);
+        }
+        ++pairs;
+      }
+  }
+  EXPECT_GE(pairs, 3 * 4);  // every sync config, three epilogues
+}
+
 // The heuristic itself is host code: tests/cuda_host/test_sm90_pick_config.cpp (label cpu, runs in CI).
 
 TEST(Sm90GroupedGemm, RefusesBadArguments) {

@@ -95,6 +95,8 @@ TEST(Sm90PickConfig, HalfUnitTilesOnlyWhenTheUnitsDoNotFillTheSms) {
   EXPECT_EQ(sm90_pick_config(Sm90GemmLoad{4096 * 8, 256, kDeepseekGemm1Units, kSms}).warpgroups_per_unit, 1);
   EXPECT_EQ(sm90_pick_config(Sm90GemmLoad{128, 128, 12, kSms}).warpgroups_per_unit, 1);
   EXPECT_EQ(to_string(Sm90GemmConfig{16, 14, 2, 2}), "bt16_s14_wg2_half");
+  EXPECT_EQ(to_string(Sm90GemmConfig{16, 9, 4, 1, true}), "bt16_s9_wg4_sync");
+  EXPECT_EQ(to_string(Sm90GemmConfig{16, 14, 2, 2, true}), "bt16_s14_wg2_half_sync");
 }
 
 TEST(Sm90ConfigOverride, NamesRoundTripAndTheOverrideParses) {
@@ -120,11 +122,21 @@ TEST(Sm90ConfigOverride, NamesRoundTripAndTheOverrideParses) {
   ASSERT_TRUE(each.gemm1_set && each.gemm2_set);
   EXPECT_EQ(to_string(each.gemm1), "bt32_s12_wg3");
   EXPECT_EQ(to_string(each.gemm2), "bt128_s8_wg2");
+  const Sm90ConfigOverride sync = parse_sm90_config_override("mma=sync");
+  EXPECT_FALSE(sync.gemm1_set || sync.gemm2_set);
+  EXPECT_EQ(sync.mma_sync, 1);
+  const Sm90ConfigOverride mixed = parse_sm90_config_override("gemm1=bt16_s9_wg4_sync,mma=wgmma");
+  ASSERT_TRUE(mixed.gemm1_set);
+  EXPECT_FALSE(mixed.gemm2_set);
+  EXPECT_TRUE(mixed.gemm1.mma_sync);
+  EXPECT_EQ(mixed.mma_sync, 0);
+  EXPECT_EQ(parse_sm90_config_override("").mma_sync, -1);
 }
 
 TEST(Sm90ConfigOverride, BadValuesAreRefusedNamingTheChoices) {
   for (const char* bad : {"bt16", "gemm3=bt16_s9_wg4", "gemm1=bt16_s9_wg4,gemm1=bt16_s14_wg2", "gemm1=",
-                          "gemm1=bt16_s9_wg4,", "gemm1=bt16_s9_wg4;gemm2=bt16_s9_wg4"}) {
+                          "gemm1=bt16_s9_wg4,", "gemm1=bt16_s9_wg4;gemm2=bt16_s9_wg4", "mma=fast",
+                          "mma=sync,mma=sync"}) {
     try {
       parse_sm90_config_override(bad);
       ADD_FAILURE() << "accepted '" << bad << "'";
