@@ -158,7 +158,7 @@ Sm90GemmConfig sm90_pick_config(const Sm90GemmLoad& load) {
   const bool few = rows_per_expert < 0.5;
   const Sm90GemmConfig* best = nullptr;
   for (const auto& c : list) {
-    if (rows_per_expert > c.block_t || c.warpgroups_per_unit != 1 || c.mma_sync) continue;  // cost model only
+    if (rows_per_expert > c.block_t || c.warpgroups_per_unit != 1 || c.mma_sync) continue;  // picked below only
     if (best == nullptr) { best = &c; continue; }
     if (c.block_t != best->block_t) continue;
     if (few ? c.consumer_warpgroups == 2 : c.consumer_warpgroups > best->consumer_warpgroups) best = &c;
@@ -202,6 +202,19 @@ Sm90GemmConfig sm90_pick_config(const Sm90GemmLoad& load) {
                             (c.warpgroups_per_unit == best->warpgroups_per_unit &&
                              c.consumer_warpgroups > best->consumer_warpgroups);
     if (d < -1e-9 || (d <= 1e-9 && tie_better)) best = &c;
+  }
+  // The consumers' MMA. The mma.sync twin of a whole-unit bt16 tile with 3 or 4 consumer warpgroups, where an
+  // expert tile holds at most 4 rows (one n-tile of 8): measured faster in the whole layer (bench/results/
+  // 194b639-ab/, same binary, alternating, 2 repeats): deepseek-v3 T = 1 / 4 / 16 / 64 -2 / -4 / -6 / -4%,
+  // qwen3-235b T = 4 / 64 -3 / -5%, qwen3-30b T = 4..64 -1..2%, nemotron-nano T = 64 -3%. Not elsewhere: the
+  // half-unit tiles lost 3-6% (qwen3-30b, nemotron-nano T = 1), the one-wave wg2 tile 1% (qwen3-235b T = 1),
+  // and with two n-tiles (16 rows) the GEMM alone lost 15-25% (rpe16 in the same call's microbenchmark).
+  if (best->block_t == 16 && best->warpgroups_per_unit == 1 && best->consumer_warpgroups >= 3 &&
+      rows_per_active <= 4.0) {
+    Sm90GemmConfig twin = *best;
+    twin.mma_sync = true;
+    for (const auto& c : list)
+      if (to_string(c) == to_string(twin)) return c;
   }
   return *best;
 }

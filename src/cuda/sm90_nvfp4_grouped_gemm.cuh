@@ -637,6 +637,7 @@ __global__ void __launch_bounds__((WGS + 1) * 128, 1)
     const int c = wg - 1;
     const int slot = c / WPU, half = WPU == 2 ? c % 2 : 0;  // unit slot of the tile, block of the unit (WPU = 2)
     const uint32_t smem_w_u32 = smem_u32(smem_w);
+    [[maybe_unused]] const uint32_t smem_a_u32 = smem_u32(smem_a);
     const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
     int s = 0;
     uint32_t phase = 0;
@@ -750,6 +751,11 @@ __global__ void __launch_bounds__((WGS + 1) * 128, 1)
         // has), releases the stage, dequantizes, and issues the k-tile's m16n8k16s while it fetches the next.
         constexpr int NT = BT / 8;                // n-tiles of 8 tokens
         const int n_nt = (tile_rows + 7) / 8;      // the ones with rows (uniform over the CTA)
+        // B fragment of k16 step j, n-tile nt: token nt * 8 + g, k 16j + 2t (+1) and + 8, i.e. 16-byte chunks 2j
+        // and 2j + 1 of the token's 128-byte row, chunk c stored at c ^ (row % 8) (the TMA's 128B swizzle).
+        // ldmatrix.x4 lane l addresses row nt * 8 + l % 8 of chunk 4h + l / 8: its offset in the stage is
+        // nt * 1024 + (ldsm_off ^ 64h) (4h + m = 4h | m, and XOR by 4 in the chunk index is XOR by 64 in bytes).
+        const uint32_t ldsm_off = (lane & 7) * 128 + (((lane >> 3) ^ (lane & 7)) << 4);
         auto fetch = [&](uint32_t (&a)[NB][16], uint32_t (&bf)[NT][4][2]) {
           mbar_wait(full0 + 8 * s, phase);
           const uint32_t wsm = smem_w_u32 + s * Tr::kWBytes + slot * kUnitBytes + half * kChunkBytes;
@@ -757,17 +763,14 @@ __global__ void __launch_bounds__((WGS + 1) * 128, 1)
 #pragma unroll
           for (int b = 0; b < NB; ++b) codes[b] = lds128(wsm + b * kChunkBytes + tid * 16);
           const uint32_t sw = lds32(wsm + scale_word_offset<NB>(warp, g, t));
-          // B fragment of k16 step j, n-tile nt: token nt * 8 + g, k 16j + 2t (+1) and + 8: 16-byte chunks
-          // 2j and 2j + 1 of the token's 128-byte row, each chunk at (chunk ^ row % 8) (the TMA's 128B swizzle).
-          const uint32_t abase = smem_u32(smem_a + s * Tr::kABytes);
-          const int m = lane >> 3, r = lane & 7;
+          const uint32_t abase = smem_a_u32 + s * Tr::kABytes;
 #pragma unroll
           for (int nt = 0; nt < NT; ++nt) {
             if (nt >= n_nt) continue;
 #pragma unroll
             for (int h = 0; h < 2; ++h) {  // chunks 4h .. 4h + 3: k16 steps 2h, 2h + 1
               uint32_t q[4];
-              ldmatrix_x4(abase + (nt * 8 + r) * 128 + (((4 * h + m) ^ r) << 4), q);
+              ldmatrix_x4(abase + nt * 1024 + (ldsm_off ^ (h << 6)), q);
               bf[nt][2 * h][0] = q[0];
               bf[nt][2 * h][1] = q[1];
               bf[nt][2 * h + 1][0] = q[2];

@@ -69,7 +69,8 @@ struct Sm90GemmLoad {
 // Heuristic: the smallest token tile that holds max_rows / E rows; at that tile, with units and SMs known, the
 // consumer-warpgroup count with the least estimated time (waves of CTA tiles x tile time: a 2-warpgroup tile
 // when that stays within one wave, no second nearly empty wave); without them the most warpgroups (2 when
-// fewer rows than experts).
+// fewer rows than experts). Then the consumers' MMA: the mma.sync twin of a bt16 tile with 3 or 4 consumer
+// warpgroups where an expert tile holds at most 4 rows (measured faster there in the whole layer), else wgmma.
 Sm90GemmConfig sm90_pick_config(const Sm90GemmLoad& load);
 
 struct Sm90GemmArgs {

@@ -99,6 +99,22 @@ TEST(Sm90PickConfig, HalfUnitTilesOnlyWhenTheUnitsDoNotFillTheSms) {
   EXPECT_EQ(to_string(Sm90GemmConfig{16, 14, 2, 2, true}), "bt16_s14_wg2_half_sync");
 }
 
+// The consumers' MMA (bench/results/194b639-ab/): mma.sync for whole-unit bt16 tiles with 3 or 4 warpgroups at
+// <= 4 rows per expert tile, wgmma for the half-unit tiles, the one-wave wg2 tile, 5..16 rows and larger tiles.
+TEST(Sm90PickConfig, SyncMmaWhereTheLayerMeasuredItFaster) {
+  auto name = [](const Sm90GemmLoad& l) { return to_string(sm90_pick_config(l)); };
+  EXPECT_EQ(name(Sm90GemmLoad{9, 257, kDeepseekGemm1Units, kSms}), "bt16_s14_wg3_sync");  // deepseek-v3 T = 1
+  EXPECT_EQ(name(Sm90GemmLoad{9, 257, kDeepseekGemm2Units, kSms}), "bt16_s9_wg4_sync");
+  const Sm90GemmConfig t64 = sm90_pick_config(Sm90GemmLoad{64 * 9, 257, kDeepseekGemm1Units, kSms});
+  EXPECT_TRUE(t64.mma_sync) << to_string(t64);                                          // 2.2 rows per expert
+  EXPECT_FALSE(sm90_pick_config(Sm90GemmLoad{8, 128, 12, kSms}).mma_sync);              // qwen3-30b T = 1: half
+  EXPECT_FALSE(sm90_pick_config(Sm90GemmLoad{2048, 256, kDeepseekGemm1Units, kSms}).mma_sync);  // 8 rows
+  EXPECT_FALSE(sm90_pick_config(Sm90GemmLoad{4096 * 8, 256, kDeepseekGemm1Units, kSms}).mma_sync);
+  EXPECT_FALSE(sm90_pick_config(Sm90GemmLoad{8, 256, 0, 0}).mma_sync);  // list rule: no units, no SMs
+  for (const auto& c : sm90_gemm_configs())
+    if (c.mma_sync) EXPECT_EQ(c.block_t, 16) << to_string(c);
+}
+
 TEST(Sm90ConfigOverride, NamesRoundTripAndTheOverrideParses) {
   for (const auto& c : sm90_gemm_configs()) {
     Sm90GemmConfig back{};
