@@ -30,7 +30,6 @@ cudaError_t fail(const std::string& msg) {
   X(16, 9, 4, 1, 1)                                                                                                \
   X(16, 14, 3, 1, 1)                                                                                               \
   X(16, 14, 2, 2, 1)                                                                                               \
-  X(16, 8, 5, 1, 1)   /* 5 consumer warpgroups, mma.sync only (88 registers; an A/B candidate, not picked) */     \
   X(32, 12, 2, 1, 0)  /* 17..32 rows per expert (4 warpgroups spill at BT = 32) */                                 \
   X(32, 12, 3, 1, 0)  /* 17..32 rows per expert, 3 consumer warpgroups */                                         \
   X(64, 10, 2, 1, 0)  /* 33..64 rows per expert */                                                              \

@@ -534,9 +534,8 @@ template <int BT, int WGS, int STAGES, Epilogue EPI, int WPU = 1, bool SYNC = fa
 struct KernelTraits {
   static_assert(BT % 16 == 0 && BT >= 16 && BT <= 128, "BT: wgmma N in 16..128, two m64 blocks per thread");
   static_assert(!SYNC || BT == 16, "the sync-MMA consumer: decode tiles (BT = 16: one or two n-tiles of 8)");
-  static_assert(WGS == 2 || (WGS == 3 && BT <= 32) || (WGS == 4 && BT <= 16) || (SYNC && WGS == 5),
-                "WGS 3 only up to BT = 32, WGS 4 only with the small accumulators of BT = 16, WGS 5 with mma.sync "
-                "(6 spills inside the k-loop at its 80 registers)");
+  static_assert(WGS == 2 || (WGS == 3 && BT <= 32) || (WGS == 4 && BT <= 16),
+                "WGS 3 only up to BT = 32, WGS 4 only with the small accumulators of BT = 16");
   static_assert(WPU == 1 || (WPU == 2 && WGS % 2 == 0), "WPU: 1, or 2 with an even number of warpgroups");
   static constexpr int kUnitsPerTile = WGS / WPU;
   static constexpr int kBlocksPerWarpgroup = 2 / WPU;  // 64-row weight blocks (accumulator chains) per thread
@@ -548,10 +547,8 @@ struct KernelTraits {
   // ptxas allocates each branch under its setmaxnreg value (the consumers' spills grow when theirs shrinks), so
   // the consumers keep the most the CTA allows and the producer (one TMA thread plus its warp's tile cursor,
   // which loads several offsets per lane at once: it spilled at 24) gets what is left, rounded down to 8.
-  // 5 consumer warpgroups (mma.sync only): the entry cap is 65536 / 768 threads rounded down to 8 = 80, so the
-  // budget must fit under 80 x 768: producer 24, consumers 88 (no local memory in the k-loop).
-  static constexpr int kConsumerRegs = WGS <= 2 ? 232 : WGS == 3 ? 160 : WGS == 4 ? 112 : 88;
-  static constexpr int kProducerRegs = WGS <= 2 ? 40 : WGS <= 4 ? 32 : 24;
+  static constexpr int kConsumerRegs = WGS <= 2 ? 232 : WGS == 3 ? 160 : 112;
+  static constexpr int kProducerRegs = WGS <= 2 ? 40 : 32;
   static constexpr int kRegsNeeded = 128 * kProducerRegs + WGS * 128 * kConsumerRegs;
   static_assert(kRegsNeeded <= 65536, "setmaxnreg budget exceeds the register file");
   static constexpr int kABytes = BT * 128;                  // one stage of A: BT rows x 64 bf16, swizzled

@@ -455,11 +455,8 @@ TEST(Sm90GroupedGemm, SyncMmaBitIdenticalToWgmma) {
     for (const Sm90GemmEpilogue epi : epis)
       for (const auto& sync_cfg : sm90_gemm_configs()) {
         if (!sync_cfg.mma_sync) continue;
-        // Its wgmma twin, or (no twin listed: 5 warpgroups) the 2-warpgroup wgmma tile: every config sums alike.
         Sm90GemmConfig twin = sync_cfg;
         twin.mma_sync = false;
-        if (!sm90_gemm_config_by_name(to_string(twin), &twin)) twin = sm90_gemm_configs()[0];
-        ASSERT_FALSE(twin.mma_sync);
         SCOPED_TRACE(::testing::Message() << to_string(sync_cfg) << " epi=" << epi_name(epi));
         for (const bool quant : {false, true}) {
           if (quant && epi == Sm90GemmEpilogue::kF32) continue;
@@ -477,7 +474,7 @@ TEST(Sm90GroupedGemm, SyncMmaBitIdenticalToWgmma) {
         ++pairs;
       }
   }
-  EXPECT_GE(pairs, 3 * 5);  // every sync config, three epilogues
+  EXPECT_GE(pairs, 3 * 4);  // every sync config, three epilogues
 }
 
 // The heuristic itself is host code: tests/cuda_host/test_sm90_pick_config.cpp (label cpu, runs in CI).
