@@ -658,16 +658,25 @@ __global__ void __launch_bounds__((WGS + 1) * 128, 1)
       const int n_mma = tile_rows <= 16 ? 16 : tile_rows <= 32 ? 32 : tile_rows <= 64 ? 64 : 128;
 
       // Software pipeline: the dequantization of k-tile kt+1 runs while the wgmmas of k-tile kt execute.
-      auto load_dequant = [&](int stage, uint32_t (&a)[NB][16]) {
-        // ld.shared on 32-bit shared addresses (a generic pointer here would compile to generic LD.E).
-        const uint32_t wsm = smem_w_u32 + stage * Tr::kWBytes + slot * kUnitBytes + half * kChunkBytes;
-        uint4 codes[NB];
+      // This thread's weight words of a stage: its 16 code bytes of each of its NB blocks, and the scale word it
+      // converts for its quad (dequant_ktile). ld.shared on 32-bit shared addresses (a generic pointer here would
+      // compile to generic LD.E). Both consumer kinds load through it.
+      auto stage_weights = [&](int stage) {
+        return smem_w_u32 + stage * Tr::kWBytes + slot * kUnitBytes + half * kChunkBytes;
+      };
+      auto load_codes = [&](uint32_t wsm, uint4 (&codes)[NB]) {
 #pragma unroll
         for (int b = 0; b < NB; ++b) codes[b] = lds128(wsm + b * kChunkBytes + tid * 16);
+      };
+      auto load_scale_word = [&](uint32_t wsm) { return lds32(wsm + scale_word_offset<NB>(warp, g, t)); };
+      auto load_dequant = [&](int stage, uint32_t (&a)[NB][16]) {
+        const uint32_t wsm = stage_weights(stage);
+        uint4 codes[NB];
+        load_codes(wsm, codes);
         if constexpr (NB == 1 || (NVFP4MOE_SM90_DEQUANT_EXPERIMENT != 1 && NVFP4MOE_SM90_DEQUANT_EXPERIMENT != 2 &&
                                   NVFP4MOE_SM90_DEQUANT_EXPERIMENT != 4)) {
           // This thread's scale word (dequant_ktile shares it across the quad).
-          dequant_ktile<NB>(codes, lds32(wsm + scale_word_offset<NB>(warp, g, t)), a);
+          dequant_ktile<NB>(codes, load_scale_word(wsm), a);
         } else {
 #if NVFP4MOE_SM90_DEQUANT_EXPERIMENT == 4
           // Measurement hook: the previous version (every thread converts all 4 scale words).
@@ -700,7 +709,7 @@ __global__ void __launch_bounds__((WGS + 1) * 128, 1)
           for (int j = 0; j < 4; ++j)
 #pragma unroll
             for (int b = 0; b < NB; ++b) {
-              const uint32_t af[4] = {a[b][4 * j], a[b][4 * j + 1], a[b][4 * j + 2], a[b][4 * j + 3]};
+              const uint32_t af[4] = {a[b][4 * j], a[b][4 * j + 1], a[b][4 * j + 2], a[b][4 * j + 3]};  // k16 step j
 #if NVFP4MOE_SM90_DEQUANT_EXPERIMENT == 5
               // Measurement hook: no tensor-core work; the dequantized registers are consumed by an empty asm.
               asm volatile("" ::"r"(af[0]), "r"(af[1]), "r"(af[2]), "r"(af[3]));
@@ -758,11 +767,10 @@ __global__ void __launch_bounds__((WGS + 1) * 128, 1)
         const uint32_t ldsm_off = (lane & 7) * 128 + (((lane >> 3) ^ (lane & 7)) << 4);
         auto fetch = [&](uint32_t (&a)[NB][16], uint32_t (&bf)[NT][4][2]) {
           mbar_wait(full0 + 8 * s, phase);
-          const uint32_t wsm = smem_w_u32 + s * Tr::kWBytes + slot * kUnitBytes + half * kChunkBytes;
+          const uint32_t wsm = stage_weights(s);
           uint4 codes[NB];
-#pragma unroll
-          for (int b = 0; b < NB; ++b) codes[b] = lds128(wsm + b * kChunkBytes + tid * 16);
-          const uint32_t sw = lds32(wsm + scale_word_offset<NB>(warp, g, t));
+          load_codes(wsm, codes);
+          const uint32_t sw = load_scale_word(wsm);
           const uint32_t abase = smem_a_u32 + s * Tr::kABytes;
 #pragma unroll
           for (int nt = 0; nt < NT; ++nt) {
