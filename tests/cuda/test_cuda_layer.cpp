@@ -1115,8 +1115,10 @@ TEST(CudaLayer, PublicApiCudaVsCpuBackend) {
 // built from the same weights (the prepared layout is deterministic), and a token's row is bitwise the same
 // whatever batch it rides in: alone, among 6, 99, 299 or 999 others, at another position, with other tokens
 // around it. These T pick different tile configs (T*k/E = 0.19 .. 187: bt16 wg2 / wg4, bt32, bt64, bt128), so
-// this is also invariance across configs. Plus the A/B against mma.sync on the same inputs (not bitwise: the
-// two sum the exact products in different orders).
+// this is also invariance across configs. Plus the A/B against the mma.sync fallback path on the same inputs,
+// held only to the suite's tolerance (that path is no part of the sm90 bit promise), though every H200 run so
+// far printed rel_l2 = 0: the tensor cores' k16 step gives the same bits through mma.sync and wgmma, which the
+// sm90 mma.sync consumers rely on and test bitwise (test_sm90_grouped_gemm.cu, SyncMmaBitIdenticalToWgmma).
 TEST(CudaLayer, Sm90BitwiseAcrossRunsAndBatchCompositions) {
   for (Mode mode : {Mode::W4A16, Mode::W4A4}) {
     SCOPED_TRACE(mode_name(mode));
