@@ -805,11 +805,8 @@ Sm90GemmConfig CudaMoeLayer::pick_sm90(const Sm90PreparedShape& launch_shape, in
   if (gemm1 ? sm90_override_.gemm1_set : sm90_override_.gemm2_set)
     return gemm1 ? sm90_override_.gemm1 : sm90_override_.gemm2;
   Sm90GemmConfig c = sm90_pick_config(Sm90GemmLoad{max_rows, experts, launch_shape.units, device_sm_count()});
-  if (sm90_override_.mma_sync >= 0) {  // the same tile with the other consumers' MMA, where listed
-    Sm90GemmConfig twin = c;
-    twin.mma_sync = sm90_override_.mma_sync == 1;
-    if (sm90_gemm_config_by_name(to_string(twin), &twin)) c = twin;
-  }
+  // The same tile with the other consumers' MMA, where listed (c unchanged otherwise).
+  if (sm90_override_.mma_sync >= 0) sm90_gemm_mma_twin(c, sm90_override_.mma_sync == 1, &c);
   return c;
 }
 

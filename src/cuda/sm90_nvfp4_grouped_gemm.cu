@@ -144,6 +144,12 @@ bool sm90_gemm_config_by_name(const std::string& name, Sm90GemmConfig* out) {
   return false;
 }
 
+bool sm90_gemm_mma_twin(const Sm90GemmConfig& c, bool mma_sync, Sm90GemmConfig* out) {
+  Sm90GemmConfig twin = c;
+  twin.mma_sync = mma_sync;
+  return sm90_gemm_config_by_name(to_string(twin), out);
+}
+
 Sm90GemmConfig sm90_pick_config(const Sm90GemmLoad& load) {
   const double experts = static_cast<double>(std::max<int64_t>(load.experts, 1));
   const double rows_per_expert = static_cast<double>(std::max<int64_t>(load.max_rows, 0)) / experts;
@@ -209,14 +215,11 @@ Sm90GemmConfig sm90_pick_config(const Sm90GemmLoad& load) {
   // qwen3-235b T = 4 / 64 -3 / -5%, qwen3-30b T = 4..64 -1..2%, nemotron-nano T = 64 -3%. Not elsewhere: the
   // half-unit tiles lost 3-6% (qwen3-30b, nemotron-nano T = 1), the one-wave wg2 tile 1% (qwen3-235b T = 1),
   // and with two n-tiles (16 rows) the GEMM alone lost 15-25% (rpe16 in the same call's microbenchmark).
+  Sm90GemmConfig picked = *best;
   if (best->block_t == 16 && best->warpgroups_per_unit == 1 && best->consumer_warpgroups >= 3 &&
-      rows_per_active <= 4.0) {
-    Sm90GemmConfig twin = *best;
-    twin.mma_sync = true;
-    for (const auto& c : list)
-      if (to_string(c) == to_string(twin)) return c;
-  }
-  return *best;
+      rows_per_active <= 4.0)
+    sm90_gemm_mma_twin(*best, true, &picked);  // unchanged if the list had no such twin
+  return picked;
 }
 
 cudaError_t sm90_nvfp4_grouped_gemm(const Sm90GemmArgs& args, const Sm90GemmConfig& config, cudaStream_t stream,

@@ -58,6 +58,8 @@ std::string to_string(const Sm90GemmConfig& c);  // "bt16_s9_wg4", "bt16_s14_wg2
                                                   // "bt16_s9_wg4_sync" (mma.sync consumers)
 // The listed config of that name (to_string's form), or false.
 bool sm90_gemm_config_by_name(const std::string& name, Sm90GemmConfig* out);
+// The listed config with c's tile and the given consumers' MMA (mma.sync or wgmma), or false (no such twin).
+bool sm90_gemm_mma_twin(const Sm90GemmConfig& c, bool mma_sync, Sm90GemmConfig* out);
 // The load of one launch as the host knows it before the routing exists (never from the routing: the choice
 // must not depend on data, and a captured graph keeps it).
 struct Sm90GemmLoad {

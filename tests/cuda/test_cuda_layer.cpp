@@ -1202,9 +1202,7 @@ TEST(CudaLayer, Sm90ConfigOverrideIsBitIdentical) {
     // Not fixed by name: the heuristic's, switched to its mma.sync / wgmma twin by mma= where listed.
     auto expected = [&](bool set, const Sm90GemmConfig& named, Sm90GemmConfig heuristic) {
       if (set) return to_string(named);
-      Sm90GemmConfig twin = heuristic;
-      twin.mma_sync = want.mma_sync == 1;
-      if (want.mma_sync >= 0 && sm90_gemm_config_by_name(to_string(twin), &twin)) return to_string(twin);
+      if (want.mma_sync >= 0) sm90_gemm_mma_twin(heuristic, want.mma_sync == 1, &heuristic);
       return to_string(heuristic);
     };
     EXPECT_EQ(to_string(launches[0].config), expected(want.gemm1_set, want.gemm1, ref.cuda->sm90_launches(9)[0].config));

@@ -455,8 +455,8 @@ TEST(Sm90GroupedGemm, SyncMmaBitIdenticalToWgmma) {
     for (const Sm90GemmEpilogue epi : epis)
       for (const auto& sync_cfg : sm90_gemm_configs()) {
         if (!sync_cfg.mma_sync) continue;
-        Sm90GemmConfig twin = sync_cfg;
-        twin.mma_sync = false;
+        Sm90GemmConfig twin{};
+        ASSERT_TRUE(sm90_gemm_mma_twin(sync_cfg, false, &twin)) << to_string(sync_cfg);
         SCOPED_TRACE(::testing::Message() << to_string(sync_cfg) << " epi=" << epi_name(epi));
         for (const bool quant : {false, true}) {
           if (quant && epi == Sm90GemmEpilogue::kF32) continue;

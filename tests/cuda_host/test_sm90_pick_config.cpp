@@ -111,8 +111,13 @@ TEST(Sm90PickConfig, SyncMmaWhereTheLayerMeasuredItFaster) {
   EXPECT_FALSE(sm90_pick_config(Sm90GemmLoad{2048, 256, kDeepseekGemm1Units, kSms}).mma_sync);  // 8 rows
   EXPECT_FALSE(sm90_pick_config(Sm90GemmLoad{4096 * 8, 256, kDeepseekGemm1Units, kSms}).mma_sync);
   EXPECT_FALSE(sm90_pick_config(Sm90GemmLoad{8, 256, 0, 0}).mma_sync);  // list rule: no units, no SMs
-  for (const auto& c : sm90_gemm_configs())
+  for (const auto& c : sm90_gemm_configs()) {
     if (c.mma_sync) EXPECT_EQ(c.block_t, 16) << to_string(c);
+    Sm90GemmConfig twin{};
+    const bool has = sm90_gemm_mma_twin(c, !c.mma_sync, &twin);
+    EXPECT_EQ(has, c.block_t == 16) << to_string(c);  // every bt16 tile has both kinds, no other tile has
+    if (has) EXPECT_EQ(twin.mma_sync, !c.mma_sync);
+  }
 }
 
 TEST(Sm90ConfigOverride, NamesRoundTripAndTheOverrideParses) {
