@@ -656,18 +656,13 @@ void CudaMoeLayer::forward(const TensorRef& hidden, const RoutingArgs& routing, 
   pl.shared_offsets = (shared_.num_experts && !merged) ? shared_offsets_ : nullptr;
   pl.shared_tile_offsets = (shared_.num_experts && !merged) ? shared_tile_offsets_ : nullptr;
   pl.append_shared = merged;
-  if (route) check_launch(launch_route_plan(*route, pl, stream), "route + plan");
-  else check_launch(launch_plan(pl, stream), "plan");
-
   // 3-5. gather(+quant) -> GEMM1(+act+quant) -> GEMM2, for the routed experts (with the shared one as expert E
   // when merged) and then the shared expert's own launches.
   // experts: of the launch (E, E + 1, or 1); max_rows: this forward's upper bound of its rows; capacity: the
   // rows the workspace holds (fixed at creation: the sm90 GEMM's TMA descriptor encodes it, so a captured graph
   // stays valid for any routing).
-  auto run_group = [&](const DeviceExperts& d, int experts, const int32_t* perm, const int32_t* offsets,
-                       const int32_t* tiles, int max_rows, int64_t capacity, uint16_t* a1, uint16_t* act, float* y,
-                       const char* what) {
-    const bool routed = what[0] == 'r';
+  auto gather_args = [&](const DeviceExperts& d, int experts, const int32_t* perm, const int32_t* offsets,
+                         int max_rows, uint16_t* a1) {
     GatherArgs g;
     g.hidden = hidden.data;
     g.hidden_f32 = f32_in;
@@ -685,7 +680,23 @@ void CudaMoeLayer::forward(const TensorRef& hidden, const RoutingArgs& routing, 
     g.out = a1;
     g.max_rows = max_rows;
     g.append_shared = perm && experts == E + 1;
-    check_launch(launch_gather(g, stream), routed ? "gather (routed)" : "gather (shared)");
+    return g;
+  };
+  // The routed group's gather is launched with the routing and the plan when they fuse (decode).
+  const GatherArgs routed_gather =
+      merged ? gather_args(routed_, E + 1, perm_, offsets_, pairs + T, a1_) : gather_args(routed_, E, perm_, offsets_, pairs, a1_);
+  const bool routed_gather_fused = route && route_plan_gather_fusable(*route, pl, routed_gather);
+  if (routed_gather_fused) check_launch(launch_route_plan_gather(*route, pl, routed_gather, stream), "route + plan + gather");
+  else if (route) check_launch(launch_route_plan(*route, pl, stream), "route + plan");
+  else check_launch(launch_plan(pl, stream), "plan");
+
+  auto run_group = [&](const DeviceExperts& d, int experts, const int32_t* perm, const int32_t* offsets,
+                       const int32_t* tiles, int max_rows, int64_t capacity, uint16_t* a1, uint16_t* act, float* y,
+                       const char* what) {
+    const bool routed = what[0] == 'r';
+    if (!(routed && routed_gather_fused))
+      check_launch(launch_gather(gather_args(d, experts, perm, offsets, max_rows, a1), stream),
+                   routed ? "gather (routed)" : "gather (shared)");
 
     if (gemm_ == GemmPath::kSm90Wgmma) {
       const Sm90PreparedShape shape13 = routed ? routed_launch_shape(d.w13_shape) : d.w13_shape;

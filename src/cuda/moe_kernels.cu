@@ -73,32 +73,149 @@ cudaError_t launch_plan(const PlanArgs& a, cudaStream_t stream) {
 }
 
 namespace kernels {
-inline constexpr size_t kFusedRouteSmemBytes = 36 * 1024;  // + the plan's 10 KB of static shared memory < 48 KB
+// + the plan's 6.3 KB and the ids' 2 KB of static shared memory < 48 KB
+inline constexpr size_t kFusedRouteSmemBytes = 36 * 1024;
 
-__global__ void __launch_bounds__(kScanThreads) route_plan_small_kernel(RouteArgs r, PlanArgs a, int pairs) {
+// The routing of a one-block decode kernel: by the whole block (route_block) when block_route, else one warp
+// per token (route_token). Every thread calls it; routed_ids receives the ids. Ends with a barrier.
+__device__ __forceinline__ void route_small(const RouteArgs& r, bool block_route, uint8_t* route_smem,
+                                            int32_t* routed_ids, bool write_global) {
+  if (block_route) {
+    route_block(r, route_smem, routed_ids, write_global);
+  } else {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    if (warp < r.tokens)
+      route_token(r, warp, route_smem + static_cast<size_t>(warp) * route_smem_per_warp(r.experts), lane,
+                  routed_ids, write_global);
+  }
+  __syncthreads();  // the routing's ids are visible to the whole block from here on
+}
+
+__global__ void __launch_bounds__(kScanThreads) route_plan_small_kernel(RouteArgs r, PlanArgs a, int pairs,
+                                                                        bool block_route) {
   pdl_wait_then_allow_next();
   extern __shared__ __align__(16) uint8_t route_smem[];
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  if (warp < r.tokens)
-    route_token(r, warp, route_smem + static_cast<size_t>(warp) * route_smem_per_warp(r.experts), lane);
-  __syncthreads();  // the routing's ids (global memory) are visible to the whole block from here on
-  plan_small_block(a, pairs);
+  __shared__ int32_t routed_ids[kSmallPlanPairs];  // the routing's ids, for the plan (also written to global)
+  route_small(r, block_route, route_smem, routed_ids, true);
+  plan_small_block(a, pairs, routed_ids);
 }
 }  // namespace kernels
 
+namespace {
+// The one-block decode routing's shape: block routing when T * Ep fits a block (then the block has T * Ep
+// threads at least), else a warp per token; the plan's one thread per expert either way.
+struct SmallRouteShape {
+  bool block_route = false;
+  int threads = 0;
+  size_t smem = 0;
+};
+SmallRouteShape small_route_shape(const RouteArgs& r, const PlanArgs& a) {
+  SmallRouteShape s;
+  s.block_route = kernels::block_route_fits(r.tokens, r.experts);
+  s.threads = kernels::plan_block_threads(a.experts, r.tokens);
+  if (s.block_route) {
+    s.threads = std::max(s.threads, r.tokens * kernels::block_route_stride(r.experts));
+    s.smem = kernels::block_route_smem(r.tokens, r.experts, r.top_k);
+  } else {
+    s.smem = static_cast<size_t>(r.tokens) * kernels::route_smem_per_warp(r.experts);
+  }
+  return s;
+}
+bool route_plan_fusable(const RouteArgs& r, const PlanArgs& a) {
+  const int pairs = a.tokens * a.top_k;
+  return r.tokens > 0 && r.tokens <= kFusedRoutePlanTokens && pairs <= kSmallPlanPairs &&
+         small_route_shape(r, a).smem <= kernels::kFusedRouteSmemBytes && r.tokens == a.tokens &&
+         r.top_k == a.top_k && r.experts == a.experts && r.topk_ids == a.topk_ids;
+}
+}  // namespace
+
 cudaError_t launch_route_plan(const RouteArgs& r, const PlanArgs& a, cudaStream_t stream) {
   const int pairs = a.tokens * a.top_k;
-  const size_t smem = static_cast<size_t>(r.tokens) * kernels::route_smem_per_warp(r.experts);
-  const bool fused = r.tokens > 0 && r.tokens <= kFusedRoutePlanTokens && pairs <= kSmallPlanPairs &&
-                     smem <= kernels::kFusedRouteSmemBytes && r.tokens == a.tokens && r.top_k == a.top_k &&
-                     r.experts == a.experts && r.topk_ids == a.topk_ids;
-  if (!fused) {
+  if (!route_plan_fusable(r, a)) {
     const cudaError_t err = launch_route(r, stream);
     return err != cudaSuccess ? err : launch_plan(a, stream);
   }
   if (!r.logits || !r.topk_weights || r.experts > kMaxExperts || r.top_k > r.experts) return cudaErrorInvalidValue;
-  return launch_pdl(kernels::route_plan_small_kernel, dim3(1), dim3(kernels::plan_block_threads(a.experts, r.tokens)),
-                    smem, stream, r, a, pairs);
+  const SmallRouteShape sh = small_route_shape(r, a);
+  return launch_pdl(kernels::route_plan_small_kernel, dim3(1), dim3(sh.threads), sh.smem, stream, r, a, pairs,
+                    sh.block_route);
+}
+
+namespace kernels {
+// Routing + plan + gather at decode in one launch (no kernel boundary, and no round trip to memory, between
+// them). Every block routes all T tokens and plans them in its own shared memory (a few microseconds of work
+// that would otherwise be a launch and a dependency each); block 0 alone writes the routing and the plan to
+// global memory, for the GEMMs and the combine. Then each block gathers its share of the rows, from the plan
+// in its shared memory. The same routing, plan and rows as route_plan_small_kernel + gather_kernel.
+template <bool F32>
+__global__ void __launch_bounds__(kScanThreads) route_plan_gather_small_kernel(RouteArgs r, PlanArgs a, GatherArgs g,
+                                                                               int pairs, bool block_route) {
+  pdl_wait_then_allow_next();
+  extern __shared__ __align__(16) uint8_t route_smem[];
+  __shared__ int32_t routed_ids[kSmallPlanPairs];
+  __shared__ int32_t plan_perm[kSmallPlanPairs];
+  __shared__ int32_t plan_rows;
+  const bool leader = blockIdx.x == 0;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  route_small(r, block_route, route_smem, routed_ids, leader);
+  plan_small_block(a, pairs, routed_ids, leader, plan_perm, &plan_rows);
+  __syncthreads();  // plan_perm and plan_rows
+  const int routed_rows = plan_rows;
+  const int rows = routed_rows + (g.append_shared ? g.tokens : 0);
+  const int H = g.hidden_size, warps = blockDim.x >> 5;
+  const int chunks = (H + kGatherChunkCols - 1) / kGatherChunkCols;
+  const int items = rows * chunks;
+  for (int item = blockIdx.x * warps + warp; item < items; item += gridDim.x * warps) {
+    const int row = item / chunks, col0 = (item % chunks) * kGatherChunkCols;
+    int t, e;
+    if (row < routed_rows) {
+      const int p = plan_perm[row];
+      t = p / g.top_k;
+      e = routed_ids[p];
+    } else {
+      t = row - routed_rows;
+      e = g.experts;  // the shared expert as expert E
+    }
+    gather_item<F32>(g, row, t, e, col0, min(H, col0 + kGatherChunkCols), lane);
+  }
+}
+}  // namespace kernels
+
+namespace {
+// Blocks of the fused route + plan + gather: one work item (row, 512 columns) per warp at the most rows this
+// forward can have, at most kRoutePlanGatherMaxBlocks (every block routes and plans everything again, and holds
+// its SM: a GEMM1 CTA, which needs a whole SM, cannot start its prologue there before the block has exited).
+constexpr int kRoutePlanGatherMaxBlocks = 16;
+int route_plan_gather_blocks(const GatherArgs& g, int threads) {
+  const int64_t chunks = (g.hidden_size + kernels::kGatherChunkCols - 1) / kernels::kGatherChunkCols;
+  const int64_t items = static_cast<int64_t>(g.max_rows) * chunks;
+  return static_cast<int>(std::max<int64_t>(1, (items + threads / 32 - 1) / (threads / 32)));
+}
+}  // namespace
+
+bool route_plan_gather_fusable(const RouteArgs& r, const PlanArgs& a, const GatherArgs& g) {
+  const int pairs = a.tokens * a.top_k;
+  return route_plan_fusable(r, a) && g.perm == a.perm && g.topk_ids == a.topk_ids && g.offsets == a.offsets &&
+         g.tokens == a.tokens && g.top_k == a.top_k && g.experts == a.experts && g.gate_out == nullptr &&
+         g.max_rows >= pairs && g.hidden_size > 0 &&
+         route_plan_gather_blocks(g, small_route_shape(r, a).threads) <= kRoutePlanGatherMaxBlocks;
+}
+
+cudaError_t launch_route_plan_gather(const RouteArgs& r, const PlanArgs& a, const GatherArgs& g,
+                                     cudaStream_t stream) {
+  if (!route_plan_gather_fusable(r, a, g)) {
+    const cudaError_t err = launch_route_plan(r, a, stream);
+    return err != cudaSuccess ? err : launch_gather(g, stream);
+  }
+  if (!r.logits || !r.topk_weights || r.experts > kMaxExperts || r.top_k > r.experts) return cudaErrorInvalidValue;
+  if (!g.hidden || !g.out || g.hidden_size % 16 != 0) return cudaErrorInvalidValue;
+  const int pairs = a.tokens * a.top_k;
+  const SmallRouteShape sh = small_route_shape(r, a);
+  const int grid = route_plan_gather_blocks(g, sh.threads);
+  return g.hidden_f32 ? launch_pdl(kernels::route_plan_gather_small_kernel<true>, dim3(grid), dim3(sh.threads),
+                                   sh.smem, stream, r, a, g, pairs, sh.block_route)
+                      : launch_pdl(kernels::route_plan_gather_small_kernel<false>, dim3(grid), dim3(sh.threads),
+                                   sh.smem, stream, r, a, g, pairs, sh.block_route);
 }
 
 cudaError_t launch_gather(const GatherArgs& a, cudaStream_t stream) {

@@ -95,6 +95,13 @@ struct GatherArgs {
 };
 cudaError_t launch_gather(const GatherArgs& a, cudaStream_t stream);
 
+// Routing, plan and the routed gather (g: perm, ids and offsets of the plan a, no shared gate) at decode: one
+// launch when route_plan_gather_fusable (launch_route_plan's one-block conditions), each block routing and
+// planning redundantly in shared memory and gathering its share of the rows; otherwise launch_route_plan then
+// launch_gather. The same ids, weights, plan and rows either way.
+bool route_plan_gather_fusable(const RouteArgs& r, const PlanArgs& a, const GatherArgs& g);
+cudaError_t launch_route_plan_gather(const RouteArgs& r, const PlanArgs& a, const GatherArgs& g, cudaStream_t stream);
+
 // ---------------------------------------------------------------- grouped GEMM (tensor cores)
 // out rows [offsets[e], offsets[e+1]) = epilogue(A rows x W[e]^T) for every expert e, with W[e] the checkpoint's
 // packed e2m1 codes [N, K/2] and e4m3 block scales [N, K/16] dequantized exactly to bf16 in the kernel.

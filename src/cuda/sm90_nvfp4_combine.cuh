@@ -15,6 +15,7 @@ namespace nvfp4moe::cuda::kernels {
 
 inline constexpr int kCombineThreads = 128;
 inline constexpr int kCombineCols = kCombineThreads * 4;
+inline constexpr int kCombineBatch = 8;  // slots whose rows are loaded at once
 
 __global__ void __launch_bounds__(kCombineThreads) combine_kernel(CombineArgs a) {
   pdl_wait_then_allow_next();
@@ -23,20 +24,36 @@ __global__ void __launch_bounds__(kCombineThreads) combine_kernel(CombineArgs a)
   const int t = static_cast<int>(blockIdx.x / chunks);
   const int c = static_cast<int>(blockIdx.x % chunks) * kCombineCols + threadIdx.x * 4;
   if (c >= H) return;
+  // Every load a step needs is issued before the first is used: the shared expert's gate and row base with
+  // the first batch's slots, then kCombineBatch slots' rows at once (a loop that loads a slot's row and adds it
+  // keeps one dependent pair of round trips per slot in flight: 2k round trips per token at decode).
   const float sg = a.shared_y ? (a.shared_gate ? a.shared_gate[t] : 1.0f) : 0.0f;
+  const size_t srow = a.shared_y ? static_cast<size_t>(a.shared_row_base ? *a.shared_row_base : 0) + t : 0;
   float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-  for (int j = 0; j < K; ++j) {
-    const int row = a.inv[static_cast<size_t>(t) * K + j];
-    if (row < 0) continue;
-    const float w = a.topk_weights[static_cast<size_t>(t) * K + j];
-    const float4 y = *reinterpret_cast<const float4*>(a.y + static_cast<size_t>(row) * H + c);
-    acc.x += w * y.x;
-    acc.y += w * y.y;
-    acc.z += w * y.z;
-    acc.w += w * y.w;
+  for (int j0 = 0; j0 < K; j0 += kCombineBatch) {
+    int row[kCombineBatch];
+    float w[kCombineBatch];
+#pragma unroll
+    for (int i = 0; i < kCombineBatch; ++i) {
+      const int j = j0 + i;
+      row[i] = j < K ? a.inv[static_cast<size_t>(t) * K + j] : -1;
+      w[i] = j < K ? a.topk_weights[static_cast<size_t>(t) * K + j] : 0.0f;
+    }
+    float4 y[kCombineBatch];
+#pragma unroll
+    for (int i = 0; i < kCombineBatch; ++i)
+      if (row[i] >= 0) y[i] = *reinterpret_cast<const float4*>(a.y + static_cast<size_t>(row[i]) * H + c);
+    // In slot order, masked slots skipped: the same sums as one slot at a time.
+#pragma unroll
+    for (int i = 0; i < kCombineBatch; ++i) {
+      if (row[i] < 0) continue;
+      acc.x += w[i] * y[i].x;
+      acc.y += w[i] * y[i].y;
+      acc.z += w[i] * y[i].z;
+      acc.w += w[i] * y[i].w;
+    }
   }
   if (a.shared_y) {
-    const size_t srow = static_cast<size_t>(a.shared_row_base ? *a.shared_row_base : 0) + t;
     const float4 y = *reinterpret_cast<const float4*>(a.shared_y + srow * H + c);
     acc.x += sg * y.x;
     acc.y += sg * y.y;

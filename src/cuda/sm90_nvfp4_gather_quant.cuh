@@ -64,6 +64,52 @@ __device__ __forceinline__ void quant_block16_operand(const float (&x)[16], floa
   }
 }
 
+// One work item of the gather, by one warp: columns [col0, col_end) of row r = hidden[t] with expert e's
+// factors (gs[e], amax[e]); with gate_out the whole row (col0 = 0, col_end = H) and the shared gate of token t.
+template <bool F32>
+__device__ __forceinline__ void gather_item(const GatherArgs& a, int r, int t, int e, int col0, int col_end,
+                                            int lane) {
+  const int H = a.hidden_size;
+  const size_t row_bytes_in = static_cast<size_t>(H) * (F32 ? 4 : 2);
+  const void* src = static_cast<const uint8_t*>(a.hidden) + static_cast<size_t>(t) * row_bytes_in;
+  uint16_t* dst = a.out + static_cast<size_t>(r) * H;
+  const float gs = a.gs ? a.gs[e] : 0.0f;
+  float amax = 0.0f, dot = 0.0f;
+  for (int col = col0 + lane * 16; col < col_end; col += 32 * 16) {
+    float x[16];
+    uint32_t bits[8];
+    load_block16<F32>(src, col, x, bits);
+#pragma unroll
+    for (int i = 0; i < 16; ++i) amax = fmaxf(amax, fabsf(x[i]));
+    if (a.gate_out) {
+      const uint4* gw = reinterpret_cast<const uint4*>(a.gate_weight + col);
+      const uint4 g0 = gw[0], g1 = gw[1];
+      const uint32_t g[8] = {g0.x, g0.y, g0.z, g0.w, g1.x, g1.y, g1.z, g1.w};
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        dot = fmaf(x[2 * i], fmt::bits_float(g[i] << 16), dot);
+        dot = fmaf(x[2 * i + 1], fmt::bits_float(g[i] & 0xFFFF0000u), dot);
+      }
+    }
+    if (a.gs) quant_block16_operand(x, gs, bits);
+    uint4* d = reinterpret_cast<uint4*>(dst + col);
+    d[0] = make_uint4(bits[0], bits[1], bits[2], bits[3]);
+    d[1] = make_uint4(bits[4], bits[5], bits[6], bits[7]);
+  }
+  if (a.amax) {
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
+    // Non-negative floats order like their bit patterns: an integer max is exact and order-free (also over
+    // the chunks of a row).
+    if (lane == 0 && amax > 0.0f) atomicMax(reinterpret_cast<int*>(a.amax + e), __float_as_int(amax));
+  }
+  if (a.gate_out) {
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, off);
+    if (lane == 0) a.gate_out[t] = 1.0f / (1.0f + expf(-dot));
+  }
+}
+
 // One warp per (row, 512-column chunk) work item, grid-stride: at decode a row of H = 7168 is 14 independent
 // items (14 warps' loads in flight instead of one warp walking the row), at prefill the same total work. The
 // Qwen2-style shared gate needs the whole row's dot product in one fixed order: with gate_out a work item is
@@ -78,12 +124,10 @@ __global__ void __launch_bounds__(kGatherWarps * 32) gather_kernel(GatherArgs a)
   const int chunk_cols = a.gate_out ? H : kGatherChunkCols;
   const int chunks = (H + chunk_cols - 1) / chunk_cols;
   const int64_t items = static_cast<int64_t>(rows) * chunks;
-  const size_t row_bytes_in = static_cast<size_t>(H) * (F32 ? 4 : 2);
   for (int64_t item = static_cast<int64_t>(blockIdx.x) * kGatherWarps + (threadIdx.x >> 5); item < items;
        item += static_cast<int64_t>(gridDim.x) * kGatherWarps) {
     const int r = static_cast<int>(item / chunks);
     const int col0 = static_cast<int>(item % chunks) * chunk_cols;
-    const int col_end = min(H, col0 + chunk_cols);
     int t = r, e = 0;
     if (a.perm) {
       if (r < routed_rows) {
@@ -95,43 +139,7 @@ __global__ void __launch_bounds__(kGatherWarps * 32) gather_kernel(GatherArgs a)
         e = a.experts;  // the shared expert's factors follow the routed ones
       }
     }
-    const void* src = static_cast<const uint8_t*>(a.hidden) + static_cast<size_t>(t) * row_bytes_in;
-    uint16_t* dst = a.out + static_cast<size_t>(r) * H;
-    const float gs = a.gs ? a.gs[e] : 0.0f;
-    float amax = 0.0f, dot = 0.0f;
-    for (int col = col0 + lane * 16; col < col_end; col += 32 * 16) {
-      float x[16];
-      uint32_t bits[8];
-      load_block16<F32>(src, col, x, bits);
-#pragma unroll
-      for (int i = 0; i < 16; ++i) amax = fmaxf(amax, fabsf(x[i]));
-      if (a.gate_out) {
-        const uint4* gw = reinterpret_cast<const uint4*>(a.gate_weight + col);
-        const uint4 g0 = gw[0], g1 = gw[1];
-        const uint32_t g[8] = {g0.x, g0.y, g0.z, g0.w, g1.x, g1.y, g1.z, g1.w};
-#pragma unroll
-        for (int i = 0; i < 8; ++i) {
-          dot = fmaf(x[2 * i], fmt::bits_float(g[i] << 16), dot);
-          dot = fmaf(x[2 * i + 1], fmt::bits_float(g[i] & 0xFFFF0000u), dot);
-        }
-      }
-      if (a.gs) quant_block16_operand(x, gs, bits);
-      uint4* d = reinterpret_cast<uint4*>(dst + col);
-      d[0] = make_uint4(bits[0], bits[1], bits[2], bits[3]);
-      d[1] = make_uint4(bits[4], bits[5], bits[6], bits[7]);
-    }
-    if (a.amax) {
-#pragma unroll
-      for (int off = 16; off > 0; off >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
-      // Non-negative floats order like their bit patterns: an integer max is exact and order-free (also over
-      // the chunks of a row).
-      if (lane == 0 && amax > 0.0f) atomicMax(reinterpret_cast<int*>(a.amax + e), __float_as_int(amax));
-    }
-    if (a.gate_out) {
-#pragma unroll
-      for (int off = 16; off > 0; off >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, off);
-      if (lane == 0) a.gate_out[t] = 1.0f / (1.0f + expf(-dot));
-    }
+    gather_item<F32>(a, r, t, e, col0, min(H, col0 + chunk_cols), lane);
   }
 }
 

@@ -366,6 +366,9 @@ __device__ __forceinline__ void dequant_ktile(const uint4 (&codes)[NB], uint32_t
 // stage once, then left stale, so the k-loop reads only weights); 4: the scale conversion before 3d97e92
 // (every thread converts all four words); 5: no wgmma (the dequantized registers go to an empty asm). (6, the
 // k-loop two k-tiles ahead of its wgmma with wait<1>, measured slower at 69a6420 and removed: docs/gemm.md.)
+// 7: the wgmma consumers only wait for each stage and release it (no shared-memory reads, no dequantization, no
+// wgmma): what the data movement alone costs; 8: as 7, and the producer arrives on the full barrier without
+// loading anything (launch, tile cursor, barrier round trips and epilogue alone).
 #ifndef NVFP4MOE_SM90_DEQUANT_EXPERIMENT
 #define NVFP4MOE_SM90_DEQUANT_EXPERIMENT 0
 #endif
@@ -618,6 +621,10 @@ __global__ void __launch_bounds__((WGS + 1) * 128, 1)
           const bool load_a = kt < STAGES;
           mbar_expect_tx(full, load_a ? Tr::kStageBytes : Tr::kWBytes);
           if (load_a) tma_load_2d(smem_u32(smem_a + s * Tr::kABytes), &tmap_a, kt * kBlockK, row0, full);
+#elif NVFP4MOE_SM90_DEQUANT_EXPERIMENT == 8
+          mbar_arrive(full);  // measurement hook: nothing loaded
+          if (++s == STAGES) { s = 0; phase ^= 1; }
+          continue;
 #else
           mbar_expect_tx(full, Tr::kStageBytes);
           tma_load_2d(smem_u32(smem_a + s * Tr::kABytes), &tmap_a, kt * kBlockK, row0, full);
@@ -670,6 +677,9 @@ __global__ void __launch_bounds__((WGS + 1) * 128, 1)
       };
       auto load_scale_word = [&](uint32_t wsm) { return lds32(wsm + scale_word_offset<NB>(warp, g, t)); };
       auto load_dequant = [&](int stage, uint32_t (&a)[NB][16]) {
+#if NVFP4MOE_SM90_DEQUANT_EXPERIMENT == 7 || NVFP4MOE_SM90_DEQUANT_EXPERIMENT == 8
+        return;  // measurement hook: the stage is waited for and released, never read
+#endif
         const uint32_t wsm = stage_weights(stage);
         uint4 codes[NB];
         load_codes(wsm, codes);
@@ -694,6 +704,9 @@ __global__ void __launch_bounds__((WGS + 1) * 128, 1)
         }
       };
       auto issue = [&](int stage, const uint32_t (&a)[NB][16]) {
+#if NVFP4MOE_SM90_DEQUANT_EXPERIMENT == 7 || NVFP4MOE_SM90_DEQUANT_EXPERIMENT == 8
+        return;  // measurement hook: no wgmma
+#endif
         const uint64_t desc = make_b_desc(smem_u32(smem_a + stage * Tr::kABytes));
 #pragma unroll
         for (int b = 0; b < NB; ++b)

@@ -93,18 +93,23 @@ __device__ __forceinline__ void write_plan_tail(const PlanArgs& a, int32_t route
 
 // Thread e of the block holds expert e's row count (0 past E; blockDim.x >= E): block scans give counts, offsets
 // and tile offsets, and the last expert's thread writes the tail. Every thread of the block calls it; returns
-// offsets[e].
-__device__ __forceinline__ int32_t write_expert_offsets(const PlanArgs& a, int32_t total, int2* warp_tot) {
+// offsets[e]. write_global false: nothing is written to global memory; routed_rows (shared memory, or nullptr)
+// receives offsets[E] either way (visible after the caller's next barrier).
+__device__ __forceinline__ int32_t write_expert_offsets(const PlanArgs& a, int32_t total, int2* warp_tot,
+                                                        bool write_global = true, int32_t* routed_rows = nullptr) {
   const int e = threadIdx.x;
   const int32_t tiles = (total + kGemmBlockM - 1) / kGemmBlockM;
   const int2 scanned = block_exclusive_scan2(total, tiles, warp_tot);
   const int32_t off = scanned.x, toff = scanned.y;
-  if (e < a.experts) {
+  if (write_global && e < a.experts) {
     a.counts[e] = total;
     a.offsets[e] = off;
     a.tile_offsets[e] = toff;
   }
-  if (e == a.experts - 1) write_plan_tail(a, off + total, toff + tiles);
+  if (e == a.experts - 1) {
+    if (write_global) write_plan_tail(a, off + total, toff + tiles);
+    if (routed_rows) *routed_rows = off + total;
+  }
   return off;
 }
 
@@ -151,8 +156,14 @@ __global__ void __launch_bounds__(kPlanChunk) plan_scatter_kernel(PlanArgs a, in
 // The whole plan in one block when the pairs fit in shared memory (decode: T * k <= kSmallPlanPairs): the same
 // counts, offsets, perm and inv as the three kernels above (a pair's row = offsets[e] + the number of earlier
 // pairs with expert e), in one launch instead of three. A block of plan_block_threads(E) or more threads (at
-// least one per expert), all of them calling.
-__device__ __forceinline__ void plan_small_block(const PlanArgs& a, int pairs) {
+// least one per expert), all of them calling. ids: the pairs' experts, a.topk_ids or (fused with the routing) a
+// shared-memory copy of them, which spares a round trip to read back what the block has just written.
+// write_global false: the plan stays in the block (the redundant blocks of the fused route + plan + gather);
+// perm_smem / routed_rows_smem (or nullptr): shared memory that receives perm and offsets[E] either way (read
+// them after a barrier).
+__device__ __forceinline__ void plan_small_block(const PlanArgs& a, int pairs, const int32_t* ids,
+                                                 bool write_global = true, int32_t* perm_smem = nullptr,
+                                                 int32_t* routed_rows_smem = nullptr) {
   __shared__ int32_t hist[kMaxExperts];
   __shared__ int2 warp_tot[32];
   __shared__ int32_t sid[kSmallPlanPairs];
@@ -160,33 +171,37 @@ __device__ __forceinline__ void plan_small_block(const PlanArgs& a, int pairs) {
   for (int e = tid; e < a.experts; e += threads) hist[e] = 0;
   __syncthreads();
   for (int p = tid; p < pairs; p += threads) {
-    int e = a.topk_ids[p];
+    int e = ids[p];
     if (e < 0 || e >= a.experts) e = -1;
     sid[p] = e;
     if (e >= 0) atomicAdd(&hist[e], 1);
   }
   __syncthreads();
   // hist[] is read above and written below: the scans' barriers lie between.
-  const int32_t off = write_expert_offsets(a, tid < a.experts ? hist[tid] : 0, warp_tot);
+  const int32_t off =
+      write_expert_offsets(a, tid < a.experts ? hist[tid] : 0, warp_tot, write_global, routed_rows_smem);
   if (tid < a.experts) hist[tid] = off;  // from here on: the expert's first row
   __syncthreads();
   for (int p = tid; p < pairs; p += threads) {
     const int e = sid[p];
     if (e < 0) {
-      a.inv[p] = -1;
+      if (write_global) a.inv[p] = -1;
       continue;
     }
     int rank = 0;
     for (int i = 0; i < p; ++i) rank += (sid[i] == e) ? 1 : 0;
     const int row = hist[e] + rank;
-    a.perm[row] = p;
-    a.inv[p] = row;
+    if (write_global) {
+      a.perm[row] = p;
+      a.inv[p] = row;
+    }
+    if (perm_smem) perm_smem[row] = p;
   }
 }
 
 __global__ void __launch_bounds__(kScanThreads) plan_small_kernel(PlanArgs a, int pairs) {
   pdl_wait_then_allow_next();
-  plan_small_block(a, pairs);
+  plan_small_block(a, pairs, a.topk_ids);
 }
 
 }  // namespace nvfp4moe::cuda::kernels

@@ -41,32 +41,74 @@ __device__ __forceinline__ int warp_argmax(const float* key, const uint8_t* elig
   return bi == INT_MAX ? -1 : bi;
 }
 
-// Routes token t with one warp; base: the warp's route_smem_per_warp(E) bytes of shared memory.
-__device__ __forceinline__ void route_token(const RouteArgs& a, int t, uint8_t* base, int lane) {
+// Logits (and router bias) per lane loaded at once: 32 * kRouteLoadBatch experts per round trip to memory. A
+// load-then-store loop over e keeps one load in flight per lane, i.e. E / 32 dependent round trips per token
+// (qwen3-30b: 4, deepseek-v3: 8 x 2 with the bias), microseconds at decode where the logits come from HBM.
+inline constexpr int kRouteLoadBatch = 8;
+
+// The softmax normalizer of one token by one warp: sum_e exp(key[e] - mx), lane partial sums over e = lane,
+// lane + 32, ... then a butterfly. Both routing kernels call it, so their weights are the same bits.
+__device__ __forceinline__ float warp_softmax_sum(const float* key, int E, float mx, int lane) {
+  float z = 0.0f;
+  for (int e = lane; e < E; e += 32) z += expf(key[e] - mx);
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) z += __shfl_xor_sync(0xffffffffu, z, off);
+  return z;
+}
+// DeepSeek group score: the sum of the group's two largest keys (one thread, in key order; NaN skipped).
+__device__ __forceinline__ float group_top2_sum(const float* key, int gsize) {
+  float t1 = -FLT_MAX, t2 = -FLT_MAX;
+  for (int i = 0; i < gsize; ++i) {
+    const float v = key[i];
+    if (v > t1) { t2 = t1; t1 = v; }
+    else if (v > t2) t2 = v;
+  }
+  return gsize >= 2 ? t1 + t2 : t1;
+}
+
+// Routes token t with one warp; base: the warp's route_smem_per_warp(E) bytes of shared memory. ids_mirror (or
+// nullptr): shared memory that also receives the token's k ids (the fused plan reads them there instead of
+// reading the global output back). write_global false: only the mirror is written (the blocks of the fused
+// route + plan + gather that route for themselves, redundantly, next to the one that writes the outputs).
+__device__ __forceinline__ void route_token(const RouteArgs& a, int t, uint8_t* base, int lane,
+                                            int32_t* ids_mirror = nullptr, bool write_global = true) {
   const int E = a.experts, K = a.top_k;
   float* key = reinterpret_cast<float*>(base);
   float* aux = key + E;
   float* gscore = aux + E;
   uint8_t* eligible = reinterpret_cast<uint8_t*>(gscore + E);
-  const float* lg = a.logits + static_cast<int64_t>(t) * E;
+  const float* __restrict__ lg = a.logits + static_cast<int64_t>(t) * E;
+  const float* __restrict__ bias = a.bias;
   int32_t* ids = a.topk_ids + static_cast<int64_t>(t) * K;
   float* ws = a.topk_weights + static_cast<int64_t>(t) * K;
+  auto record_id = [&](int j, int id) {
+    if (write_global) ids[j] = id;
+    if (ids_mirror) ids_mirror[static_cast<int64_t>(t) * K + j] = id;
+  };
 
   if (a.kind == RouteKind::kSoftmax) {
     // Select on the logits (softmax is monotonic); weights p = exp(l - max) / sum exp(l - max).
     float mx = -FLT_MAX;
-    for (int e = lane; e < E; e += 32) {
-      const float v = lg[e];
-      key[e] = v;
-      eligible[e] = 1;
-      mx = fmaxf(mx, v);
+    for (int e0 = 0; e0 < E; e0 += 32 * kRouteLoadBatch) {
+      float v[kRouteLoadBatch];
+#pragma unroll
+      for (int i = 0; i < kRouteLoadBatch; ++i) {
+        const int e = e0 + 32 * i + lane;
+        v[i] = e < E ? __ldg(lg + e) : 0.0f;
+      }
+#pragma unroll
+      for (int i = 0; i < kRouteLoadBatch; ++i) {
+        const int e = e0 + 32 * i + lane;
+        if (e < E) {
+          key[e] = v[i];
+          eligible[e] = 1;
+          mx = fmaxf(mx, v[i]);
+        }
+      }
     }
 #pragma unroll
     for (int off = 16; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
-    float z = 0.0f;
-    for (int e = lane; e < E; e += 32) z += expf(key[e] - mx);
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) z += __shfl_xor_sync(0xffffffffu, z, off);
+    const float z = warp_softmax_sum(key, E, mx, lane);
     __syncwarp();
     // The k weights wait in shared memory (aux, unused here) for the renormalization: reading them back from
     // the global output would be k dependent round trips to L2 (microseconds at decode).
@@ -77,7 +119,7 @@ __device__ __forceinline__ void route_token(const RouteArgs& a, int t, uint8_t* 
       __syncwarp();
       if (lane == 0) {
         const float p = id >= 0 ? expf(key[id] - mx) / z : 0.0f;
-        ids[j] = id;
+        record_id(j, id);
         wbuf[j] = p;
         wsum += p;
         if (id >= 0) eligible[id] = 0;
@@ -85,31 +127,37 @@ __device__ __forceinline__ void route_token(const RouteArgs& a, int t, uint8_t* 
       __syncwarp();
     }
     wsum = __shfl_sync(0xffffffffu, wsum, 0);
-    for (int j = lane; j < K; j += 32) ws[j] = (a.renormalize && wsum > 0.0f) ? wbuf[j] / wsum : wbuf[j];
+    if (write_global)
+      for (int j = lane; j < K; j += 32) ws[j] = (a.renormalize && wsum > 0.0f) ? wbuf[j] / wsum : wbuf[j];
     return;
   }
 
   // DeepSeek noaux_tc: s = sigmoid(l), key = s + bias; group score = sum of the top-2 keys of a group; keep
   // topk_group groups; top-k of key over kept experts; weight = s (unbiased), renormalized, times the scale.
-  for (int e = lane; e < E; e += 32) {
-    const float s = 1.0f / (1.0f + expf(-lg[e]));
-    aux[e] = s;
-    key[e] = s + (a.bias ? a.bias[e] : 0.0f);
-    eligible[e] = 1;
+  for (int e0 = 0; e0 < E; e0 += 32 * kRouteLoadBatch) {
+    float l[kRouteLoadBatch], b[kRouteLoadBatch];
+#pragma unroll
+    for (int i = 0; i < kRouteLoadBatch; ++i) {
+      const int e = e0 + 32 * i + lane;
+      l[i] = e < E ? __ldg(lg + e) : 0.0f;
+      b[i] = (e < E && bias) ? __ldg(bias + e) : 0.0f;
+    }
+#pragma unroll
+    for (int i = 0; i < kRouteLoadBatch; ++i) {
+      const int e = e0 + 32 * i + lane;
+      if (e < E) {
+        const float s = 1.0f / (1.0f + expf(-l[i]));
+        aux[e] = s;
+        key[e] = s + b[i];
+        eligible[e] = 1;
+      }
+    }
   }
   __syncwarp();
   const int G = a.n_group;
   if (G > 1) {
     const int gsize = E / G;
-    for (int g = lane; g < G; g += 32) {
-      float t1 = -FLT_MAX, t2 = -FLT_MAX;
-      for (int i = 0; i < gsize; ++i) {
-        const float v = key[g * gsize + i];
-        if (v > t1) { t2 = t1; t1 = v; }
-        else if (v > t2) t2 = v;
-      }
-      gscore[g] = gsize >= 2 ? t1 + t2 : t1;
-    }
+    for (int g = lane; g < G; g += 32) gscore[g] = group_top2_sum(key + g * gsize, gsize);
     __syncwarp();
     // Group selection uses its own eligibility: gscore entries set to -inf once taken (ties: lower group).
     for (int r = 0; r < a.topk_group; ++r) {
@@ -142,7 +190,7 @@ __device__ __forceinline__ void route_token(const RouteArgs& a, int t, uint8_t* 
     __syncwarp();
     if (lane == 0) {
       const float w = id >= 0 ? aux[id] : 0.0f;
-      ids[j] = id;
+      record_id(j, id);
       wbuf[j] = w;
       wsum += w;
       if (id >= 0) eligible[id] = 0;
@@ -150,10 +198,138 @@ __device__ __forceinline__ void route_token(const RouteArgs& a, int t, uint8_t* 
     __syncwarp();
   }
   wsum = __shfl_sync(0xffffffffu, wsum, 0);
+  if (!write_global) return;
   for (int j = lane; j < K; j += 32) {
     float w = wbuf[j];
     if (a.renormalize && wsum > 0.0f) w = w / wsum;
     ws[j] = w * a.scaling;
+  }
+}
+
+// ------------------------------------------------------------------------------------------------------------
+// Block-wide routing at decode: thread (t, e) = (tid / Ep, tid % Ep), Ep = E rounded up to warps, so the whole
+// block works on the T tokens at once (T * Ep <= blockDim.x) instead of one warp per token walking k sequential
+// argmax passes (~1-2 thousand dependent instructions: most of the routing kernel's 8-15 us at T = 1 while the
+// block's other warps wait). The k winners are ranked instead: expert e takes slot r when r = the number of
+// eligible, non-NaN experts a with key[a] > key[e], or key[a] == key[e] and a < e; k argmax passes with ties to
+// the lower id select exactly the experts of rank 0 .. k-1 in that order (and -1 past the valid ones). The kept
+// groups of the grouped routing likewise (rank < topk_group among the valid group scores). The normalizer, the
+// group scores and the weights use the warp path's code and order: the same ids and weights, bit for bit, as
+// route_token (tested: the fused decode path against the CPU reference, and batch invariance across T).
+__host__ __device__ inline int block_route_stride(int experts) { return (experts + 31) / 32 * 32; }
+__host__ __device__ inline bool block_route_fits(int tokens, int experts) {
+  return tokens >= 1 && experts >= 1 && tokens * block_route_stride(experts) <= 1024;
+}
+// key, aux, gscore/weights [T][Ep] f32, kept [T][Ep] u8, slot [T][k] i32, stats [T][2] f32.
+__host__ __device__ inline size_t block_route_smem(int tokens, int experts, int top_k) {
+  const size_t te = static_cast<size_t>(tokens) * block_route_stride(experts);
+  return (te * 13 + static_cast<size_t>(tokens) * top_k * 4 + static_cast<size_t>(tokens) * 8 + 15) / 16 * 16;
+}
+
+__device__ __forceinline__ void route_block(const RouteArgs& a, uint8_t* smem, int32_t* ids_mirror,
+                                            bool write_global) {
+  const int E = a.experts, K = a.top_k, T = a.tokens, Ep = block_route_stride(E);
+  float* key = reinterpret_cast<float*>(smem);  // [T][Ep]; pad entries NaN
+  float* aux = key + T * Ep;                    // [T][Ep] sigmoid(l)
+  float* gsw = aux + T * Ep;                    // [T][Ep] group scores, then the k weights of token t at t * Ep
+  int32_t* slot = reinterpret_cast<int32_t*>(gsw + T * Ep);  // [T][K]
+  float* stat = reinterpret_cast<float*>(slot + T * K);      // [T][2]: mx, z
+  uint8_t* kept = reinterpret_cast<uint8_t*>(stat + 2 * T);  // [T][Ep]
+  const int tid = threadIdx.x, t = tid / Ep, e = tid - t * Ep, lane = tid & 31;
+  const bool active = t < T, real = active && e < E;
+  const bool softmax = a.kind == RouteKind::kSoftmax;
+  float* kt = key + t * Ep;
+  if (active) {
+    float k = __int_as_float(0x7fffffff);  // NaN: never ranked, never counted
+    if (real) {
+      const float l = __ldg(a.logits + static_cast<int64_t>(t) * E + e);
+      if (softmax) {
+        k = l;
+      } else {
+        const float b = a.bias ? __ldg(a.bias + e) : 0.0f;
+        const float sg = 1.0f / (1.0f + expf(-l));
+        aux[t * Ep + e] = sg;
+        k = sg + b;
+      }
+    }
+    kt[e] = k;
+  }
+  for (int i = tid; i < T * K; i += blockDim.x) slot[i] = -1;
+  __syncthreads();
+  const int G = softmax ? 1 : a.n_group;
+  if (softmax) {
+    if (active && e < 32) {  // the token's first warp: max and normalizer, as the warp path computes them
+      float mx = -FLT_MAX;
+      for (int ee = lane; ee < E; ee += 32) mx = fmaxf(mx, kt[ee]);
+#pragma unroll
+      for (int off = 16; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+      const float z = warp_softmax_sum(kt, E, mx, lane);
+      if (lane == 0) {
+        stat[2 * t] = mx;
+        stat[2 * t + 1] = z;
+      }
+    }
+  } else if (G > 1) {
+    const int gsize = E / G;
+    if (active && e < G) gsw[t * Ep + e] = group_top2_sum(kt + e * gsize, gsize);
+    __syncthreads();
+    if (active && e < G) {
+      const float v = gsw[t * Ep + e];
+      const bool valid = !(v != v || v == -INFINITY);
+      int rank = 0;
+      for (int g = 0; g < G; ++g) {
+        const float u = gsw[t * Ep + g];
+        const bool uvalid = !(u != u || u == -INFINITY);
+        rank += (uvalid && (u > v || (u == v && g < e))) ? 1 : 0;
+      }
+      kept[t * Ep + e] = (valid && rank < a.topk_group) ? 1 : 0;
+    }
+    __syncthreads();
+    if (real && !kept[t * Ep + e / gsize]) kt[e] = __int_as_float(0x7fffffff);  // not eligible: never ranked
+  }
+  __syncthreads();
+  if (real) {
+    const float k = kt[e];
+    if (k == k) {
+      int rank = 0;
+      const float4* k4 = reinterpret_cast<const float4*>(kt);
+      for (int q = 0; q < Ep / 4; ++q) {
+        const float4 u = k4[q];
+        const float uv[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const int ai = 4 * q + i;
+          rank += (uv[i] > k || (uv[i] == k && ai < e)) ? 1 : 0;
+        }
+      }
+      if (rank < K) slot[t * K + rank] = e;
+    }
+  }
+  __syncthreads();
+  float* wts = gsw;  // the group scores are consumed
+  for (int i = tid; i < T * K; i += blockDim.x) {
+    const int tt = i / K, id = slot[i];
+    float w = 0.0f;
+    if (id >= 0) w = softmax ? expf(key[tt * Ep + id] - stat[2 * tt]) / stat[2 * tt + 1] : aux[tt * Ep + id];
+    wts[tt * Ep + (i - tt * K)] = w;
+    if (ids_mirror) ids_mirror[i] = id;
+    if (write_global) a.topk_ids[i] = id;
+  }
+  __syncthreads();
+  if (write_global && tid < T) {  // the sum in slot order, then the k weights, as the warp path writes them
+    const float* wt = wts + tid * Ep;
+    float wsum = 0.0f;
+    for (int j = 0; j < K; ++j) wsum += wt[j];
+    float* ws = a.topk_weights + static_cast<int64_t>(tid) * K;
+    for (int j = 0; j < K; ++j) {
+      float w = wt[j];
+      if (softmax) {
+        ws[j] = (a.renormalize && wsum > 0.0f) ? w / wsum : w;
+      } else {
+        if (a.renormalize && wsum > 0.0f) w = w / wsum;
+        ws[j] = w * a.scaling;
+      }
+    }
   }
 }
 

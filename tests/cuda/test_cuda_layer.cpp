@@ -732,6 +732,82 @@ TEST(CudaLayer, BatchInvariance) {
   }
 }
 
+// The decode routing (the whole block ranks the experts: T * round_up(E, 32) <= 1024) and the warp-per-token
+// routing (larger T) on adversarial logits: ties everywhere, +-0, +-inf, NaN, rows with fewer valid experts than
+// k, all -inf. Both pick the CPU reference's ids, and a token's ids and weights are the same bits whether it is
+// routed alone (block path, in the fused route + plan [+ gather] launch) or among 64 tokens (warp path).
+TEST(CudaLayer, RoutingAdversarialLogitsBlockAndWarpPaths) {
+  const LayerDims dims[] = {
+      kSmallSoftmax,
+      kSmallSigmoid,
+      {"E256 sigmoid 8 groups k8", 128, 64, 256, 8, Activation::SwiGLU, Routing::SigmoidGroupedTopK, 8, 4, 2.5f, false},
+      {"E128 softmax k8", 128, 64, 128, 8},
+  };
+  constexpr int64_t kRows = 64;
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+  for (const auto& d : dims) {
+    SCOPED_TRACE(d.name);
+    Harness hs(d, Mode::W4A16, kRows, 21);
+    const int64_t H = hs.H(), E = d.E, K = d.k;
+    std::vector<float> logits(kRows * E);
+    Rng r(77);
+    for (int64_t t = 0; t < kRows; ++t) {
+      float* l = logits.data() + t * E;
+      for (int64_t e = 0; e < E; ++e) {
+        const float x = 2.0f * r.normal();
+        switch (t % 8) {
+          case 0: l[e] = x; break;
+          case 1: l[e] = 0.5f; break;                                   // one value: all ties
+          case 2: l[e] = std::round(x) * 0.5f; break;                   // few values: ties across groups
+          case 3: l[e] = (e % 3 == 0) ? 0.0f : (e % 3 == 1) ? -0.0f : std::round(x); break;
+          case 4: l[e] = (e % 5 == 0) ? -inf : (e % 11 == 3) ? inf : x; break;
+          case 5: l[e] = (e % 4 == 1) ? nan : std::round(x); break;
+          case 6: l[e] = (e < K - 2) ? x : nan; break;                  // fewer valid experts than k
+          default: l[e] = -inf; break;
+        }
+      }
+    }
+    const auto hidden = random_hidden(kRows, H, 5);
+    const std::vector<float>& bias = hs.host.router_bias;
+    std::vector<int32_t> cpu_ids(kRows * K);
+    std::vector<float> cpu_ws(kRows * K);
+    cpu::route(hs.spec(), logits.data(), bias.empty() ? nullptr : bias.data(), kRows, cpu_ids.data(), cpu_ws.data());
+    auto routed = [&](int64_t T) {
+      hs.forward_logits(T, hs.out.p, DType::F32);
+      EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      const PlanView pv = hs.cuda->plan_view();
+      std::vector<int32_t> ids(T * K);
+      std::vector<float> ws(T * K);
+      EXPECT_EQ(cudaMemcpy(ids.data(), pv.topk_ids, T * K * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+      EXPECT_EQ(cudaMemcpy(ws.data(), pv.topk_weights, T * K * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+      return std::make_pair(ids, ws);
+    };
+    hs.hidden.put(hidden);
+    hs.logits.put(logits);
+    const auto [all_ids, all_ws] = routed(kRows);  // warp path (T > 32)
+    EXPECT_EQ(all_ids, cpu_ids) << "T=64 (warp path) ids vs cpu::route";
+    for (int64_t T : {1, 2, 5}) {
+      for (int64_t t0 = 0; t0 + T <= 16; t0 += T) {
+        hs.hidden.put(std::vector<uint16_t>(hidden.begin() + t0 * H, hidden.begin() + (t0 + T) * H));
+        hs.logits.put(std::vector<float>(logits.begin() + t0 * E, logits.begin() + (t0 + T) * E));
+        const auto [ids, ws] = routed(T);
+        for (int64_t i = 0; i < T * K; ++i) {
+          ASSERT_EQ(ids[i], all_ids[t0 * K + i]) << "T=" << T << " token " << t0 + i / K << " slot " << i % K;
+          uint32_t a, b;
+          std::memcpy(&a, &ws[i], 4);
+          std::memcpy(&b, &all_ws[t0 * K + i], 4);
+          ASSERT_EQ(a, b) << "T=" << T << " token " << t0 + i / K << " slot " << i % K << ": weight " << ws[i]
+                          << " vs " << all_ws[t0 * K + i] << " among 64";
+        }
+      }
+    }
+    // Finite weights close to the CPU's (its normalizer sums in another order).
+    for (size_t i = 0; i < cpu_ws.size(); ++i)
+      if (std::isfinite(cpu_ws[i]) && std::isfinite(all_ws[i]))
+        EXPECT_NEAR(all_ws[i], cpu_ws[i], 2e-6f * (1.0f + std::fabs(cpu_ws[i]))) << i;
+  }
+}
+
 // Capture forward() once per T (global capture mode: a sync or allocation inside would fail the capture),
 // then replay with new hidden states and new routing copied into the same buffers: equal to eager each time.
 TEST(CudaLayer, GraphCaptureReplay) {
