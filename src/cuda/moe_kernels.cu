@@ -23,6 +23,22 @@ bool pdl_enabled() {
   return enabled;
 }
 
+namespace {
+// A/B switches of the decode launches, read once: unset, empty or "1" on, "0" off (as NVFP4MOE_PDL).
+bool env_switch(const char* name) {
+  const char* v = std::getenv(name);
+  return v == nullptr || v[0] == '\0' || std::strcmp(v, "0") != 0;
+}
+bool block_route_enabled() {
+  static const bool on = env_switch("NVFP4MOE_BLOCK_ROUTE");
+  return on;
+}
+bool fused_gather_enabled() {
+  static const bool on = env_switch("NVFP4MOE_FUSED_GATHER");
+  return on;
+}
+}  // namespace
+
 int device_sm_count() {
   int dev = 0;
   if (cudaGetDevice(&dev) != cudaSuccess) return 132;
@@ -111,7 +127,7 @@ struct SmallRouteShape {
 };
 SmallRouteShape small_route_shape(const RouteArgs& r, const PlanArgs& a) {
   SmallRouteShape s;
-  s.block_route = kernels::block_route_fits(r.tokens, r.experts);
+  s.block_route = block_route_enabled() && kernels::block_route_fits(r.tokens, r.experts);
   s.threads = kernels::plan_block_threads(a.experts, r.tokens);
   if (s.block_route) {
     s.threads = std::max(s.threads, r.tokens * kernels::block_route_stride(r.experts));
@@ -195,7 +211,7 @@ int route_plan_gather_blocks(const GatherArgs& g, int threads) {
 
 bool route_plan_gather_fusable(const RouteArgs& r, const PlanArgs& a, const GatherArgs& g) {
   const int pairs = a.tokens * a.top_k;
-  return route_plan_fusable(r, a) && g.perm == a.perm && g.topk_ids == a.topk_ids && g.offsets == a.offsets &&
+  return fused_gather_enabled() && route_plan_fusable(r, a) && g.perm == a.perm && g.topk_ids == a.topk_ids && g.offsets == a.offsets &&
          g.tokens == a.tokens && g.top_k == a.top_k && g.experts == a.experts && g.gate_out == nullptr &&
          g.max_rows >= pairs && g.hidden_size > 0 &&
          route_plan_gather_blocks(g, small_route_shape(r, a).threads) <= kRoutePlanGatherMaxBlocks;
