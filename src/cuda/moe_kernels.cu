@@ -127,7 +127,8 @@ struct SmallRouteShape {
 };
 SmallRouteShape small_route_shape(const RouteArgs& r, const PlanArgs& a) {
   SmallRouteShape s;
-  s.block_route = block_route_enabled() && kernels::block_route_fits(r.tokens, r.experts);
+  s.block_route = block_route_enabled() && r.tokens <= kBlockRouteMaxTokens &&
+                  kernels::block_route_fits(r.tokens, r.experts);
   s.threads = kernels::plan_block_threads(a.experts, r.tokens);
   if (s.block_route) {
     s.threads = std::max(s.threads, r.tokens * kernels::block_route_stride(r.experts));

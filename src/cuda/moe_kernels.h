@@ -67,6 +67,11 @@ cudaError_t launch_plan(const PlanArgs& a, cudaStream_t stream);
 // warps in shared memory) both in one block of one launch: a warp per token routes, then the block plans (the
 // same bits as launch_route + launch_plan, one launch instead of two); otherwise those two.
 inline constexpr int kFusedRoutePlanTokens = 32;
+// The whole block routes (kernels::route_block) only up to this T: its rank loop costs each of T * round_up(E, 32)
+// threads E comparisons, while the warp routing's latency does not grow with T. Measured on the layer
+// (bench/results/f03bbca-decode/5-switch-ab/, same call, NVFP4MOE_BLOCK_ROUTE=0 against the default):
+// qwen3-30b T = 1 / 2 -3.9 / -3.4 us, T = 4 +0.9, T = 8 +4.6; deepseek-v3 T = 1 / 2 -4.5 / -0.8.
+inline constexpr int kBlockRouteMaxTokens = 2;
 cudaError_t launch_route_plan(const RouteArgs& r, const PlanArgs& a, cudaStream_t stream);
 
 // ---------------------------------------------------------------- quantize + gather (GEMM1 operand rows)
