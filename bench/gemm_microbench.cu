@@ -1,8 +1,9 @@
 // Microbenchmark of the sm_90a NVFP4 grouped GEMM (CMake target gemm_microbench, not in `all`). By hand:
 //   nvcc -std=c++20 -O3 -gencode arch=compute_90a,code=sm_90a -Isrc -Iinclude bench/gemm_microbench.cu \
 //        src/cuda/sm90_nvfp4_grouped_gemm.cu -lcublas -o gemm_microbench
-// (-DNVFP4MOE_SM90_DEQUANT_EXPERIMENT=1..5: measurement variants of the kernel, listed at dequant_experiment in
-// src/cuda/sm90_nvfp4_grouped_gemm.cuh and in docs/gemm.md; 1, 2, 3 and 5 give wrong results: timing only.)
+// (-DNVFP4MOE_SM90_DEQUANT_EXPERIMENT=1..5, 7, 8: measurement variants of the kernel, listed at dequant_experiment
+// in src/cuda/sm90_nvfp4_grouped_gemm.cuh and in docs/gemm.md; all but 4 give wrong results: timing only. 7 and 8
+// change only the wgmma consumers, so the *_sync configs of such a build run as the engine's: a same-run reference.)
 // Measures in the same run the ceilings (D2D copy, cuBLAS bf16 8192^3) and the GEMM at decode (rows per expert
 // 1..16, all 256 experts; and T=1 top-8) and prefill (T=4096, k=8, E=256, random routing) on the deepseek-v3
 // shapes (GEMM1 N=2*2048 K=7168 SwiGLU, GEMM2 N=7168 K=2048 f32). Each launch is timed by CUDA events, median
