@@ -714,6 +714,8 @@ void CudaMoeLayer::forward(const TensorRef& hidden, const RoutingArgs& routing, 
       s1.gs = (a4 && !calibrating_) ? d.gs2 : nullptr;
       s1.out = act;
       s1.epilogue = d.gated ? Sm90GemmEpilogue::kSwiGLU : Sm90GemmEpilogue::kRelu2;
+      s1.prefetch_w = d.w2_sm90;  // an L2 hint for experiment-9 builds (docs/gemm.md); ignored otherwise
+      s1.prefetch_shape = shape2;
       check_sm90(sm90_nvfp4_grouped_gemm(s1, pick_sm90(shape13, max_rows, experts, true), stream,
                                          device_sm_count()),
                  routed ? "sm90 gemm1 (routed)" : "sm90 gemm1 (shared)");

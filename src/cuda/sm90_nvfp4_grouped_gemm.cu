@@ -262,6 +262,13 @@ cudaError_t sm90_nvfp4_grouped_gemm(const Sm90GemmArgs& args, const Sm90GemmConf
   p.units = s.units;
   p.k_tiles = s.k_tiles;
   p.n_out = s.gated ? s.n / 2 : s.n;
+#if NVFP4MOE_SM90_DEQUANT_EXPERIMENT == 9
+  const bool prefetch = args.prefetch_w != nullptr && args.prefetch_shape.num_experts == s.num_experts &&
+                        args.prefetch_shape.units > 0 && args.prefetch_shape.k_tiles > 0;
+  p.next_w = prefetch ? args.prefetch_w : nullptr;
+  p.next_units = prefetch ? args.prefetch_shape.units : 0;
+  p.next_k_tiles = prefetch ? args.prefetch_shape.k_tiles : 0;
+#endif
 
   if (num_sms <= 0) {
     int dev = 0;

@@ -32,6 +32,11 @@
 #include "cuda/launch_pdl.cuh"
 #include "format/nvfp4.h"
 
+// Measurement variants of the kernel (0 = the engine; the list is at dequant_experiment below).
+#ifndef NVFP4MOE_SM90_DEQUANT_EXPERIMENT
+#define NVFP4MOE_SM90_DEQUANT_EXPERIMENT 0
+#endif
+
 namespace nvfp4moe::cuda::sm90 {
 
 inline constexpr int kBlockK = 64;           // k per tile: 64 bf16 = one 128-byte swizzle row of A
@@ -58,6 +63,12 @@ struct GemmParams {
   int units;                // weight units per expert (128 prepared rows each)
   int k_tiles;              // ceil(K / 64)
   int n_out;                // output columns: N (kF32, kRelu2) or N / 2 (kSwiGLU)
+#if NVFP4MOE_SM90_DEQUANT_EXPERIMENT == 9
+  // Experiment 9 (an A/B build only): the next launch's prepared weights (GEMM2's, with this launch's experts
+  // and offsets), prefetched into L2 by the CTAs that get no tile; nullptr: none.
+  const uint8_t* next_w;
+  int next_units, next_k_tiles;
+#endif
 };
 
 // ------------------------------------------------------------------------------------------- PTX helpers
@@ -368,9 +379,15 @@ __device__ __forceinline__ void dequant_ktile(const uint4 (&codes)[NB], uint32_t
 // k-loop two k-tiles ahead of its wgmma with wait<1>, measured slower at 69a6420 and removed: docs/gemm.md.)
 // 7: the wgmma consumers only wait for each stage and release it (no shared-memory reads, no dequantization, no
 // wgmma): what the data movement alone costs; 8: as 7, and the producer arrives on the full barrier without
-// loading anything (launch, tile cursor, barrier round trips and epilogue alone).
-#ifndef NVFP4MOE_SM90_DEQUANT_EXPERIMENT
-#define NVFP4MOE_SM90_DEQUANT_EXPERIMENT 0
+// loading anything (launch, tile cursor, barrier round trips and epilogue alone). 9 (correct results, a whole
+// tree can be built with it): the CTAs of a launch that get no tile (decode: GEMM1 of qwen3-30b T = 1 has 96
+// tiles on 132 CTAs) prefetch the next launch's weights into L2 (cp.async.bulk.prefetch.L2), so GEMM2 reads
+// them from L2 (docs/gemm.md, "Experiment 9").
+#if NVFP4MOE_SM90_DEQUANT_EXPERIMENT == 9
+inline constexpr uint32_t kPrefetchChunkBytes = 64 * 1024;
+__device__ __forceinline__ void prefetch_l2(const void* src, uint32_t bytes) {
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(src), "r"(bytes) : "memory");
+}
 #endif
 #if NVFP4MOE_SM90_DEQUANT_EXPERIMENT == 1 || NVFP4MOE_SM90_DEQUANT_EXPERIMENT == 2
 __device__ __forceinline__ void dequant_experiment(const uint4 (&codes)[2], const uint2 (&sc)[2],
@@ -638,6 +655,25 @@ __global__ void __launch_bounds__((WGS + 1) * 128, 1)
       }
       __syncwarp();
     }
+#if NVFP4MOE_SM90_DEQUANT_EXPERIMENT == 9
+    // After the last seek cur.first = the launch's tile count: a CTA with blockIdx.x at or past it had no tile.
+    // The idle CTAs split the active experts' regions of the next weights (contiguous per expert) into 64 KB
+    // chunks, chunk j to idle CTA j % idle, and prefetch theirs into L2 (a hint: nothing is written).
+    if (p.next_w != nullptr && static_cast<int>(blockIdx.x) >= cur.first) {
+      const int idle = static_cast<int>(gridDim.x) - cur.first, slot = static_cast<int>(blockIdx.x) - cur.first;
+      const int lane = threadIdx.x & 31;
+      const size_t region = static_cast<size_t>(p.next_units) * p.next_k_tiles * kUnitBytes;
+      const int chunks = static_cast<int>((region + kPrefetchChunkBytes - 1) / kPrefetchChunkBytes);
+      const int all = p.num_experts * chunks;
+      for (int j = slot + idle * lane; j < all; j += idle * 32) {
+        const int e = j / chunks, c = j - e * chunks;
+        if (__ldg(p.offsets + e + 1) <= __ldg(p.offsets + e)) continue;  // an expert without rows
+        const size_t off = static_cast<size_t>(c) * kPrefetchChunkBytes;
+        prefetch_l2(p.next_w + static_cast<size_t>(e) * region + off,
+                    static_cast<uint32_t>(region - off < kPrefetchChunkBytes ? region - off : kPrefetchChunkBytes));
+      }
+    }
+#endif
   } else {
     // ---------------------------------------------------------------- consumers
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(Tr::kConsumerRegs));
