@@ -262,7 +262,7 @@ cudaError_t sm90_nvfp4_grouped_gemm(const Sm90GemmArgs& args, const Sm90GemmConf
   p.units = s.units;
   p.k_tiles = s.k_tiles;
   p.n_out = s.gated ? s.n / 2 : s.n;
-#if NVFP4MOE_SM90_DEQUANT_EXPERIMENT == 9
+#if NVFP4MOE_SM90_DEQUANT_EXPERIMENT == 9 || NVFP4MOE_SM90_DEQUANT_EXPERIMENT == 10
   const bool prefetch = args.prefetch_w != nullptr && args.prefetch_shape.num_experts == s.num_experts &&
                         args.prefetch_shape.units > 0 && args.prefetch_shape.k_tiles > 0;
   p.next_w = prefetch ? args.prefetch_w : nullptr;

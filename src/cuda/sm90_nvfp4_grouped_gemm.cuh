@@ -63,8 +63,8 @@ struct GemmParams {
   int units;                // weight units per expert (128 prepared rows each)
   int k_tiles;              // ceil(K / 64)
   int n_out;                // output columns: N (kF32, kRelu2) or N / 2 (kSwiGLU)
-#if NVFP4MOE_SM90_DEQUANT_EXPERIMENT == 9
-  // Experiment 9 (an A/B build only): the next launch's prepared weights (GEMM2's, with this launch's experts
+#if NVFP4MOE_SM90_DEQUANT_EXPERIMENT == 9 || NVFP4MOE_SM90_DEQUANT_EXPERIMENT == 10
+  // Experiments 9, 10 (A/B builds only): the next launch's prepared weights (GEMM2's, with this launch's experts
   // and offsets), prefetched into L2 by the CTAs that get no tile; nullptr: none.
   const uint8_t* next_w;
   int next_units, next_k_tiles;
@@ -107,6 +107,23 @@ __device__ __forceinline__ void bulk_load(uint32_t dst, const void* src, uint32_
                "l"(src), "r"(bytes), "r"(bar)
                : "memory");
 }
+#if NVFP4MOE_SM90_DEQUANT_EXPERIMENT == 10
+// Experiment 10: the same copy with an L2 cache-policy hint (createpolicy evict_first: weights are read once
+// per forward at decode, so they should not push out what is read again).
+__device__ __forceinline__ uint64_t l2_evict_first_policy() {
+  uint64_t pol;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
+  return pol;
+}
+__device__ __forceinline__ void bulk_load_hint(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar,
+                                               uint64_t pol) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;" ::"r"(
+          dst),
+      "l"(src), "r"(bytes), "r"(bar), "l"(pol)
+      : "memory");
+}
+#endif
 __device__ __forceinline__ uint4 lds128(uint32_t addr) {
   uint4 v;
   asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr));
@@ -382,8 +399,9 @@ __device__ __forceinline__ void dequant_ktile(const uint4 (&codes)[NB], uint32_t
 // loading anything (launch, tile cursor, barrier round trips and epilogue alone). 9 (correct results, a whole
 // tree can be built with it): the CTAs of a launch that get no tile (decode: GEMM1 of qwen3-30b T = 1 has 96
 // tiles on 132 CTAs) prefetch the next launch's weights into L2 (cp.async.bulk.prefetch.L2), so GEMM2 reads
-// them from L2 (docs/gemm.md, "Experiment 9").
-#if NVFP4MOE_SM90_DEQUANT_EXPERIMENT == 9
+// them from L2 (docs/gemm.md, "Experiment 9"); 10 (correct results): 9, and every weight load carries an L2
+// evict_first hint (read once per forward at decode: the prefetched lines should outlive GEMM1's stream).
+#if NVFP4MOE_SM90_DEQUANT_EXPERIMENT == 9 || NVFP4MOE_SM90_DEQUANT_EXPERIMENT == 10
 inline constexpr uint32_t kPrefetchChunkBytes = 64 * 1024;
 __device__ __forceinline__ void prefetch_l2(const void* src, uint32_t bytes) {
   asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(src), "r"(bytes) : "memory");
@@ -616,6 +634,9 @@ __global__ void __launch_bounds__((WGS + 1) * 128, 1)
     if (threadIdx.x >= 32) return;
     const bool issuer = threadIdx.x == 0;
     if (issuer) asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&tmap_a)) : "memory");
+#if NVFP4MOE_SM90_DEQUANT_EXPERIMENT == 10
+    const uint64_t weight_policy = l2_evict_first_policy();
+#endif
     int s = 0;
     uint32_t phase = 0;
     TileCursor<BT> cur;
@@ -648,14 +669,19 @@ __global__ void __launch_bounds__((WGS + 1) * 128, 1)
 #endif
 #pragma unroll
           for (int c = 0; c < UPT; ++c)
+#if NVFP4MOE_SM90_DEQUANT_EXPERIMENT == 10
+            bulk_load_hint(smem_u32(smem_w + s * Tr::kWBytes + c * kUnitBytes),
+                           wsrc[c] + static_cast<size_t>(kt) * kUnitBytes, kUnitBytes, full, weight_policy);
+#else
             bulk_load(smem_u32(smem_w + s * Tr::kWBytes + c * kUnitBytes),
                       wsrc[c] + static_cast<size_t>(kt) * kUnitBytes, kUnitBytes, full);
+#endif
           if (++s == STAGES) { s = 0; phase ^= 1; }
         }
       }
       __syncwarp();
     }
-#if NVFP4MOE_SM90_DEQUANT_EXPERIMENT == 9
+#if NVFP4MOE_SM90_DEQUANT_EXPERIMENT == 9 || NVFP4MOE_SM90_DEQUANT_EXPERIMENT == 10
     // After the last seek cur.first = the launch's tile count: a CTA with blockIdx.x at or past it had no tile.
     // The idle CTAs split the active experts' regions of the next weights (contiguous per expert) into 64 KB
     // chunks, chunk j to idle CTA j % idle, and prefetch theirs into L2 (a hint: nothing is written).
