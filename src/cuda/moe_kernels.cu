@@ -118,8 +118,9 @@ __global__ void __launch_bounds__(kScanThreads) route_plan_small_kernel(RouteArg
 }  // namespace kernels
 
 namespace {
-// The one-block decode routing's shape: block routing when T * Ep fits a block (then the block has T * Ep
-// threads at least), else a warp per token; the plan's one thread per expert either way.
+// The one-block decode routing's shape: block routing when T <= kBlockRouteMaxTokens and T * Ep fits a block
+// (then the block has T * Ep threads at least), else a warp per token; the plan's one thread per expert either
+// way.
 struct SmallRouteShape {
   bool block_route = false;
   int threads = 0;
