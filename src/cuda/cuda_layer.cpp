@@ -682,19 +682,21 @@ void CudaMoeLayer::forward(const TensorRef& hidden, const RoutingArgs& routing, 
     g.append_shared = perm && experts == E + 1;
     return g;
   };
-  // The routed group's gather is launched with the routing and the plan when they fuse (decode).
-  const GatherArgs routed_gather =
-      merged ? gather_args(routed_, E + 1, perm_, offsets_, pairs + T, a1_) : gather_args(routed_, E, perm_, offsets_, pairs, a1_);
-  const bool routed_gather_fused = route && route_plan_gather_fusable(*route, pl, routed_gather);
-  if (routed_gather_fused) check_launch(launch_route_plan_gather(*route, pl, routed_gather, stream), "route + plan + gather");
-  else if (route) check_launch(launch_route_plan(*route, pl, stream), "route + plan");
-  else check_launch(launch_plan(pl, stream), "plan");
+  // With router logits the routed group's gather is launched with the routing and the plan (one launch at
+  // decode, launch_route_plan_gather); with caller ids, by run_group after the plan.
+  if (route) {
+    const GatherArgs g = merged ? gather_args(routed_, E + 1, perm_, offsets_, pairs + T, a1_)
+                                : gather_args(routed_, E, perm_, offsets_, pairs, a1_);
+    check_launch(launch_route_plan_gather(*route, pl, g, stream), "route + plan + gather");
+  } else {
+    check_launch(launch_plan(pl, stream), "plan");
+  }
 
   auto run_group = [&](const DeviceExperts& d, int experts, const int32_t* perm, const int32_t* offsets,
                        const int32_t* tiles, int max_rows, int64_t capacity, uint16_t* a1, uint16_t* act, float* y,
                        const char* what) {
     const bool routed = what[0] == 'r';
-    if (!(routed && routed_gather_fused))
+    if (!(routed && route))
       check_launch(launch_gather(gather_args(d, experts, perm, offsets, max_rows, a1), stream),
                    routed ? "gather (routed)" : "gather (shared)");
 

@@ -15,20 +15,21 @@
 
 namespace nvfp4moe::cuda {
 
-bool pdl_enabled() {
-  static const bool enabled = [] {
-    const char* v = std::getenv("NVFP4MOE_PDL");
-    return v == nullptr || v[0] == '\0' || std::strcmp(v, "0") != 0;
-  }();
-  return enabled;
-}
-
 namespace {
-// A/B switches of the decode launches, read once: unset, empty or "1" on, "0" off (as NVFP4MOE_PDL).
+// On/off switches of the forward's launches (A/B measurements), each read once by its caller: unset, empty or
+// anything but "0" on, "0" off.
 bool env_switch(const char* name) {
   const char* v = std::getenv(name);
   return v == nullptr || v[0] == '\0' || std::strcmp(v, "0") != 0;
 }
+}  // namespace
+
+bool pdl_enabled() {
+  static const bool enabled = env_switch("NVFP4MOE_PDL");
+  return enabled;
+}
+
+namespace {
 bool block_route_enabled() {
   static const bool on = env_switch("NVFP4MOE_BLOCK_ROUTE");
   return on;
@@ -139,22 +140,22 @@ SmallRouteShape small_route_shape(const RouteArgs& r, const PlanArgs& a) {
   }
   return s;
 }
-bool route_plan_fusable(const RouteArgs& r, const PlanArgs& a) {
+bool route_plan_fusable(const RouteArgs& r, const PlanArgs& a, const SmallRouteShape& sh) {
   const int pairs = a.tokens * a.top_k;
   return r.tokens > 0 && r.tokens <= kFusedRoutePlanTokens && pairs <= kSmallPlanPairs &&
-         small_route_shape(r, a).smem <= kernels::kFusedRouteSmemBytes && r.tokens == a.tokens &&
-         r.top_k == a.top_k && r.experts == a.experts && r.topk_ids == a.topk_ids;
+         sh.smem <= kernels::kFusedRouteSmemBytes && r.tokens == a.tokens && r.top_k == a.top_k &&
+         r.experts == a.experts && r.topk_ids == a.topk_ids;
 }
 }  // namespace
 
 cudaError_t launch_route_plan(const RouteArgs& r, const PlanArgs& a, cudaStream_t stream) {
   const int pairs = a.tokens * a.top_k;
-  if (!route_plan_fusable(r, a)) {
+  const SmallRouteShape sh = small_route_shape(r, a);
+  if (!route_plan_fusable(r, a, sh)) {
     const cudaError_t err = launch_route(r, stream);
     return err != cudaSuccess ? err : launch_plan(a, stream);
   }
   if (!r.logits || !r.topk_weights || r.experts > kMaxExperts || r.top_k > r.experts) return cudaErrorInvalidValue;
-  const SmallRouteShape sh = small_route_shape(r, a);
   return launch_pdl(kernels::route_plan_small_kernel, dim3(1), dim3(sh.threads), sh.smem, stream, r, a, pairs,
                     sh.block_route);
 }
@@ -209,26 +210,26 @@ int route_plan_gather_blocks(const GatherArgs& g, int threads) {
   const int64_t items = static_cast<int64_t>(g.max_rows) * chunks;
   return static_cast<int>(std::max<int64_t>(1, (items + threads / 32 - 1) / (threads / 32)));
 }
-}  // namespace
-
-bool route_plan_gather_fusable(const RouteArgs& r, const PlanArgs& a, const GatherArgs& g) {
+bool route_plan_gather_fusable(const RouteArgs& r, const PlanArgs& a, const GatherArgs& g,
+                               const SmallRouteShape& sh) {
   const int pairs = a.tokens * a.top_k;
-  return fused_gather_enabled() && route_plan_fusable(r, a) && g.perm == a.perm && g.topk_ids == a.topk_ids && g.offsets == a.offsets &&
-         g.tokens == a.tokens && g.top_k == a.top_k && g.experts == a.experts && g.gate_out == nullptr &&
-         g.max_rows >= pairs && g.hidden_size > 0 &&
-         route_plan_gather_blocks(g, small_route_shape(r, a).threads) <= kRoutePlanGatherMaxBlocks;
+  return fused_gather_enabled() && route_plan_fusable(r, a, sh) && g.perm == a.perm && g.topk_ids == a.topk_ids &&
+         g.offsets == a.offsets && g.tokens == a.tokens && g.top_k == a.top_k && g.experts == a.experts &&
+         g.gate_out == nullptr && g.max_rows >= pairs && g.hidden_size > 0 &&
+         route_plan_gather_blocks(g, sh.threads) <= kRoutePlanGatherMaxBlocks;
 }
+}  // namespace
 
 cudaError_t launch_route_plan_gather(const RouteArgs& r, const PlanArgs& a, const GatherArgs& g,
                                      cudaStream_t stream) {
-  if (!route_plan_gather_fusable(r, a, g)) {
+  const SmallRouteShape sh = small_route_shape(r, a);
+  if (!route_plan_gather_fusable(r, a, g, sh)) {
     const cudaError_t err = launch_route_plan(r, a, stream);
     return err != cudaSuccess ? err : launch_gather(g, stream);
   }
   if (!r.logits || !r.topk_weights || r.experts > kMaxExperts || r.top_k > r.experts) return cudaErrorInvalidValue;
   if (!g.hidden || !g.out || g.hidden_size % 16 != 0) return cudaErrorInvalidValue;
   const int pairs = a.tokens * a.top_k;
-  const SmallRouteShape sh = small_route_shape(r, a);
   const int grid = route_plan_gather_blocks(g, sh.threads);
   return g.hidden_f32 ? launch_pdl(kernels::route_plan_gather_small_kernel<true>, dim3(grid), dim3(sh.threads),
                                    sh.smem, stream, r, a, g, pairs, sh.block_route)
@@ -293,18 +294,13 @@ __global__ void __launch_bounds__(kActAmaxWarps * 32) act_amax_kernel(ActAmaxArg
       float x[16];
       uint32_t bits[8];
       load_block16<false>(row, col, x, bits);
-#pragma unroll
-      for (int i = 0; i < 16; ++i) amax = fmaxf(amax, fabsf(x[i]));
+      amax = block16_absmax(x, amax);
       if (a.gs) {
         quant_block16_operand(x, gs, bits);
-        uint4* d = reinterpret_cast<uint4*>(row + col);
-        d[0] = make_uint4(bits[0], bits[1], bits[2], bits[3]);
-        d[1] = make_uint4(bits[4], bits[5], bits[6], bits[7]);
+        store_block16(row + col, bits);
       }
     }
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
-    if (lane == 0 && amax > 0.0f) atomicMax(reinterpret_cast<int*>(a.amax + e), __float_as_int(amax));
+    warp_amax_to(amax, a.amax + e, lane);
   }
 }
 }  // namespace kernels

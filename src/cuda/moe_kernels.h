@@ -100,11 +100,10 @@ struct GatherArgs {
 };
 cudaError_t launch_gather(const GatherArgs& a, cudaStream_t stream);
 
-// Routing, plan and the routed gather (g: perm, ids and offsets of the plan a, no shared gate) at decode: one
-// launch when route_plan_gather_fusable (launch_route_plan's one-block conditions), each block routing and
+// Routing, plan and the routed gather (g: perm, ids and offsets of the plan a). At decode (launch_route_plan's
+// one-block conditions, no shared gate in g, its rows in <= 16 blocks) one launch, each block routing and
 // planning redundantly in shared memory and gathering its share of the rows; otherwise launch_route_plan then
-// launch_gather. The same ids, weights, plan and rows either way.
-bool route_plan_gather_fusable(const RouteArgs& r, const PlanArgs& a, const GatherArgs& g);
+// launch_gather. The same ids, weights, plan and rows either way; the gather is launched in both cases.
 cudaError_t launch_route_plan_gather(const RouteArgs& r, const PlanArgs& a, const GatherArgs& g, cudaStream_t stream);
 
 // ---------------------------------------------------------------- grouped GEMM (tensor cores)

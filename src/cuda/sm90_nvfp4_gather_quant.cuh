@@ -48,6 +48,26 @@ __device__ __forceinline__ void load_block16(const void* row, int col, float (&x
   }
 }
 
+// max(amax, |x[i]|) over a 16-element block.
+__device__ __forceinline__ float block16_absmax(const float (&x)[16], float amax) {
+#pragma unroll
+  for (int i = 0; i < 16; ++i) amax = fmaxf(amax, fabsf(x[i]));
+  return amax;
+}
+// 16 bf16 values (8 packed pairs) to dst (16-byte aligned).
+__device__ __forceinline__ void store_block16(uint16_t* dst, const uint32_t (&bits)[8]) {
+  uint4* d = reinterpret_cast<uint4*>(dst);
+  d[0] = make_uint4(bits[0], bits[1], bits[2], bits[3]);
+  d[1] = make_uint4(bits[4], bits[5], bits[6], bits[7]);
+}
+// Calibration: the warp's amax of a row into *dst. Non-negative floats order like their bit patterns: an
+// integer max is exact and order-free (also over the chunks of a row and the rows of an expert).
+__device__ __forceinline__ void warp_amax_to(float amax, float* dst, int lane) {
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
+  if (lane == 0 && amax > 0.0f) atomicMax(reinterpret_cast<int*>(dst), __float_as_int(amax));
+}
+
 // In place: x (16 values) -> NVFP4 with global scale gs -> exact bf16 operands (e2m1 * sf) in bits.
 // fmt::quantize_activation_block's arithmetic, with the code round trip folded into fmt::e2m1_round.
 __device__ __forceinline__ void quant_block16_operand(const float (&x)[16], float gs, uint32_t (&bits)[8]) {
@@ -79,8 +99,7 @@ __device__ __forceinline__ void gather_item(const GatherArgs& a, int r, int t, i
     float x[16];
     uint32_t bits[8];
     load_block16<F32>(src, col, x, bits);
-#pragma unroll
-    for (int i = 0; i < 16; ++i) amax = fmaxf(amax, fabsf(x[i]));
+    amax = block16_absmax(x, amax);
     if (a.gate_out) {
       const uint4* gw = reinterpret_cast<const uint4*>(a.gate_weight + col);
       const uint4 g0 = gw[0], g1 = gw[1];
@@ -92,17 +111,9 @@ __device__ __forceinline__ void gather_item(const GatherArgs& a, int r, int t, i
       }
     }
     if (a.gs) quant_block16_operand(x, gs, bits);
-    uint4* d = reinterpret_cast<uint4*>(dst + col);
-    d[0] = make_uint4(bits[0], bits[1], bits[2], bits[3]);
-    d[1] = make_uint4(bits[4], bits[5], bits[6], bits[7]);
+    store_block16(dst + col, bits);
   }
-  if (a.amax) {
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
-    // Non-negative floats order like their bit patterns: an integer max is exact and order-free (also over
-    // the chunks of a row).
-    if (lane == 0 && amax > 0.0f) atomicMax(reinterpret_cast<int*>(a.amax + e), __float_as_int(amax));
-  }
+  if (a.amax) warp_amax_to(amax, a.amax + e, lane);
   if (a.gate_out) {
 #pragma unroll
     for (int off = 16; off > 0; off >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, off);
