@@ -250,11 +250,22 @@ CudaMoeLayer::CudaMoeLayer(MoeWeights w, const MoeLayerOptions& options, GemmPat
   try {
     upload(w);
     layout_workspace(true);
-    if (gemm_ == GemmPath::kSm90Wgmma) warm_up_sm90();
+    if (gemm_ == GemmPath::kSm90Wgmma) {
+      const char* v = std::getenv("NVFP4MOE_CHAINED_GEMMS");  // A/B switch: "0" = two launches per group
+      chain_enabled_ = v == nullptr || v[0] == '\0' || std::strcmp(v, "0") != 0;
+      // Zero once; every chained launch leaves the counters zero (sm90_nvfp4_chained_gemms).
+      const size_t routed_n = sm90_chain_counter_count(static_cast<int>(spec_.num_experts) + 1);
+      const size_t n = routed_n + sm90_chain_counter_count(1);
+      check_cuda(cudaMalloc(&chain_counters_, n * sizeof(int32_t)), "cudaMalloc (chain counters)");
+      check_cuda(cudaMemset(chain_counters_, 0, n * sizeof(int32_t)), "cudaMemset (chain counters)");
+      shared_chain_counters_ = chain_counters_ + routed_n;
+      warm_up_sm90();
+    }
   } catch (...) {
     if (weights_) cudaFree(weights_);
     if (calib_) cudaFree(calib_);
     if (workspace_) cudaFree(workspace_);
+    if (chain_counters_) cudaFree(chain_counters_);
     throw;
   }
 }
@@ -266,6 +277,7 @@ CudaMoeLayer::~CudaMoeLayer() {
   if (weights_) cudaFree(weights_);
   if (calib_) cudaFree(calib_);
   if (workspace_) cudaFree(workspace_);
+  if (chain_counters_) cudaFree(chain_counters_);
   cudaSetDevice(prev);
 }
 
@@ -491,6 +503,11 @@ void CudaMoeLayer::layout_workspace(bool allocate) {
       sact_ = c.take<uint16_t>(T * Is);
       sgate_ = c.take<float>(T);
     }
+    if (gemm_ == GemmPath::kSm90Wgmma) {
+      const size_t tc = std::min<size_t>(T, static_cast<size_t>(kChainMaxTokens));
+      chain_y_ = c.take<float>(std::max<size_t>(1, tc * K + (shared_in_routed_ ? tc : 0)) * H);
+      if (shared_.num_experts && !shared_in_routed_) chain_sy_ = c.take<float>(std::max<size_t>(1, tc) * H);
+    }
     return c.used();
   };
   workspace_bytes_ = carve(nullptr);
@@ -537,6 +554,12 @@ void CudaMoeLayer::warm_up_sm90() {
       g2.out = routed ? y_ : sy_;
       g2.epilogue = Sm90GemmEpilogue::kF32;
       check_sm90(sm90_nvfp4_grouped_gemm(g2, c, nullptr, device_sm_count()), "sm90 gemm2 (warm-up)");
+      if (sm90_chained_available(c)) {
+        g2.out = routed ? chain_y_ : chain_sy_;
+        check_sm90(sm90_nvfp4_chained_gemms(g1, g2, c, routed ? chain_counters_ : shared_chain_counters_, nullptr,
+                                            device_sm_count()),
+                   "sm90 chained gemm1 + gemm2 (warm-up)");
+      }
     }
   }
   check_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize (sm90 warm-up)");
@@ -692,9 +715,10 @@ void CudaMoeLayer::forward(const TensorRef& hidden, const RoutingArgs& routing, 
     check_launch(launch_plan(pl, stream), "plan");
   }
 
+  // Returns where GEMM2 wrote its f32 rows (y, or chain_y for a chained launch).
   auto run_group = [&](const DeviceExperts& d, int experts, const int32_t* perm, const int32_t* offsets,
                        const int32_t* tiles, int max_rows, int64_t capacity, uint16_t* a1, uint16_t* act, float* y,
-                       const char* what) {
+                       float* chain_y, int32_t* chain_counters, const char* what) -> float* {
     const bool routed = what[0] == 'r';
     if (!(routed && route))
       check_launch(launch_gather(gather_args(d, experts, perm, offsets, max_rows, a1), stream),
@@ -718,8 +742,25 @@ void CudaMoeLayer::forward(const TensorRef& hidden, const RoutingArgs& routing, 
       s1.epilogue = d.gated ? Sm90GemmEpilogue::kSwiGLU : Sm90GemmEpilogue::kRelu2;
       s1.prefetch_w = d.w2_sm90;  // an L2 hint for experiment-9 builds (docs/gemm.md); ignored otherwise
       s1.prefetch_shape = shape2;
-      check_sm90(sm90_nvfp4_grouped_gemm(s1, pick_sm90(shape13, max_rows, experts, true), stream,
-                                         device_sm_count()),
+      const Sm90GemmConfig c1 = pick_sm90(shape13, max_rows, experts, true);
+      const Sm90GemmConfig c2 = pick_sm90(shape2, max_rows, experts, false);
+      Sm90GemmArgs s2;
+      s2.a = act;
+      s2.a_rows_capacity = capacity;
+      s2.w = d.w2_sm90;
+      s2.shape = shape2;
+      s2.offsets = offsets;
+      s2.alpha0 = d.alpha2;
+      s2.out = y;
+      s2.epilogue = Sm90GemmEpilogue::kF32;
+      // Calibration measures GEMM1's output between the two GEMMs: never chained then.
+      if (!calibrating_ && chained(c1, c2, T)) {
+        s2.out = chain_y;
+        check_sm90(sm90_nvfp4_chained_gemms(s1, s2, c1, chain_counters, stream, device_sm_count()),
+                   routed ? "sm90 chained gemm1 + gemm2 (routed)" : "sm90 chained gemm1 + gemm2 (shared)");
+        return chain_y;
+      }
+      check_sm90(sm90_nvfp4_grouped_gemm(s1, c1, stream, device_sm_count()),
                  routed ? "sm90 gemm1 (routed)" : "sm90 gemm1 (shared)");
       if (calibrating_) {
         ActAmaxArgs am;
@@ -732,19 +773,9 @@ void CudaMoeLayer::forward(const TensorRef& hidden, const RoutingArgs& routing, 
         am.max_rows = max_rows;
         check_launch(launch_act_amax(am, stream), routed ? "act_amax (routed)" : "act_amax (shared)");
       }
-      Sm90GemmArgs s2;
-      s2.a = act;
-      s2.a_rows_capacity = capacity;
-      s2.w = d.w2_sm90;
-      s2.shape = shape2;
-      s2.offsets = offsets;
-      s2.alpha0 = d.alpha2;
-      s2.out = y;
-      s2.epilogue = Sm90GemmEpilogue::kF32;
-      check_sm90(sm90_nvfp4_grouped_gemm(s2, pick_sm90(shape2, max_rows, experts, false), stream,
-                                         device_sm_count()),
+      check_sm90(sm90_nvfp4_grouped_gemm(s2, c2, stream, device_sm_count()),
                  routed ? "sm90 gemm2 (routed)" : "sm90 gemm2 (shared)");
-      return;
+      return y;
     }
 
     const int max_m_tiles = static_cast<int>(gemm_max_m_tiles(max_rows, d.num_experts));
@@ -781,23 +812,28 @@ void CudaMoeLayer::forward(const TensorRef& hidden, const RoutingArgs& routing, 
     g2.epilogue = GemmEpilogue::kF32;
     g2.max_tiles = max_m_tiles * ((H + 63) / 64);
     check_launch(launch_grouped_gemm(g2, stream), routed ? "gemm2 (routed)" : "gemm2 (shared)");
+    return y;
   };
   const int64_t max_t = options_.max_tokens;
+  float* routed_y = y_;
+  float* shared_y = sy_;
   if (merged) {
-    run_group(routed_, E + 1, perm_, offsets_, tile_offsets_, pairs + T, routed_rows_capacity(), a1_, act_, y_,
-              "routed+shared");
+    routed_y = run_group(routed_, E + 1, perm_, offsets_, tile_offsets_, pairs + T, routed_rows_capacity(), a1_, act_,
+                         y_, chain_y_, chain_counters_, "routed+shared");
   } else {
-    run_group(routed_, E, perm_, offsets_, tile_offsets_, pairs, routed_rows_capacity(), a1_, act_, y_, "routed");
+    routed_y = run_group(routed_, E, perm_, offsets_, tile_offsets_, pairs, routed_rows_capacity(), a1_, act_, y_,
+                         chain_y_, chain_counters_, "routed");
     if (shared_.num_experts)
-      run_group(shared_, 1, nullptr, shared_offsets_, shared_tile_offsets_, T, max_t, sa1_, sact_, sy_, "shared");
+      shared_y = run_group(shared_, 1, nullptr, shared_offsets_, shared_tile_offsets_, T, max_t, sa1_, sact_, sy_,
+                           chain_sy_, shared_chain_counters_, "shared");
   }
 
   // 6. combine
   CombineArgs c;
-  c.y = y_;
+  c.y = routed_y;
   c.inv = inv_;
   c.topk_weights = topk_weights_;
-  c.shared_y = shared_.num_experts ? (merged ? y_ : sy_) : nullptr;
+  c.shared_y = shared_.num_experts ? (merged ? routed_y : shared_y) : nullptr;
   c.shared_row_base = merged ? offsets_ + E : nullptr;
   c.shared_gate = shared_gate_weight_ ? sgate_ : nullptr;
   c.tokens = T;
@@ -825,6 +861,10 @@ Sm90GemmConfig CudaMoeLayer::pick_sm90(const Sm90PreparedShape& launch_shape, in
   return c;
 }
 
+bool CudaMoeLayer::chained(const Sm90GemmConfig& c1, const Sm90GemmConfig& c2, int64_t T) const {
+  return chain_enabled_ && T <= kChainMaxTokens && to_string(c1) == to_string(c2) && sm90_chained_available(c1);
+}
+
 std::vector<CudaMoeLayer::Sm90Launch> CudaMoeLayer::sm90_launches(int64_t T) const {
   std::vector<Sm90Launch> out;
   if (gemm_ != GemmPath::kSm90Wgmma || T <= 0) return out;
@@ -839,6 +879,7 @@ std::vector<CudaMoeLayer::Sm90Launch> CudaMoeLayer::sm90_launches(int64_t T) con
     out.push_back({"gemm1 shared", pick_sm90(shared_.w13_shape, T, 1, true)});
     out.push_back({"gemm2 shared", pick_sm90(shared_.w2_shape, T, 1, false)});
   }
+  for (size_t i = 0; i + 1 < out.size(); i += 2) out[i].chained = chained(out[i].config, out[i + 1].config, T);
   return out;
 }
 

@@ -123,6 +123,7 @@ class CudaMoeLayer final : public MoeLayer {
   struct Sm90Launch {
     std::string name;  // "gemm1 routed+shared", "gemm2 routed", "gemm1 shared", ...
     Sm90GemmConfig config;
+    bool chained = false;  // this GEMM1 and the next GEMM2 run as one launch (sm90_nvfp4_chained_gemms)
   };
   std::vector<Sm90Launch> sm90_launches(int64_t T) const;
 
@@ -139,6 +140,8 @@ class CudaMoeLayer final : public MoeLayer {
   // The tile config of one sm90 launch: the override if set for that GEMM, else sm90_pick_config.
   Sm90GemmConfig pick_sm90(const Sm90PreparedShape& launch_shape, int64_t max_rows, int64_t experts,
                            bool gemm1) const;
+  // Whether a group's GEMM1 and GEMM2 (configs c1, c2) run as one chained launch at T tokens.
+  bool chained(const Sm90GemmConfig& c1, const Sm90GemmConfig& c2, int64_t T) const;
 
   GemmPath gemm_ = GemmPath::kSm90Wgmma;
   Sm90ConfigOverride sm90_override_;
@@ -175,6 +178,18 @@ class CudaMoeLayer final : public MoeLayer {
   uint16_t* sact_ = nullptr;
   float* sy_ = nullptr;
   float* sgate_ = nullptr;     // [T] sigmoid(x . shared_gate_weight)
+
+  // GEMM1 -> GEMM2 in one launch (sm90_nvfp4_chained_gemms) at T <= kChainMaxTokens, when both GEMMs of a
+  // group pick the same config and it has a chained kernel. GEMM2 then writes while other CTAs still run GEMM1,
+  // so its f32 output cannot alias GEMM1's operand rows (y_ does): chain_y_ / chain_sy_ hold it.
+  // chain_counters_: the per-expert counters, their own allocation (zeroed once; every launch leaves them
+  // zero; not in the workspace, which callers may overwrite between forwards). NVFP4MOE_CHAINED_GEMMS=0: off.
+  static constexpr int64_t kChainMaxTokens = 64;
+  bool chain_enabled_ = true;
+  int32_t* chain_counters_ = nullptr;         // routed group [2 * (E + 1)], then the shared expert's [2]
+  int32_t* shared_chain_counters_ = nullptr;
+  float* chain_y_ = nullptr;    // [min(max_tokens, kChainMaxTokens) * (k + 1 if merged), H]
+  float* chain_sy_ = nullptr;   // [min(max_tokens, kChainMaxTokens), H] (separate shared expert)
 };
 
 }  // namespace nvfp4moe::cuda

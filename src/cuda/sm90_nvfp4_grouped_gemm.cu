@@ -35,6 +35,13 @@ cudaError_t fail(const std::string& msg) {
   X(64, 10, 2, 1, 0)  /* 33..64 rows per expert */                                                              \
   X(128, 8, 2, 1, 0)  /* prefill: > 64 rows per expert */
 
+// The configs with a chained kernel (GEMM1 -> GEMM2 in one launch, sm90_nvfp4_chained_gemms), each for the
+// SwiGLU and relu^2 GEMM1: the decode tiles that the heuristic picks for both GEMMs of one layer (the half tile:
+// qwen3-30b, nemotron-nano, gpt-oss-120b at T = 1; the 2-warpgroup tile: qwen3-235b at T = 1).
+#define NVFP4MOE_SM90_CHAINED_CONFIGS(X) \
+  X(16, 14, 2, 2, 0)                     \
+  X(16, 14, 2, 1, 0)
+
 using EncodeTiledFn = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
                                    const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
                                    CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
@@ -51,29 +58,62 @@ EncodeTiledFn encode_fn() {
   return fn;
 }
 
+// The one-time host work of a kernel, once per device (up to 64 devices; others every launch): the shared-memory
+// attribute, the register budget (setmaxnreg.inc waits for registers the CTA does not own: a hang, not an
+// error), and how many CTAs fit on one SM (a chained launch needs its whole grid resident).
+template <class Tr, class Kernel>
+cudaError_t kernel_ready(Kernel kernel, int* ctas_per_sm) {
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) dev = -1;
+  static std::atomic<int> fit[64];  // 0 = not checked yet, else CTAs per SM
+  if (dev >= 0 && dev < 64) {
+    const int f = fit[dev].load(std::memory_order_acquire);
+    if (f > 0) {
+      *ctas_per_sm = f;
+      return cudaSuccess;
+    }
+  }
+  cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes);
+  cudaFuncAttributes fa{};
+  if (e == cudaSuccess) e = cudaFuncGetAttributes(&fa, kernel);
+  if (e == cudaSuccess && fa.numRegs * Tr::kThreads < Tr::kRegsNeeded) e = cudaErrorInvalidConfiguration;
+  int n = 0;
+  if (e == cudaSuccess) e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, Tr::kThreads, Tr::kSmemBytes);
+  if (e == cudaSuccess && n < 1) e = cudaErrorInvalidConfiguration;
+  if (e != cudaSuccess)
+    return fail("sm90_nvfp4_grouped_gemm: kernel attributes / register budget check failed (" +
+                std::string(cudaGetErrorString(e)) + ")");
+  if (dev >= 0 && dev < 64) fit[dev].store(n, std::memory_order_release);
+  *ctas_per_sm = n;
+  return cudaSuccess;
+}
+
 template <int BT, int STAGES, int WGS, int WPU, bool SYNC, sm90::Epilogue EPI>
 cudaError_t launch(const CUtensorMap& map, const sm90::GemmParams& p, int grid, cudaStream_t stream) {
   using Tr = sm90::KernelTraits<BT, WGS, STAGES, EPI, WPU, SYNC>;
   auto kernel = sm90::sm90_nvfp4_grouped_gemm_kernel<BT, WGS, STAGES, EPI, WPU, SYNC>;
-  // The attribute is per device: checked once per device (up to 64 devices; others checked every launch).
-  int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess) dev = -1;
-  static std::atomic<int> checked[64];  // 0 = not yet, 1 = ok
-  const bool cached = dev >= 0 && dev < 64 && checked[dev].load(std::memory_order_acquire) == 1;
-  const cudaError_t attr = cached ? cudaSuccess : [&] {
-    cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes);
-    if (e != cudaSuccess) return e;
-    cudaFuncAttributes fa{};
-    e = cudaFuncGetAttributes(&fa, kernel);
-    if (e != cudaSuccess) return e;
-    // setmaxnreg.inc waits for registers the CTA does not own otherwise: a hang, not an error.
-    if (fa.numRegs * Tr::kThreads < Tr::kRegsNeeded) return cudaErrorInvalidConfiguration;
-    return cudaSuccess;
-  }();
-  if (attr != cudaSuccess) return fail("sm90_nvfp4_grouped_gemm: kernel attributes / register budget check failed (" +
-                                       std::string(cudaGetErrorString(attr)) + ")");
-  if (!cached && dev >= 0 && dev < 64) checked[dev].store(1, std::memory_order_release);
+  int fit = 0;
+  if (const cudaError_t e = kernel_ready<Tr>(kernel, &fit); e != cudaSuccess) return e;
   return launch_pdl(kernel, dim3(grid), dim3(Tr::kThreads), Tr::kSmemBytes, stream, map, p);
+}
+
+template <int BT, int STAGES, int WGS, int WPU, bool SYNC, sm90::Epilogue EPI1>
+cudaError_t launch_chained(const CUtensorMap& map1, const CUtensorMap& map2, const sm90::GemmParams& p1,
+                           const sm90::GemmParams& p2, int32_t* counters, int grid, int device_sms,
+                           cudaStream_t stream) {
+  using Tr = sm90::KernelTraits<BT, WGS, STAGES, EPI1, WPU, SYNC>;
+  auto kernel = sm90::sm90_nvfp4_chained_gemm_kernel<BT, WGS, STAGES, EPI1, WPU, SYNC>;
+  int fit = 0;
+  if (const cudaError_t e = kernel_ready<Tr>(kernel, &fit); e != cudaSuccess) return e;
+  if (grid > fit * device_sms)
+    return fail("sm90_nvfp4_chained_gemms: num_sms " + std::to_string(grid) + " exceeds the CTAs that fit at once (" +
+                std::to_string(fit) + " per SM x " + std::to_string(device_sms) + " SMs): a GEMM2 tile would wait for "
+                "a GEMM1 tile that never starts");
+  sm90::ChainSync chain;
+  chain.done = counters;
+  chain.passed = counters + p1.num_experts;
+  chain.per_token_tile = (p1.units + Tr::kUnitsPerTile - 1) / Tr::kUnitsPerTile * Tr::kStoringWarpgroups;
+  return launch_pdl(kernel, dim3(grid), dim3(Tr::kThreads), Tr::kSmemBytes, stream, map1, map2, p1, p2, chain);
 }
 
 template <int BT, int STAGES, int WGS, int WPU, bool SYNC>
@@ -222,35 +262,43 @@ Sm90GemmConfig sm90_pick_config(const Sm90GemmLoad& load) {
   return picked;
 }
 
-cudaError_t sm90_nvfp4_grouped_gemm(const Sm90GemmArgs& args, const Sm90GemmConfig& config, cudaStream_t stream,
-                                    int num_sms) {
+namespace {
+
+// The checks every launch makes on one GEMM's arguments ("" = fine); `who` names the entry point.
+std::string check_args(const Sm90GemmArgs& args, const std::string& who) {
   const Sm90PreparedShape& s = args.shape;
   if (args.a == nullptr || args.w == nullptr || args.offsets == nullptr || args.alpha0 == nullptr ||
       args.out == nullptr || (args.epilogue == Sm90GemmEpilogue::kSwiGLU && args.alpha1 == nullptr))
-    return fail("sm90_nvfp4_grouped_gemm: null pointer among a, w, offsets, alpha0, alpha1 (SwiGLU), out");
+    return who + ": null pointer among a, w, offsets, alpha0, alpha1 (SwiGLU), out";
   if (s.k % 16 != 0 || s.n % 16 != 0 || s.units <= 0 || s.k_tiles <= 0)
-    return fail("sm90_nvfp4_grouped_gemm: shape needs K % 16 == 0, N % 16 == 0; got N=" + std::to_string(s.n) +
-                " K=" + std::to_string(s.k));
+    return who + ": shape needs K % 16 == 0, N % 16 == 0; got N=" + std::to_string(s.n) + " K=" + std::to_string(s.k);
   if ((args.epilogue == Sm90GemmEpilogue::kSwiGLU) != s.gated)
-    return fail("sm90_nvfp4_grouped_gemm: the SwiGLU epilogue needs gated prepared weights and the others not");
+    return who + ": the SwiGLU epilogue needs gated prepared weights and the others not";
   if (args.a_rows_capacity <= 0 || args.a_rows_capacity > (int64_t(1) << 31) - 1)
-    return fail("sm90_nvfp4_grouped_gemm: a_rows_capacity must be in [1, 2^31); got " +
-                std::to_string(args.a_rows_capacity));
+    return who + ": a_rows_capacity must be in [1, 2^31); got " + std::to_string(args.a_rows_capacity);
   if ((reinterpret_cast<uintptr_t>(args.a) & 15) != 0 || (reinterpret_cast<uintptr_t>(args.w) & 15) != 0)
-    return fail("sm90_nvfp4_grouped_gemm: a and w must be 16-byte aligned");
-  EncodeTiledFn encode = encode_fn();
-  if (encode == nullptr) return fail("sm90_nvfp4_grouped_gemm: cuTensorMapEncodeTiled not available");
+    return who + ": a and w must be 16-byte aligned";
+  return "";
+}
 
-  CUtensorMap map;
+// The TMA descriptor of A ([a_rows_capacity, K] bf16, boxes of 64 k x block_t rows, 128-byte swizzle).
+std::string make_a_map(const Sm90GemmArgs& args, int block_t, CUtensorMap* map, const std::string& who) {
+  EncodeTiledFn encode = encode_fn();
+  if (encode == nullptr) return who + ": cuTensorMapEncodeTiled not available";
+  const Sm90PreparedShape& s = args.shape;
   const cuuint64_t dims[2] = {static_cast<cuuint64_t>(s.k), static_cast<cuuint64_t>(args.a_rows_capacity)};
   const cuuint64_t strides[1] = {static_cast<cuuint64_t>(s.k) * 2};
-  const cuuint32_t box[2] = {static_cast<cuuint32_t>(sm90::kBlockK), static_cast<cuuint32_t>(config.block_t)};
+  const cuuint32_t box[2] = {static_cast<cuuint32_t>(sm90::kBlockK), static_cast<cuuint32_t>(block_t)};
   const cuuint32_t estr[2] = {1, 1};
-  const CUresult r = encode(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<uint16_t*>(args.a), dims, strides,
+  const CUresult r = encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<uint16_t*>(args.a), dims, strides,
                             box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
                             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  if (r != CUDA_SUCCESS) return fail("sm90_nvfp4_grouped_gemm: cuTensorMapEncodeTiled failed: " + std::to_string(r));
+  if (r != CUDA_SUCCESS) return who + ": cuTensorMapEncodeTiled failed: " + std::to_string(r);
+  return "";
+}
 
+sm90::GemmParams make_params(const Sm90GemmArgs& args) {
+  const Sm90PreparedShape& s = args.shape;
   sm90::GemmParams p;
   p.w = args.w;
   p.offsets = args.offsets;
@@ -268,21 +316,89 @@ cudaError_t sm90_nvfp4_grouped_gemm(const Sm90GemmArgs& args, const Sm90GemmConf
   p.next_w = prefetch ? args.prefetch_w : nullptr;
   p.next_units = prefetch ? args.prefetch_shape.units : 0;
   p.next_k_tiles = prefetch ? args.prefetch_shape.k_tiles : 0;
+#else
+  (void)args.prefetch_w;
 #endif
+  return p;
+}
 
-  if (num_sms <= 0) {
-    int dev = 0;
-    cudaError_t e = cudaGetDevice(&dev);
-    if (e == cudaSuccess) e = cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, dev);
-    if (e != cudaSuccess) return e;
-  }
+cudaError_t device_sm_count(int* sms) {
+  int dev = 0;
+  cudaError_t e = cudaGetDevice(&dev);
+  if (e == cudaSuccess) e = cudaDeviceGetAttribute(sms, cudaDevAttrMultiProcessorCount, dev);
+  return e;
+}
+
+}  // namespace
+
+cudaError_t sm90_nvfp4_grouped_gemm(const Sm90GemmArgs& args, const Sm90GemmConfig& config, cudaStream_t stream,
+                                    int num_sms) {
+  const std::string who = "sm90_nvfp4_grouped_gemm";
+  if (std::string m = check_args(args, who); !m.empty()) return fail(m);
+  CUtensorMap map;
+  if (std::string m = make_a_map(args, config.block_t, &map, who); !m.empty()) return fail(m);
+  const sm90::GemmParams p = make_params(args);
+  if (num_sms <= 0)
+    if (const cudaError_t e = device_sm_count(&num_sms); e != cudaSuccess) return e;
 #define NVFP4MOE_X(bt, st, wgs, wpu, sync)                                                              \
   if (config.block_t == bt && config.stages == st && config.consumer_warpgroups == wgs &&             \
       config.warpgroups_per_unit == wpu && config.mma_sync == (sync != 0))                             \
     return launch_epi<bt, st, wgs, wpu, sync != 0>(args.epilogue, map, p, num_sms, stream);
   NVFP4MOE_SM90_GEMM_CONFIGS(NVFP4MOE_X)
 #undef NVFP4MOE_X
-  return fail("sm90_nvfp4_grouped_gemm: config " + to_string(config) + " is not in the instantiated list");
+  return fail(who + ": config " + to_string(config) + " is not in the instantiated list");
+}
+
+const std::vector<Sm90GemmConfig>& sm90_chained_configs() {
+  static const std::vector<Sm90GemmConfig> list = {
+#define NVFP4MOE_X(bt, st, wgs, wpu, sync) Sm90GemmConfig{bt, st, wgs, wpu, sync != 0},
+      NVFP4MOE_SM90_CHAINED_CONFIGS(NVFP4MOE_X)
+#undef NVFP4MOE_X
+  };
+  return list;
+}
+
+bool sm90_chained_available(const Sm90GemmConfig& c) {
+  for (const auto& x : sm90_chained_configs())
+    if (to_string(x) == to_string(c)) return true;
+  return false;
+}
+
+cudaError_t sm90_nvfp4_chained_gemms(const Sm90GemmArgs& gemm1, const Sm90GemmArgs& gemm2,
+                                     const Sm90GemmConfig& config, int32_t* chain_counters, cudaStream_t stream,
+                                     int num_sms) {
+  const std::string who = "sm90_nvfp4_chained_gemms";
+  if (std::string m = check_args(gemm1, who + " (gemm1)"); !m.empty()) return fail(m);
+  if (std::string m = check_args(gemm2, who + " (gemm2)"); !m.empty()) return fail(m);
+  if (gemm1.epilogue == Sm90GemmEpilogue::kF32 || gemm2.epilogue != Sm90GemmEpilogue::kF32)
+    return fail(who + ": gemm1 needs an activation epilogue (SwiGLU or relu^2) and gemm2 the f32 one");
+  if (gemm1.offsets != gemm2.offsets || gemm1.shape.num_experts != gemm2.shape.num_experts)
+    return fail(who + ": gemm1 and gemm2 must share the offsets and the expert count (got E = " +
+                std::to_string(gemm1.shape.num_experts) + " and " + std::to_string(gemm2.shape.num_experts) + ")");
+  const int n_out1 = gemm1.shape.gated ? gemm1.shape.n / 2 : gemm1.shape.n;
+  if (gemm2.a != gemm1.out || gemm2.shape.k != n_out1)
+    return fail(who + ": gemm2 must read gemm1's output (gemm2.a == gemm1.out, gemm2 K = " + std::to_string(n_out1) +
+                "; got K = " + std::to_string(gemm2.shape.k) + ")");
+  if (chain_counters == nullptr || (reinterpret_cast<uintptr_t>(chain_counters) & 3) != 0)
+    return fail(who + ": chain_counters must be a 4-byte aligned device buffer of sm90_chain_counter_count(E) int32");
+  CUtensorMap map1, map2;
+  if (std::string m = make_a_map(gemm1, config.block_t, &map1, who); !m.empty()) return fail(m);
+  if (std::string m = make_a_map(gemm2, config.block_t, &map2, who); !m.empty()) return fail(m);
+  const sm90::GemmParams p1 = make_params(gemm1), p2 = make_params(gemm2);
+  int device_sms = 0;
+  if (const cudaError_t e = device_sm_count(&device_sms); e != cudaSuccess) return e;
+  if (num_sms <= 0) num_sms = device_sms;
+  const bool relu2 = gemm1.epilogue == Sm90GemmEpilogue::kRelu2;
+#define NVFP4MOE_X(bt, st, wgs, wpu, sync)                                                                          \
+  if (config.block_t == bt && config.stages == st && config.consumer_warpgroups == wgs &&                         \
+      config.warpgroups_per_unit == wpu && config.mma_sync == (sync != 0))                                         \
+    return relu2 ? launch_chained<bt, st, wgs, wpu, sync != 0, sm90::Epilogue::kRelu2>(                            \
+                       map1, map2, p1, p2, chain_counters, num_sms, device_sms, stream)                           \
+                 : launch_chained<bt, st, wgs, wpu, sync != 0, sm90::Epilogue::kSwiGLU>(                           \
+                       map1, map2, p1, p2, chain_counters, num_sms, device_sms, stream);
+  NVFP4MOE_SM90_CHAINED_CONFIGS(NVFP4MOE_X)
+#undef NVFP4MOE_X
+  return fail(who + ": config " + to_string(config) + " has no chained kernel (sm90_chained_configs())");
 }
 
 }  // namespace nvfp4moe::cuda

@@ -580,6 +580,9 @@ struct KernelTraits {
   static constexpr int kThreads = (WGS + 1) * 128;
   // Arrivals that release a stage: one per consumer warpgroup after its wgmma wait, or one per consumer warp.
   static constexpr int kEmptyArrivals = SYNC ? WGS * 4 : WGS;
+  // Warpgroups that store a tile's output (the up block's warpgroup of a WPU = 2 SwiGLU tile hands its
+  // accumulators over instead): a chained launch's done[e] gets one arrival from each per GEMM1 tile.
+  static constexpr int kStoringWarpgroups = WPU == 2 && EPI == Epilogue::kSwiGLU ? kUnitsPerTile : WGS;
   // setmaxnreg budgets. The CTA owns kThreads x (registers ptxas gave the kernel) registers; asking for more
   // than that in setmaxnreg.inc blocks forever, so the launcher checks kRegsNeeded against the compiled count.
   // ptxas allocates each branch under its setmaxnreg value (the consumers' spills grow when theirs shrinks), so
@@ -599,94 +602,493 @@ struct KernelTraits {
   static_assert(kSmemBytes <= 232448, "shared memory per block");
 };
 
+// ------------------------------------------------------------------------------------------- GEMM1 -> GEMM2 chain
+// GEMM1 and GEMM2 of one expert group in one persistent launch (sm90_nvfp4_chained_gemm_kernel): every CTA
+// walks GEMM1's tiles, then continues the same index sequence into GEMM2's (GEMM2 tile j = index
+// tiles(GEMM1) + j), so a CTA has finished all its GEMM1 tiles before it waits for anything, and with the grid
+// at most the CTAs that fit at once (one per SM) every GEMM1 tile runs: no deadlock. A GEMM2 tile of expert e
+// reads GEMM1's output rows of e (all its columns), so its producer waits until every GEMM1 tile of e has been
+// published: done[e] counts the storing warpgroups' finished tiles (release after their stores), GEMM2's
+// producer loads the tile's weights first (they do not depend on GEMM1), then acquires done[e] and issues the
+// A loads. passed[e] counts GEMM2 tiles past that wait; the last one resets both counters, so every launch
+// leaves them zero (zero them once, at allocation; no per-forward memset). The bits are those of two launches:
+// every accumulator sums the same k-tiles in the same order, and GEMM2 reads the same activations.
+struct ChainSync {
+  int32_t* done = nullptr;    // [E] GEMM1 warpgroup-tiles stored, per expert
+  int32_t* passed = nullptr;  // [E] GEMM2 tiles whose producer saw its expert complete
+  int per_token_tile = 0;     // done[e] arrivals per token tile of expert e: GEMM1 n-tiles x storing warpgroups
+};
+__device__ __forceinline__ void fence_proxy_async_global() {
+  asm volatile("fence.proxy.async.global;" ::: "memory");
+}
+__device__ __forceinline__ void red_add_release_gpu(int32_t* p, int32_t v) {
+  asm volatile("fence.acq_rel.gpu;\nred.relaxed.gpu.global.add.s32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+__device__ __forceinline__ int32_t ld_acquire_gpu(const int32_t* p) {
+  int32_t v;
+  asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+
+// ------------------------------------------------------------------------------------------- the tile walks
+// The producer's walk over one launch's tiles (warp 0 of warpgroup 0; lane 0 issues the loads), starting at
+// tile index idx with the pipeline at stage s / phase. Returns the index past the launch's tiles, relative to
+// the next launch of a chain; tiles = this launch's tile count. CHAINED: GEMM2 of a chain (A waits, above).
+template <int BT, int WGS, int STAGES, int WPU, bool SYNC, bool CHAINED>
+__device__ __forceinline__ int produce_tiles(const CUtensorMap* tmap_a, const GemmParams& p, int idx, int& s,
+                                             uint32_t& phase, uint8_t* smem_a, uint8_t* smem_w, uint32_t full0,
+                                             uint32_t empty0, const ChainSync& chain, int& tiles) {
+  using Tr = KernelTraits<BT, WGS, STAGES, Epilogue::kF32, WPU, SYNC>;  // stage sizes: the same for every EPI
+  constexpr int UPT = Tr::kUnitsPerTile;
+  const int n_ctiles = (p.units + UPT - 1) / UPT;
+  const bool issuer = threadIdx.x == 0;
+#if NVFP4MOE_SM90_DEQUANT_EXPERIMENT == 10
+  const uint64_t weight_policy = l2_evict_first_policy();
+#endif
+  TileCursor<BT> cur;
+  for (; cur.template seek<kProducerExpertsPerLane>(p, n_ctiles, idx); idx += gridDim.x) {
+    const int local = idx - cur.first;
+    const int n_idx = local / cur.ttiles, t_idx = local - n_idx * cur.ttiles;
+    const int row0 = cur.row_begin + t_idx * BT;
+    const uint8_t* wsrc[UPT];
+#pragma unroll
+    for (int c = 0; c < UPT; ++c) {
+      const int unit = min(n_idx * UPT + c, p.units - 1);  // a consumer past the last unit computes a copy
+      wsrc[c] = p.w + (static_cast<size_t>(cur.e) * p.units + unit) * p.k_tiles * kUnitBytes;
+    }
+    if (issuer) {
+      auto load_a = [&](int stage, int kt) {
+        tma_load_2d(smem_u32(smem_a + stage * Tr::kABytes), tmap_a, kt * kBlockK, row0, full0 + 8 * stage);
+      };
+      // CHAINED: until expert e's GEMM1 output is complete, the stages get their weights only and the A loads
+      // wait (deferred: k-tiles kt_def.., stages s_def..); at most STAGES of them, or the next empty wait would
+      // wait for a stage that cannot fill.
+      [[maybe_unused]] const int32_t need = cur.ttiles * chain.per_token_tile;
+      bool ready = !CHAINED;
+      [[maybe_unused]] int deferred = 0, kt_def = 0, s_def = 0;
+      auto become_ready = [&]() {
+        if constexpr (CHAINED) {
+          while (ld_acquire_gpu(chain.done + cur.e) < need) {
+          }
+          fence_proxy_async_global();  // the acquired generic-proxy stores, before this thread's TMA reads them
+          for (int j = 0; j < deferred; ++j) load_a((s_def + j) % STAGES, kt_def + j);
+          deferred = 0;
+          ready = true;
+          // The last GEMM2 tile of e past the wait resets e's counters (nobody reads them again this launch).
+          if (atomicAdd(chain.passed + cur.e, 1) == cur.count - 1) {
+            *reinterpret_cast<volatile int32_t*>(chain.done + cur.e) = 0;
+            *reinterpret_cast<volatile int32_t*>(chain.passed + cur.e) = 0;
+          }
+        }
+      };
+      if constexpr (CHAINED) {
+        if (ld_acquire_gpu(chain.done + cur.e) >= need) become_ready();
+      }
+      for (int kt = 0; kt < p.k_tiles; ++kt) {
+        if (CHAINED && !ready && deferred == STAGES) become_ready();
+        mbar_wait(empty0 + 8 * s, phase ^ 1);
+        const uint32_t full = full0 + 8 * s;
+#if NVFP4MOE_SM90_DEQUANT_EXPERIMENT == 3
+        // Measurement hook (see dequant_experiment): A is loaded into each stage once, then left stale.
+        const bool with_a = kt < STAGES;
+        mbar_expect_tx(full, with_a ? Tr::kStageBytes : Tr::kWBytes);
+        if (with_a) load_a(s, kt);
+#elif NVFP4MOE_SM90_DEQUANT_EXPERIMENT == 8
+        mbar_arrive(full);  // measurement hook: nothing loaded
+        if (++s == STAGES) { s = 0; phase ^= 1; }
+        continue;
+#else
+        mbar_expect_tx(full, Tr::kStageBytes);
+        if (ready) {
+          load_a(s, kt);
+        } else if (deferred++ == 0) {
+          kt_def = kt;
+          s_def = s;
+        }
+#endif
+#pragma unroll
+        for (int c = 0; c < UPT; ++c)
+#if NVFP4MOE_SM90_DEQUANT_EXPERIMENT == 10
+          bulk_load_hint(smem_u32(smem_w + s * Tr::kWBytes + c * kUnitBytes),
+                         wsrc[c] + static_cast<size_t>(kt) * kUnitBytes, kUnitBytes, full, weight_policy);
+#else
+          bulk_load(smem_u32(smem_w + s * Tr::kWBytes + c * kUnitBytes),
+                    wsrc[c] + static_cast<size_t>(kt) * kUnitBytes, kUnitBytes, full);
+#endif
+        if (++s == STAGES) { s = 0; phase ^= 1; }
+      }
+      if (CHAINED && !ready) become_ready();
+    }
+    __syncwarp();
+  }
+  tiles = cur.first;  // after the failed seek: the launch's tile count
+  return idx - cur.first;
+}
+
+// The consumer warpgroups' walk over one launch's tiles, from tile index idx with the pipeline at stage s /
+// phase. Returns the index past the launch's tiles, relative to the next launch of a chain. SIGNAL: GEMM1 of a
+// chain (each storing warpgroup publishes its finished tiles in done[expert]).
+template <int BT, int WGS, int STAGES, Epilogue EPI, int WPU, bool SYNC, bool SIGNAL>
+__device__ __forceinline__ int consume_tiles(const GemmParams& p, int idx, int& s, uint32_t& phase,
+                                             uint8_t* smem_a, uint8_t* smem_w, float* smem_xch, uint32_t full0,
+                                             uint32_t empty0, [[maybe_unused]] int32_t* done) {
+  using Tr = KernelTraits<BT, WGS, STAGES, EPI, WPU, SYNC>;
+  constexpr int UPT = Tr::kUnitsPerTile, NB = Tr::kBlocksPerWarpgroup;
+  constexpr bool kSignal = SIGNAL;
+  const int n_ctiles = (p.units + UPT - 1) / UPT;
+  const int c = static_cast<int>(threadIdx.x) / 128 - 1;
+  const int slot = c / WPU, half = WPU == 2 ? c % 2 : 0;  // unit slot of the tile, block of the unit (WPU = 2)
+  const uint32_t smem_w_u32 = smem_u32(smem_w);
+  [[maybe_unused]] const uint32_t smem_a_u32 = smem_u32(smem_a);
+  const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
+  TileCursor<BT> cur;
+  for (; cur.template seek<kConsumerExpertsPerLane>(p, n_ctiles, idx); idx += gridDim.x) {
+    const int local = idx - cur.first;
+    const int n_idx = local / cur.ttiles, t_idx = local - n_idx * cur.ttiles;
+    const int unit = n_idx * UPT + slot;
+    float acc[NB][BT / 2];
+#pragma unroll
+    for (int b = 0; b < NB; ++b)
+#pragma unroll
+      for (int i = 0; i < BT / 2; ++i) acc[b][i] = 0.0f;
+
+    // wgmma N for this tile: the smallest of 16/32/64/128 (<= BT) that holds its rows, so the last, partial
+    // token tile of an expert does not pay for BT columns.
+    const int tile_rows = min(BT, cur.rows - t_idx * BT);
+    const int n_mma = tile_rows <= 16 ? 16 : tile_rows <= 32 ? 32 : tile_rows <= 64 ? 64 : 128;
+
+    // Software pipeline: the dequantization of k-tile kt+1 runs while the wgmmas of k-tile kt execute.
+    // This thread's weight words of a stage: its 16 code bytes of each of its NB blocks, and the scale word it
+    // converts for its quad (dequant_ktile). ld.shared on 32-bit shared addresses (a generic pointer here would
+    // compile to generic LD.E). Both consumer kinds load through it.
+    auto stage_weights = [&](int stage) {
+      return smem_w_u32 + stage * Tr::kWBytes + slot * kUnitBytes + half * kChunkBytes;
+    };
+    auto load_codes = [&](uint32_t wsm, uint4 (&codes)[NB]) {
+#pragma unroll
+      for (int b = 0; b < NB; ++b) codes[b] = lds128(wsm + b * kChunkBytes + tid * 16);
+    };
+    auto load_scale_word = [&](uint32_t wsm) { return lds32(wsm + scale_word_offset<NB>(warp, g, t)); };
+    auto load_dequant = [&](int stage, uint32_t (&a)[NB][16]) {
+#if NVFP4MOE_SM90_DEQUANT_EXPERIMENT == 7 || NVFP4MOE_SM90_DEQUANT_EXPERIMENT == 8
+      return;  // measurement hook: the stage is waited for and released, never read
+#endif
+      const uint32_t wsm = stage_weights(stage);
+      uint4 codes[NB];
+      load_codes(wsm, codes);
+      if constexpr (NB == 1 || (NVFP4MOE_SM90_DEQUANT_EXPERIMENT != 1 && NVFP4MOE_SM90_DEQUANT_EXPERIMENT != 2 &&
+                                NVFP4MOE_SM90_DEQUANT_EXPERIMENT != 4)) {
+        // This thread's scale word (dequant_ktile shares it across the quad).
+        dequant_ktile<NB>(codes, load_scale_word(wsm), a);
+      } else {
+#if NVFP4MOE_SM90_DEQUANT_EXPERIMENT == 4
+        // Measurement hook: the previous version (every thread converts all 4 scale words).
+        uint2 sc[2];
+#pragma unroll
+        for (int b = 0; b < 2; ++b) sc[b] = lds64(wsm + b * kChunkBytes + kCodeBytes + (warp * 8 + g) * 8);
+#pragma unroll
+        for (int b = 0; b < 2; ++b) dequant_block(codes[b], sc[b], a[b]);
+#elif NVFP4MOE_SM90_DEQUANT_EXPERIMENT == 1 || NVFP4MOE_SM90_DEQUANT_EXPERIMENT == 2
+        uint2 sc[2];
+#pragma unroll
+        for (int b = 0; b < 2; ++b) sc[b] = lds64(wsm + b * kChunkBytes + kCodeBytes + (warp * 8 + g) * 8);
+        dequant_experiment(codes, sc, a);
+#endif
+      }
+    };
+    auto issue = [&](int stage, const uint32_t (&a)[NB][16]) {
+#if NVFP4MOE_SM90_DEQUANT_EXPERIMENT == 7 || NVFP4MOE_SM90_DEQUANT_EXPERIMENT == 8
+      return;  // measurement hook: no wgmma
+#endif
+      const uint64_t desc = make_b_desc(smem_u32(smem_a + stage * Tr::kABytes));
+#pragma unroll
+      for (int b = 0; b < NB; ++b)
+#pragma unroll
+        for (int i = 0; i < BT / 2; ++i) reg_fence(acc[b][i]);
+      wgmma_fence();
+      auto run = [&](auto n_const) {
+        constexpr int NM = decltype(n_const)::value;
+        // b innermost: the two accumulator chains alternate, so one wgmma never waits on the previous one's
+        // accumulator (small N is latency-bound otherwise; WPU = 2 has one chain). Each accumulator still sums k
+        // in order.
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+#pragma unroll
+          for (int b = 0; b < NB; ++b) {
+            const uint32_t af[4] = {a[b][4 * j], a[b][4 * j + 1], a[b][4 * j + 2], a[b][4 * j + 3]};  // k16 step j
+#if NVFP4MOE_SM90_DEQUANT_EXPERIMENT == 5
+            // Measurement hook: no tensor-core work; the dequantized registers are consumed by an empty asm.
+            asm volatile("" ::"r"(af[0]), "r"(af[1]), "r"(af[2]), "r"(af[3]));
+            (void)desc;
+#else
+            Wgmma<NM>::mma(acc[b], af, desc + 2 * j);
+#endif
+          }
+      };
+      if constexpr (BT >= 128) { if (n_mma == 128) { run(IntC<128>{}); wgmma_commit(); return; } }
+      if constexpr (BT >= 64) { if (n_mma >= 64) { run(IntC<(BT >= 64 ? 64 : 16)>{}); wgmma_commit(); return; } }
+      if constexpr (BT >= 32) { if (n_mma >= 32) { run(IntC<(BT >= 32 ? 32 : 16)>{}); wgmma_commit(); return; } }
+      run(IntC<16>{});
+      wgmma_commit();
+    };
+    if constexpr (!SYNC) {
+      uint32_t a0[NB][16], a1[NB][16];
+      int kt = 0;
+      auto step = [&](const uint32_t (&cur_a)[NB][16], uint32_t (&next_a)[NB][16]) {
+        issue(s, cur_a);
+        int s_next = s + 1;
+        uint32_t ph_next = phase;
+        if (s_next == STAGES) { s_next = 0; ph_next ^= 1; }
+        if (kt + 1 < p.k_tiles) {
+          mbar_wait(full0 + 8 * s_next, ph_next);
+          load_dequant(s_next, next_a);
+        }
+        wgmma_wait<0>();
+#pragma unroll
+        for (int b = 0; b < NB; ++b)
+#pragma unroll
+          for (int i = 0; i < BT / 2; ++i) reg_fence(acc[b][i]);
+        if (tid == 0) mbar_arrive(empty0 + 8 * s);
+        s = s_next;
+        phase = ph_next;
+        ++kt;
+      };
+      mbar_wait(full0 + 8 * s, phase);
+      load_dequant(s, a0);
+      while (true) {
+        step(a0, a1);
+        if (kt >= p.k_tiles) break;
+        step(a1, a0);
+        if (kt >= p.k_tiles) break;
+      }
+    } else {
+      // mma.sync: each warp loads its stage (codes, its scale word, the B fragments of the rows this tile
+      // has), releases the stage, dequantizes, and issues the k-tile's m16n8k16s while it fetches the next.
+      constexpr int NT = BT / 8;                // n-tiles of 8 tokens
+      const int n_nt = (tile_rows + 7) / 8;      // the ones with rows (uniform over the CTA)
+      // B fragment of k16 step j, n-tile nt: token nt * 8 + g, k 16j + 2t (+1) and + 8, i.e. 16-byte chunks 2j
+      // and 2j + 1 of the token's 128-byte row, chunk c stored at c ^ (row % 8) (the TMA's 128B swizzle).
+      // ldmatrix.x4 lane l addresses row nt * 8 + l % 8 of chunk 4h + l / 8: its offset in the stage is
+      // nt * 1024 + (ldsm_off ^ 64h) (4h + m = 4h | m, and XOR by 4 in the chunk index is XOR by 64 in bytes).
+      const uint32_t ldsm_off = (lane & 7) * 128 + (((lane >> 3) ^ (lane & 7)) << 4);
+      auto fetch = [&](uint32_t (&a)[NB][16], uint32_t (&bf)[NT][4][2]) {
+        mbar_wait(full0 + 8 * s, phase);
+        const uint32_t wsm = stage_weights(s);
+        uint4 codes[NB];
+        load_codes(wsm, codes);
+        const uint32_t sw = load_scale_word(wsm);
+        const uint32_t abase = smem_a_u32 + s * Tr::kABytes;
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) {
+          if (nt >= n_nt) continue;
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {  // chunks 4h .. 4h + 3: k16 steps 2h, 2h + 1
+            uint32_t q[4];
+            ldmatrix_x4(abase + nt * 1024 + (ldsm_off ^ (h << 6)), q);
+            bf[nt][2 * h][0] = q[0];
+            bf[nt][2 * h][1] = q[1];
+            bf[nt][2 * h + 1][0] = q[2];
+            bf[nt][2 * h + 1][1] = q[3];
+          }
+        }
+        __syncwarp();
+        if (lane == 0) mbar_arrive(empty0 + 8 * s);  // this warp is done with the stage's shared memory
+        if (++s == STAGES) { s = 0; phase ^= 1; }
+        dequant_ktile<NB>(codes, sw, a);
+      };
+      auto mma = [&](const uint32_t (&a)[NB][16], const uint32_t (&bf)[NT][4][2]) {
+        auto run = [&](auto nt_const) {
+          constexpr int NTR = decltype(nt_const)::value;
+#pragma unroll
+          for (int j = 0; j < 4; ++j)
+#pragma unroll
+            for (int b = 0; b < NB; ++b) {
+              const uint32_t af[4] = {a[b][4 * j], a[b][4 * j + 1], a[b][4 * j + 2], a[b][4 * j + 3]};
+#pragma unroll
+              for (int nt = 0; nt < NTR; ++nt) mma_16816(&acc[b][4 * nt], af, bf[nt][j][0], bf[nt][j][1]);
+            }
+        };
+        if constexpr (NT > 1) {
+          if (n_nt > 1) { run(IntC<NT>{}); return; }
+        }
+        run(IntC<1>{});
+      };
+      uint32_t a0[NB][16], a1[NB][16], b0[NT][4][2], b1[NT][4][2];
+      int kt = 0;
+      auto step = [&](const uint32_t (&cur_a)[NB][16], const uint32_t (&cur_b)[NT][4][2],
+                      uint32_t (&next_a)[NB][16], uint32_t (&next_b)[NT][4][2]) {
+        mma(cur_a, cur_b);
+        if (kt + 1 < p.k_tiles) fetch(next_a, next_b);
+        ++kt;
+      };
+      fetch(a0, b0);
+      while (true) {
+        step(a0, b0, a1, b1);
+        if (kt >= p.k_tiles) break;
+        step(a1, b1, a0, b0);
+        if (kt >= p.k_tiles) break;
+      }
+    }
+
+    // ---------------------------------------------------------------- epilogue
+    // acc[b][i]: weight row 16*warp + g + 8*((i>>1)&1) of block b (WPU = 2: of block `half`), token
+    // 8*(i>>2) + 2t + (i&1) of the tile.
+    // WPU = 2 with SwiGLU: the up block's warpgroup writes its accumulators to its slot's exchange buffer and
+    // is done with the tile; the gate block's reads them. Named barrier 1 + slot (both warpgroups of the slot,
+    // bar.sync on both sides): once after the write, once after the read, so the next tile's write cannot
+    // overtake this read. (An arrive on the writer's side would let it run ahead; compute-sanitizer's racecheck
+    // does not follow arrive-to-sync ordering and reports every access.)
+    [[maybe_unused]] float up_acc[WPU == 2 && EPI == Epilogue::kSwiGLU ? BT / 2 : 1];
+    if constexpr (WPU == 2 && EPI == Epilogue::kSwiGLU) {
+      float* xch = smem_xch + slot * (BT / 2) * 128;
+      if (half == 1) {
+#pragma unroll
+        for (int i = 0; i < BT / 2; ++i) xch[i * 128 + tid] = acc[0][i];
+        named_bar_sync(1 + slot, 256);  // written
+        named_bar_sync(1 + slot, 256);  // read
+        continue;
+      }
+      named_bar_sync(1 + slot, 256);
+#pragma unroll
+      for (int i = 0; i < BT / 2; ++i) up_acc[i] = xch[i * 128 + tid];
+      named_bar_sync(1 + slot, 256);
+    }
+    const int e = cur.e;
+    const int tok0 = t_idx * BT, rows_valid = min(BT, cur.rows - tok0);
+    const int64_t row_base = cur.row_begin + tok0;
+    const bool unit_ok = unit < p.units;
+    const float gsv = p.gs != nullptr ? __ldg(p.gs + e) : 0.0f;
+    if constexpr (EPI == Epilogue::kF32) {
+      const float al = __ldg(p.alpha0 + e) * kWeightUnscale;
+      float* out = static_cast<float*>(p.out);
+#pragma unroll
+      for (int b = 0; b < NB; ++b)
+#pragma unroll
+        for (int i = 0; i < BT / 2; ++i) {
+          const int col = unit * 128 + (b + half) * 64 + 16 * warp + g + 8 * ((i >> 1) & 1);
+          const int tok = 8 * (i >> 2) + 2 * t + (i & 1);
+          if (unit_ok && tok < rows_valid && col < p.n_out) out[(row_base + tok) * p.n_out + col] = acc[b][i] * al;
+        }
+    } else {
+      uint16_t* out = static_cast<uint16_t*>(p.out);
+      const float al0 = __ldg(p.alpha0 + e) * kWeightUnscale;
+      const float al1 = EPI == Epilogue::kSwiGLU ? __ldg(p.alpha1 + e) * kWeightUnscale : 0.0f;
+      // Output 64-column blocks of this warpgroup: SwiGLU 1 per unit; relu^2 its accumulator blocks.
+      constexpr int kBlocksOut = EPI == Epilogue::kSwiGLU ? 1 : NB;
+      // Quantization groups of this thread: (b, i0, ip) -> row r0 value acc[b][i0 + ip], row r0 + 8 value
+      // acc[b][i0 + ip + 2], token 8 * (i0 / 4) + 2t + ip; taken 8 at a time (quantize_groups).
+      struct GroupPos { int b, i0, ip; };
+      auto group_pos = [](int q) { return GroupPos{(q >> 1) / (BT / 8), ((q >> 1) % (BT / 8)) * 4, q & 1}; };
+      constexpr int kGroups = kBlocksOut * BT / 4;
+      constexpr int kBatch = kGroups < 8 ? kGroups : 8;
+      static_assert(kGroups % kBatch == 0, "whole batches");
+#pragma unroll
+      for (int q0 = 0; q0 < kGroups; q0 += kBatch) {
+        float v[kBatch][2];
+#pragma unroll
+        for (int qq = 0; qq < kBatch; ++qq) {
+          const auto [b, i0, ip] = group_pos(q0 + qq);
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const int i = i0 + ip + 2 * h;
+            float x;
+            if constexpr (EPI == Epilogue::kSwiGLU) {
+              float up;
+              if constexpr (WPU == 2) up = up_acc[i]; else up = acc[NB - 1][i];
+              x = silu_f32(acc[0][i] * al0) * (up * al1);
+            } else {
+              const float y = fmaxf(acc[b][i] * al0, 0.0f);
+              x = y * y;
+            }
+            v[qq][h] = fmt::bf16_round(x);
+          }
+        }
+        uint16_t o[kBatch][2];
+        if (p.gs != nullptr) {
+          quantize_groups<kBatch>(v, gsv, o);
+        } else {
+#pragma unroll
+          for (int qq = 0; qq < kBatch; ++qq)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) o[qq][h] = fmt::bf16_from_float(v[qq][h]);
+        }
+#pragma unroll
+        for (int qq = 0; qq < kBatch; ++qq) {
+          const auto [b, i0, ip] = group_pos(q0 + qq);
+          const int tok = 8 * (i0 >> 2) + 2 * t + ip;
+          const int colb = (EPI == Epilogue::kSwiGLU ? unit * 64 : unit * 128 + (b + half) * 64) + 16 * warp + g;
+          if (unit_ok && tok < rows_valid) {
+            if (colb < p.n_out) out[(row_base + tok) * p.n_out + colb] = o[qq][0];
+            if (colb + 8 < p.n_out) out[(row_base + tok) * p.n_out + colb + 8] = o[qq][1];
+          }
+        }
+      }
+    }
+    if constexpr (kSignal) {
+      // GEMM1 of a chained launch: this warpgroup's stores of the tile are done. Each thread orders its own
+      // (generic-proxy) stores before the async proxy that GEMM2's TMA reads through, the warpgroup meets,
+      // and one thread publishes the tile at GPU scope (release; GEMM2's producer acquires).
+      fence_proxy_async_global();
+      named_bar_sync(4 + c, 128);
+      if (tid == 0) red_add_release_gpu(done + e, 1);
+    }
+  }
+  return idx - cur.first;
+}
+
+// Shared memory of a CTA: [STAGES][BT][128 B] A (swizzled), [STAGES][UPT][kUnitBytes] weights, the WPU = 2
+// SwiGLU exchange, then the full and empty barriers (initialized here, before the PDL wait: shared memory only).
+template <class Tr, int STAGES>
+struct CtaSmem {
+  uint8_t* a;
+  uint8_t* w;
+  float* xch;
+  uint32_t full0, empty0;
+  __device__ __forceinline__ explicit CtaSmem(uint8_t* raw) {
+    uint8_t* base = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(raw) + 1023) & ~uintptr_t(1023));
+    a = base;
+    w = base + STAGES * Tr::kABytes;
+    xch = reinterpret_cast<float*>(w + STAGES * Tr::kWBytes);
+    uint64_t* bars = reinterpret_cast<uint64_t*>(w + STAGES * Tr::kWBytes + Tr::kExchangeBytes);
+    full0 = smem_u32(bars);
+    empty0 = smem_u32(bars + STAGES);
+    if (threadIdx.x == 0) {
+      for (int s = 0; s < STAGES; ++s) {
+        mbar_init(full0 + 8 * s, 1);
+        mbar_init(empty0 + 8 * s, Tr::kEmptyArrivals);
+      }
+      asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    __syncthreads();
+  }
+};
+
 template <int BT, int WGS, int STAGES, Epilogue EPI, int WPU = 1, bool SYNC = false>
 __global__ void __launch_bounds__((WGS + 1) * 128, 1)
     sm90_nvfp4_grouped_gemm_kernel(const __grid_constant__ CUtensorMap tmap_a, const GemmParams p) {
   using Tr = KernelTraits<BT, WGS, STAGES, EPI, WPU, SYNC>;
-  constexpr int UPT = Tr::kUnitsPerTile, NB = Tr::kBlocksPerWarpgroup;
   extern __shared__ uint8_t smem_raw[];
-  uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
-  uint8_t* smem_a = smem;                                    // [STAGES][BT][128 B] swizzled
-  uint8_t* smem_w = smem + STAGES * Tr::kABytes;             // [STAGES][UPT][kUnitBytes]
-  float* smem_xch = reinterpret_cast<float*>(smem_w + STAGES * Tr::kWBytes);  // [UPT][BT / 2][128] (WPU = 2)
-  uint64_t* bars = reinterpret_cast<uint64_t*>(smem_w + STAGES * Tr::kWBytes + Tr::kExchangeBytes);  // full, empty
-  const uint32_t full0 = smem_u32(bars), empty0 = smem_u32(bars + STAGES);
-
-  const int wg = threadIdx.x / 128;
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < STAGES; ++s) {
-      mbar_init(full0 + 8 * s, 1);
-      mbar_init(empty0 + 8 * s, Tr::kEmptyArrivals);
-    }
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-  }
-  __syncthreads();
+  const CtaSmem<Tr, STAGES> sm(smem_raw);
   // Everything above touches only shared memory and the kernel parameters; from here on the offsets, A and
   // the outputs are read and written: after the previous kernel of the stream (PDL, launch_pdl.cuh).
   kernels::pdl_wait_then_allow_next();
-
-  const int n_ctiles = (p.units + UPT - 1) / UPT;
-
-  if (wg == 0) {
+  int s = 0;
+  uint32_t phase = 0;
+  if (threadIdx.x < 128) {
     // ---------------------------------------------------------------- producer
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(Tr::kProducerRegs));
     // Warp 0 walks the tiles (TileCursor::seek is warp-cooperative); its lane 0 issues the loads.
     if (threadIdx.x >= 32) return;
-    const bool issuer = threadIdx.x == 0;
-    if (issuer) asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&tmap_a)) : "memory");
-#if NVFP4MOE_SM90_DEQUANT_EXPERIMENT == 10
-    const uint64_t weight_policy = l2_evict_first_policy();
-#endif
-    int s = 0;
-    uint32_t phase = 0;
-    TileCursor<BT> cur;
-    for (int idx = blockIdx.x; cur.template seek<kProducerExpertsPerLane>(p, n_ctiles, idx); idx += gridDim.x) {
-      const int local = idx - cur.first;
-      const int n_idx = local / cur.ttiles, t_idx = local - n_idx * cur.ttiles;
-      const int row0 = cur.row_begin + t_idx * BT;
-      const uint8_t* wsrc[UPT];
-#pragma unroll
-      for (int c = 0; c < UPT; ++c) {
-        const int unit = min(n_idx * UPT + c, p.units - 1);  // a consumer past the last unit computes a copy
-        wsrc[c] = p.w + (static_cast<size_t>(cur.e) * p.units + unit) * p.k_tiles * kUnitBytes;
-      }
-      if (issuer) {
-        for (int kt = 0; kt < p.k_tiles; ++kt) {
-          mbar_wait(empty0 + 8 * s, phase ^ 1);
-          const uint32_t full = full0 + 8 * s;
-#if NVFP4MOE_SM90_DEQUANT_EXPERIMENT == 3
-          // Measurement hook (see dequant_experiment): A is loaded into each stage once, then left stale.
-          const bool load_a = kt < STAGES;
-          mbar_expect_tx(full, load_a ? Tr::kStageBytes : Tr::kWBytes);
-          if (load_a) tma_load_2d(smem_u32(smem_a + s * Tr::kABytes), &tmap_a, kt * kBlockK, row0, full);
-#elif NVFP4MOE_SM90_DEQUANT_EXPERIMENT == 8
-          mbar_arrive(full);  // measurement hook: nothing loaded
-          if (++s == STAGES) { s = 0; phase ^= 1; }
-          continue;
-#else
-          mbar_expect_tx(full, Tr::kStageBytes);
-          tma_load_2d(smem_u32(smem_a + s * Tr::kABytes), &tmap_a, kt * kBlockK, row0, full);
-#endif
-#pragma unroll
-          for (int c = 0; c < UPT; ++c)
-#if NVFP4MOE_SM90_DEQUANT_EXPERIMENT == 10
-            bulk_load_hint(smem_u32(smem_w + s * Tr::kWBytes + c * kUnitBytes),
-                           wsrc[c] + static_cast<size_t>(kt) * kUnitBytes, kUnitBytes, full, weight_policy);
-#else
-            bulk_load(smem_u32(smem_w + s * Tr::kWBytes + c * kUnitBytes),
-                      wsrc[c] + static_cast<size_t>(kt) * kUnitBytes, kUnitBytes, full);
-#endif
-          if (++s == STAGES) { s = 0; phase ^= 1; }
-        }
-      }
-      __syncwarp();
-    }
+    if (threadIdx.x == 0) asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&tmap_a)) : "memory");
+    [[maybe_unused]] int tiles = 0;
+    produce_tiles<BT, WGS, STAGES, WPU, SYNC, false>(&tmap_a, p, blockIdx.x, s, phase, sm.a, sm.w, sm.full0,
+                                                      sm.empty0, ChainSync{}, tiles);
 #if NVFP4MOE_SM90_DEQUANT_EXPERIMENT == 9 || NVFP4MOE_SM90_DEQUANT_EXPERIMENT == 10
-    // After the last seek cur.first = the launch's tile count: a CTA with blockIdx.x at or past it had no tile.
+    // tiles = the launch's tile count (produce_tiles): a CTA with blockIdx.x at or past it had no tile.
     // The idle CTAs split the active experts' regions of the next weights (contiguous per expert) into 64 KB
     // chunks, chunk j to idle CTA j % idle, and prefetch theirs into L2 (a hint: nothing is written).
-    if (p.next_w != nullptr && static_cast<int>(blockIdx.x) >= cur.first) {
-      const int idle = static_cast<int>(gridDim.x) - cur.first, slot = static_cast<int>(blockIdx.x) - cur.first;
+    if (p.next_w != nullptr && static_cast<int>(blockIdx.x) >= tiles) {
+      const int idle = static_cast<int>(gridDim.x) - tiles, slot = static_cast<int>(blockIdx.x) - tiles;
       const int lane = threadIdx.x & 31;
       const size_t region = static_cast<size_t>(p.next_units) * p.next_k_tiles * kUnitBytes;
       const int chunks = static_cast<int>((region + kPrefetchChunkBytes - 1) / kPrefetchChunkBytes);
@@ -703,299 +1105,47 @@ __global__ void __launch_bounds__((WGS + 1) * 128, 1)
   } else {
     // ---------------------------------------------------------------- consumers
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(Tr::kConsumerRegs));
-    const int c = wg - 1;
-    const int slot = c / WPU, half = WPU == 2 ? c % 2 : 0;  // unit slot of the tile, block of the unit (WPU = 2)
-    const uint32_t smem_w_u32 = smem_u32(smem_w);
-    [[maybe_unused]] const uint32_t smem_a_u32 = smem_u32(smem_a);
-    const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
-    int s = 0;
-    uint32_t phase = 0;
-    TileCursor<BT> cur;
-    for (int idx = blockIdx.x; cur.template seek<kConsumerExpertsPerLane>(p, n_ctiles, idx); idx += gridDim.x) {
-      const int local = idx - cur.first;
-      const int n_idx = local / cur.ttiles, t_idx = local - n_idx * cur.ttiles;
-      const int unit = n_idx * UPT + slot;
-      float acc[NB][BT / 2];
-#pragma unroll
-      for (int b = 0; b < NB; ++b)
-#pragma unroll
-        for (int i = 0; i < BT / 2; ++i) acc[b][i] = 0.0f;
-
-      // wgmma N for this tile: the smallest of 16/32/64/128 (<= BT) that holds its rows, so the last, partial
-      // token tile of an expert does not pay for BT columns.
-      const int tile_rows = min(BT, cur.rows - t_idx * BT);
-      const int n_mma = tile_rows <= 16 ? 16 : tile_rows <= 32 ? 32 : tile_rows <= 64 ? 64 : 128;
-
-      // Software pipeline: the dequantization of k-tile kt+1 runs while the wgmmas of k-tile kt execute.
-      // This thread's weight words of a stage: its 16 code bytes of each of its NB blocks, and the scale word it
-      // converts for its quad (dequant_ktile). ld.shared on 32-bit shared addresses (a generic pointer here would
-      // compile to generic LD.E). Both consumer kinds load through it.
-      auto stage_weights = [&](int stage) {
-        return smem_w_u32 + stage * Tr::kWBytes + slot * kUnitBytes + half * kChunkBytes;
-      };
-      auto load_codes = [&](uint32_t wsm, uint4 (&codes)[NB]) {
-#pragma unroll
-        for (int b = 0; b < NB; ++b) codes[b] = lds128(wsm + b * kChunkBytes + tid * 16);
-      };
-      auto load_scale_word = [&](uint32_t wsm) { return lds32(wsm + scale_word_offset<NB>(warp, g, t)); };
-      auto load_dequant = [&](int stage, uint32_t (&a)[NB][16]) {
-#if NVFP4MOE_SM90_DEQUANT_EXPERIMENT == 7 || NVFP4MOE_SM90_DEQUANT_EXPERIMENT == 8
-        return;  // measurement hook: the stage is waited for and released, never read
-#endif
-        const uint32_t wsm = stage_weights(stage);
-        uint4 codes[NB];
-        load_codes(wsm, codes);
-        if constexpr (NB == 1 || (NVFP4MOE_SM90_DEQUANT_EXPERIMENT != 1 && NVFP4MOE_SM90_DEQUANT_EXPERIMENT != 2 &&
-                                  NVFP4MOE_SM90_DEQUANT_EXPERIMENT != 4)) {
-          // This thread's scale word (dequant_ktile shares it across the quad).
-          dequant_ktile<NB>(codes, load_scale_word(wsm), a);
-        } else {
-#if NVFP4MOE_SM90_DEQUANT_EXPERIMENT == 4
-          // Measurement hook: the previous version (every thread converts all 4 scale words).
-          uint2 sc[2];
-#pragma unroll
-          for (int b = 0; b < 2; ++b) sc[b] = lds64(wsm + b * kChunkBytes + kCodeBytes + (warp * 8 + g) * 8);
-#pragma unroll
-          for (int b = 0; b < 2; ++b) dequant_block(codes[b], sc[b], a[b]);
-#elif NVFP4MOE_SM90_DEQUANT_EXPERIMENT == 1 || NVFP4MOE_SM90_DEQUANT_EXPERIMENT == 2
-          uint2 sc[2];
-#pragma unroll
-          for (int b = 0; b < 2; ++b) sc[b] = lds64(wsm + b * kChunkBytes + kCodeBytes + (warp * 8 + g) * 8);
-          dequant_experiment(codes, sc, a);
-#endif
-        }
-      };
-      auto issue = [&](int stage, const uint32_t (&a)[NB][16]) {
-#if NVFP4MOE_SM90_DEQUANT_EXPERIMENT == 7 || NVFP4MOE_SM90_DEQUANT_EXPERIMENT == 8
-        return;  // measurement hook: no wgmma
-#endif
-        const uint64_t desc = make_b_desc(smem_u32(smem_a + stage * Tr::kABytes));
-#pragma unroll
-        for (int b = 0; b < NB; ++b)
-#pragma unroll
-          for (int i = 0; i < BT / 2; ++i) reg_fence(acc[b][i]);
-        wgmma_fence();
-        auto run = [&](auto n_const) {
-          constexpr int NM = decltype(n_const)::value;
-          // b innermost: the two accumulator chains alternate, so one wgmma never waits on the previous one's
-          // accumulator (small N is latency-bound otherwise; WPU = 2 has one chain). Each accumulator still sums k
-          // in order.
-#pragma unroll
-          for (int j = 0; j < 4; ++j)
-#pragma unroll
-            for (int b = 0; b < NB; ++b) {
-              const uint32_t af[4] = {a[b][4 * j], a[b][4 * j + 1], a[b][4 * j + 2], a[b][4 * j + 3]};  // k16 step j
-#if NVFP4MOE_SM90_DEQUANT_EXPERIMENT == 5
-              // Measurement hook: no tensor-core work; the dequantized registers are consumed by an empty asm.
-              asm volatile("" ::"r"(af[0]), "r"(af[1]), "r"(af[2]), "r"(af[3]));
-              (void)desc;
-#else
-              Wgmma<NM>::mma(acc[b], af, desc + 2 * j);
-#endif
-            }
-        };
-        if constexpr (BT >= 128) { if (n_mma == 128) { run(IntC<128>{}); wgmma_commit(); return; } }
-        if constexpr (BT >= 64) { if (n_mma >= 64) { run(IntC<(BT >= 64 ? 64 : 16)>{}); wgmma_commit(); return; } }
-        if constexpr (BT >= 32) { if (n_mma >= 32) { run(IntC<(BT >= 32 ? 32 : 16)>{}); wgmma_commit(); return; } }
-        run(IntC<16>{});
-        wgmma_commit();
-      };
-      if constexpr (!SYNC) {
-        uint32_t a0[NB][16], a1[NB][16];
-        int kt = 0;
-        auto step = [&](const uint32_t (&cur_a)[NB][16], uint32_t (&next_a)[NB][16]) {
-          issue(s, cur_a);
-          int s_next = s + 1;
-          uint32_t ph_next = phase;
-          if (s_next == STAGES) { s_next = 0; ph_next ^= 1; }
-          if (kt + 1 < p.k_tiles) {
-            mbar_wait(full0 + 8 * s_next, ph_next);
-            load_dequant(s_next, next_a);
-          }
-          wgmma_wait<0>();
-  #pragma unroll
-          for (int b = 0; b < NB; ++b)
-  #pragma unroll
-            for (int i = 0; i < BT / 2; ++i) reg_fence(acc[b][i]);
-          if (tid == 0) mbar_arrive(empty0 + 8 * s);
-          s = s_next;
-          phase = ph_next;
-          ++kt;
-        };
-        mbar_wait(full0 + 8 * s, phase);
-        load_dequant(s, a0);
-        while (true) {
-          step(a0, a1);
-          if (kt >= p.k_tiles) break;
-          step(a1, a0);
-          if (kt >= p.k_tiles) break;
-        }
-      } else {
-        // mma.sync: each warp loads its stage (codes, its scale word, the B fragments of the rows this tile
-        // has), releases the stage, dequantizes, and issues the k-tile's m16n8k16s while it fetches the next.
-        constexpr int NT = BT / 8;                // n-tiles of 8 tokens
-        const int n_nt = (tile_rows + 7) / 8;      // the ones with rows (uniform over the CTA)
-        // B fragment of k16 step j, n-tile nt: token nt * 8 + g, k 16j + 2t (+1) and + 8, i.e. 16-byte chunks 2j
-        // and 2j + 1 of the token's 128-byte row, chunk c stored at c ^ (row % 8) (the TMA's 128B swizzle).
-        // ldmatrix.x4 lane l addresses row nt * 8 + l % 8 of chunk 4h + l / 8: its offset in the stage is
-        // nt * 1024 + (ldsm_off ^ 64h) (4h + m = 4h | m, and XOR by 4 in the chunk index is XOR by 64 in bytes).
-        const uint32_t ldsm_off = (lane & 7) * 128 + (((lane >> 3) ^ (lane & 7)) << 4);
-        auto fetch = [&](uint32_t (&a)[NB][16], uint32_t (&bf)[NT][4][2]) {
-          mbar_wait(full0 + 8 * s, phase);
-          const uint32_t wsm = stage_weights(s);
-          uint4 codes[NB];
-          load_codes(wsm, codes);
-          const uint32_t sw = load_scale_word(wsm);
-          const uint32_t abase = smem_a_u32 + s * Tr::kABytes;
-#pragma unroll
-          for (int nt = 0; nt < NT; ++nt) {
-            if (nt >= n_nt) continue;
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {  // chunks 4h .. 4h + 3: k16 steps 2h, 2h + 1
-              uint32_t q[4];
-              ldmatrix_x4(abase + nt * 1024 + (ldsm_off ^ (h << 6)), q);
-              bf[nt][2 * h][0] = q[0];
-              bf[nt][2 * h][1] = q[1];
-              bf[nt][2 * h + 1][0] = q[2];
-              bf[nt][2 * h + 1][1] = q[3];
-            }
-          }
-          __syncwarp();
-          if (lane == 0) mbar_arrive(empty0 + 8 * s);  // this warp is done with the stage's shared memory
-          if (++s == STAGES) { s = 0; phase ^= 1; }
-          dequant_ktile<NB>(codes, sw, a);
-        };
-        auto mma = [&](const uint32_t (&a)[NB][16], const uint32_t (&bf)[NT][4][2]) {
-          auto run = [&](auto nt_const) {
-            constexpr int NTR = decltype(nt_const)::value;
-#pragma unroll
-            for (int j = 0; j < 4; ++j)
-#pragma unroll
-              for (int b = 0; b < NB; ++b) {
-                const uint32_t af[4] = {a[b][4 * j], a[b][4 * j + 1], a[b][4 * j + 2], a[b][4 * j + 3]};
-#pragma unroll
-                for (int nt = 0; nt < NTR; ++nt) mma_16816(&acc[b][4 * nt], af, bf[nt][j][0], bf[nt][j][1]);
-              }
-          };
-          if constexpr (NT > 1) {
-            if (n_nt > 1) { run(IntC<NT>{}); return; }
-          }
-          run(IntC<1>{});
-        };
-        uint32_t a0[NB][16], a1[NB][16], b0[NT][4][2], b1[NT][4][2];
-        int kt = 0;
-        auto step = [&](const uint32_t (&cur_a)[NB][16], const uint32_t (&cur_b)[NT][4][2],
-                        uint32_t (&next_a)[NB][16], uint32_t (&next_b)[NT][4][2]) {
-          mma(cur_a, cur_b);
-          if (kt + 1 < p.k_tiles) fetch(next_a, next_b);
-          ++kt;
-        };
-        fetch(a0, b0);
-        while (true) {
-          step(a0, b0, a1, b1);
-          if (kt >= p.k_tiles) break;
-          step(a1, b1, a0, b0);
-          if (kt >= p.k_tiles) break;
-        }
-      }
-
-      // ---------------------------------------------------------------- epilogue
-      // acc[b][i]: weight row 16*warp + g + 8*((i>>1)&1) of block b (WPU = 2: of block `half`), token
-      // 8*(i>>2) + 2t + (i&1) of the tile.
-      // WPU = 2 with SwiGLU: the up block's warpgroup writes its accumulators to its slot's exchange buffer and
-      // is done with the tile; the gate block's reads them. Named barrier 1 + slot (both warpgroups of the slot,
-      // bar.sync on both sides): once after the write, once after the read, so the next tile's write cannot
-      // overtake this read. (An arrive on the writer's side would let it run ahead; compute-sanitizer's racecheck
-      // does not follow arrive-to-sync ordering and reports every access.)
-      [[maybe_unused]] float up_acc[WPU == 2 && EPI == Epilogue::kSwiGLU ? BT / 2 : 1];
-      if constexpr (WPU == 2 && EPI == Epilogue::kSwiGLU) {
-        float* xch = smem_xch + slot * (BT / 2) * 128;
-        if (half == 1) {
-#pragma unroll
-          for (int i = 0; i < BT / 2; ++i) xch[i * 128 + tid] = acc[0][i];
-          named_bar_sync(1 + slot, 256);  // written
-          named_bar_sync(1 + slot, 256);  // read
-          continue;
-        }
-        named_bar_sync(1 + slot, 256);
-#pragma unroll
-        for (int i = 0; i < BT / 2; ++i) up_acc[i] = xch[i * 128 + tid];
-        named_bar_sync(1 + slot, 256);
-      }
-      const int e = cur.e;
-      const int tok0 = t_idx * BT, rows_valid = min(BT, cur.rows - tok0);
-      const int64_t row_base = cur.row_begin + tok0;
-      const bool unit_ok = unit < p.units;
-      const float gsv = p.gs != nullptr ? __ldg(p.gs + e) : 0.0f;
-      if constexpr (EPI == Epilogue::kF32) {
-        const float al = __ldg(p.alpha0 + e) * kWeightUnscale;
-        float* out = static_cast<float*>(p.out);
-#pragma unroll
-        for (int b = 0; b < NB; ++b)
-#pragma unroll
-          for (int i = 0; i < BT / 2; ++i) {
-            const int col = unit * 128 + (b + half) * 64 + 16 * warp + g + 8 * ((i >> 1) & 1);
-            const int tok = 8 * (i >> 2) + 2 * t + (i & 1);
-            if (unit_ok && tok < rows_valid && col < p.n_out) out[(row_base + tok) * p.n_out + col] = acc[b][i] * al;
-          }
-      } else {
-        uint16_t* out = static_cast<uint16_t*>(p.out);
-        const float al0 = __ldg(p.alpha0 + e) * kWeightUnscale;
-        const float al1 = EPI == Epilogue::kSwiGLU ? __ldg(p.alpha1 + e) * kWeightUnscale : 0.0f;
-        // Output 64-column blocks of this warpgroup: SwiGLU 1 per unit; relu^2 its accumulator blocks.
-        constexpr int kBlocksOut = EPI == Epilogue::kSwiGLU ? 1 : NB;
-        // Quantization groups of this thread: (b, i0, ip) -> row r0 value acc[b][i0 + ip], row r0 + 8 value
-        // acc[b][i0 + ip + 2], token 8 * (i0 / 4) + 2t + ip; taken 8 at a time (quantize_groups).
-        struct GroupPos { int b, i0, ip; };
-        auto group_pos = [](int q) { return GroupPos{(q >> 1) / (BT / 8), ((q >> 1) % (BT / 8)) * 4, q & 1}; };
-        constexpr int kGroups = kBlocksOut * BT / 4;
-        constexpr int kBatch = kGroups < 8 ? kGroups : 8;
-        static_assert(kGroups % kBatch == 0, "whole batches");
-#pragma unroll
-        for (int q0 = 0; q0 < kGroups; q0 += kBatch) {
-          float v[kBatch][2];
-#pragma unroll
-          for (int qq = 0; qq < kBatch; ++qq) {
-            const auto [b, i0, ip] = group_pos(q0 + qq);
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-              const int i = i0 + ip + 2 * h;
-              float x;
-              if constexpr (EPI == Epilogue::kSwiGLU) {
-                float up;
-                if constexpr (WPU == 2) up = up_acc[i]; else up = acc[NB - 1][i];
-                x = silu_f32(acc[0][i] * al0) * (up * al1);
-              } else {
-                const float y = fmaxf(acc[b][i] * al0, 0.0f);
-                x = y * y;
-              }
-              v[qq][h] = fmt::bf16_round(x);
-            }
-          }
-          uint16_t o[kBatch][2];
-          if (p.gs != nullptr) {
-            quantize_groups<kBatch>(v, gsv, o);
-          } else {
-#pragma unroll
-            for (int qq = 0; qq < kBatch; ++qq)
-#pragma unroll
-              for (int h = 0; h < 2; ++h) o[qq][h] = fmt::bf16_from_float(v[qq][h]);
-          }
-#pragma unroll
-          for (int qq = 0; qq < kBatch; ++qq) {
-            const auto [b, i0, ip] = group_pos(q0 + qq);
-            const int tok = 8 * (i0 >> 2) + 2 * t + ip;
-            const int colb = (EPI == Epilogue::kSwiGLU ? unit * 64 : unit * 128 + (b + half) * 64) + 16 * warp + g;
-            if (unit_ok && tok < rows_valid) {
-              if (colb < p.n_out) out[(row_base + tok) * p.n_out + colb] = o[qq][0];
-              if (colb + 8 < p.n_out) out[(row_base + tok) * p.n_out + colb + 8] = o[qq][1];
-            }
-          }
-        }
-      }
-    }
+    consume_tiles<BT, WGS, STAGES, EPI, WPU, SYNC, false>(p, blockIdx.x, s, phase, sm.a, sm.w, sm.xch, sm.full0,
+                                                          sm.empty0, nullptr);
   }
 }
+
+// GEMM1 (EPI1: SwiGLU or relu^2, p1) and GEMM2 (f32, p2: the same experts and offsets, A = p1.out) in one
+// persistent launch (ChainSync above). The pipeline's stages and phases run on from GEMM1's tiles into
+// GEMM2's, so a CTA's first GEMM2 weights stream in while its consumers finish GEMM1.
+template <int BT, int WGS, int STAGES, Epilogue EPI1, int WPU = 1, bool SYNC = false>
+__global__ void __launch_bounds__((WGS + 1) * 128, 1)
+    sm90_nvfp4_chained_gemm_kernel(const __grid_constant__ CUtensorMap tmap_a1,
+                                   const __grid_constant__ CUtensorMap tmap_a2, const GemmParams p1,
+                                   const GemmParams p2, const ChainSync chain) {
+  static_assert(EPI1 != Epilogue::kF32, "GEMM1 of a chain: an activation epilogue");
+  using Tr = KernelTraits<BT, WGS, STAGES, EPI1, WPU, SYNC>;  // GEMM1's layout (its SwiGLU exchange)
+  extern __shared__ uint8_t smem_raw[];
+  const CtaSmem<Tr, STAGES> sm(smem_raw);
+  kernels::pdl_wait_then_allow_next();
+  int s = 0;
+  uint32_t phase = 0;
+  if (threadIdx.x < 128) {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(Tr::kProducerRegs));
+    if (threadIdx.x >= 32) return;
+    if (threadIdx.x == 0) {
+      asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&tmap_a1)) : "memory");
+      asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&tmap_a2)) : "memory");
+    }
+    int tiles = 0;
+    const int idx = produce_tiles<BT, WGS, STAGES, WPU, SYNC, false>(&tmap_a1, p1, blockIdx.x, s, phase, sm.a,
+                                                                     sm.w, sm.full0, sm.empty0, chain, tiles);
+    produce_tiles<BT, WGS, STAGES, WPU, SYNC, true>(&tmap_a2, p2, idx, s, phase, sm.a, sm.w, sm.full0, sm.empty0,
+                                                    chain, tiles);
+  } else {
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(Tr::kConsumerRegs));
+    const int idx = consume_tiles<BT, WGS, STAGES, EPI1, WPU, SYNC, true>(p1, blockIdx.x, s, phase, sm.a, sm.w,
+                                                                          sm.xch, sm.full0, sm.empty0, chain.done);
+    consume_tiles<BT, WGS, STAGES, Epilogue::kF32, WPU, SYNC, false>(p2, idx, s, phase, sm.a, sm.w, sm.xch,
+                                                                     sm.full0, sm.empty0, nullptr);
+  }
+}
+
 
 // ------------------------------------------------------------------------------------------- prepare
 // One thread per (expert, unit, k-tile, block, consumer thread): gathers its 32 codes and (t == 0) its row

@@ -98,6 +98,26 @@ struct Sm90GemmArgs {
 cudaError_t sm90_nvfp4_grouped_gemm(const Sm90GemmArgs& args, const Sm90GemmConfig& config, cudaStream_t stream,
                                     int num_sms = 0);
 
+// GEMM1 and GEMM2 of one expert group in ONE persistent launch (a chain): gemm1 with an activation epilogue
+// (kSwiGLU / kRelu2), gemm2 kF32 on the same experts and offsets, reading gemm1's output (gemm2.a ==
+// gemm1.out, gemm2's K = gemm1's output columns). Each CTA runs its GEMM1 tiles, then its GEMM2 tiles; a GEMM2
+// tile's weights stream in at once and its activation loads wait until every GEMM1 tile of its expert has been
+// stored (per-expert counters in device memory, release / acquire). Same bits as the two launches.
+// chain_counters: int32 [sm90_chain_counter_count(E)] in device memory, zero before the first launch (e.g.
+// cudaMemset once at allocation); every launch that completes leaves them zero, so nothing resets them per
+// forward (graph-safe). One buffer per stream of launches (two chains in flight at once must not share it).
+// The grid (num_sms) must fit on the device at once (one CTA per SM; a GEMM2 tile waits for GEMM1 tiles of
+// other CTAs): the launcher refuses a grid larger than the occupancy allows; under MPS limits on the SMs a
+// client sees, pass its SM count.
+// Only the configs of sm90_chained_configs() have a chained kernel (decode tiles, where the second launch's
+// fixed costs matter).
+const std::vector<Sm90GemmConfig>& sm90_chained_configs();
+bool sm90_chained_available(const Sm90GemmConfig& config);
+inline size_t sm90_chain_counter_count(int num_experts) { return 2 * static_cast<size_t>(num_experts > 0 ? num_experts : 0); }
+cudaError_t sm90_nvfp4_chained_gemms(const Sm90GemmArgs& gemm1, const Sm90GemmArgs& gemm2,
+                                     const Sm90GemmConfig& config, int32_t* chain_counters, cudaStream_t stream,
+                                     int num_sms = 0);
+
 const char* sm90_gemm_last_error_message();
 
 }  // namespace nvfp4moe::cuda

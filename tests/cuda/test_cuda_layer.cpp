@@ -703,6 +703,72 @@ TEST(CudaLayer, DeterministicAndPoisonProof) {
   }
 }
 
+// GEMM1 -> GEMM2 as one launch (sm90_nvfp4_chained_gemms: at T <= 64 when both GEMMs of a group pick a config
+// with a chained kernel) gives the bits of two launches (NVFP4MOE_CHAINED_GEMMS=0, read at creation), with the
+// routed group, the shared expert's own group, and the shared expert as expert E; also after the workspace
+// is poisoned (the chain's counters are not in it) and in a captured graph replayed several times (every
+// launch must leave the counters zero for the next).
+TEST(CudaLayer, ChainedGemmsBitIdenticalToTwoLaunches) {
+  LayerDims merged = kSmallSigmoid;
+  merged.name = "sigmoid-grouped+shared(I) E32 k6";
+  merged.shared_I = merged.I;
+  const LayerDims dims[] = {kSmallSoftmax, kSmallSigmoid, merged, {"E128 softmax k8", 128, 64, 128, 8}};
+  int chained_points = 0;
+  for (const LayerDims& d : dims)
+    for (Mode mode : {Mode::W4A16, Mode::W4A4}) {
+      SCOPED_TRACE(std::string(d.name) + " " + mode_name(mode));
+      ASSERT_EQ(setenv("NVFP4MOE_CHAINED_GEMMS", "0", 1), 0);
+      Harness two(d, mode, 80, 21);
+      ASSERT_EQ(unsetenv("NVFP4MOE_CHAINED_GEMMS"), 0);
+      Harness one(d, mode, 80, 21);
+      const int64_t H = one.H(), E = one.spec().num_experts;
+      for (int64_t T : {1, 2, 3, 5, 8, 64, 65}) {
+        SCOPED_TRACE("T=" + std::to_string(T));
+        bool any = false;
+        for (const auto& l : one.cuda->sm90_launches(T)) any = any || l.chained;
+        for (const auto& l : two.cuda->sm90_launches(T)) EXPECT_FALSE(l.chained);
+        chained_points += any;
+        const auto hidden = random_hidden(T, H, 300 + T);
+        const auto logits = random_logits(T, E, 400 + T);
+        for (Harness* h : {&two, &one}) {
+          h->hidden.put(hidden);
+          h->logits.put(logits);
+        }
+        two.forward_logits(T, two.out.p, DType::F32);
+        CUDA_OK(cudaDeviceSynchronize());
+        const auto ref = two.out.get(T * H);
+        for (int poison : {-1, 0xD5, 0xFF}) {
+          if (poison >= 0) CUDA_OK(cudaMemset(one.cuda->workspace(), poison, one.layer->workspace_bytes()));
+          CUDA_OK(cudaMemset(one.out.p, 0x7F, one.out.n * 4));
+          one.forward_logits(T, one.out.p, DType::F32);
+          CUDA_OK(cudaDeviceSynchronize());
+          ASSERT_EQ(std::memcmp(one.out.get(T * H).data(), ref.data(), ref.size() * 4), 0)
+              << "chained: " << any << ", poison " << poison;
+        }
+        if (T == 2) {  // a captured graph, replayed 3 times
+          cudaStream_t s;
+          CUDA_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+          cudaGraph_t g;
+          cudaGraphExec_t ge;
+          CUDA_OK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+          one.forward_logits(T, one.out.p, DType::F32, s);
+          CUDA_OK(cudaStreamEndCapture(s, &g));
+          CUDA_OK(cudaGraphInstantiate(&ge, g, 0));
+          for (int rep = 0; rep < 3; ++rep) {
+            CUDA_OK(cudaMemset(one.out.p, 0x7F, one.out.n * 4));
+            CUDA_OK(cudaGraphLaunch(ge, s));
+            CUDA_OK(cudaStreamSynchronize(s));
+            ASSERT_EQ(std::memcmp(one.out.get(T * H).data(), ref.data(), ref.size() * 4), 0) << "replay " << rep;
+          }
+          CUDA_OK(cudaGraphExecDestroy(ge));
+          CUDA_OK(cudaGraphDestroy(g));
+          CUDA_OK(cudaStreamDestroy(s));
+        }
+      }
+    }
+  EXPECT_GE(chained_points, 8) << "the chained path was hardly taken: the test checks nothing";
+}
+
 // A token's row is bitwise the same alone and among 6 or 299 other tokens.
 TEST(CudaLayer, BatchInvariance) {
   for (GemmPath gemm : kBothPaths)

@@ -477,6 +477,164 @@ TEST(Sm90GroupedGemm, SyncMmaBitIdenticalToWgmma) {
   EXPECT_GE(pairs, 3 * 4);  // every sync config, three epilogues
 }
 
+// GEMM1 -> GEMM2 in one launch (sm90_nvfp4_chained_gemms) against the two launches, bitwise: GEMM1's
+// activations (bf16, NVFP4-quantized or not) and GEMM2's f32 rows, every chained config, SwiGLU and relu^2,
+// masked units and K tails, empty experts, experts with several token tiles, all rows in one expert, the
+// decode pattern (8 single-row experts of 128) at real qwen3-30b shapes, and grids of 132, 7 and 1 CTAs (one CTA
+// waits in GEMM2 for its own GEMM1 tiles; 7 walk many tiles each). Repeated launches give the same bits and
+// leave the counters zero (what the next launch relies on).
+struct ChainCase {
+  const char* name;
+  int E, I, H;
+  std::vector<int> counts;
+};
+
+void run_chain_case(const ChainCase& cc, const Problem& p1, const Problem& p2, bool gated, bool quant,
+                    const Sm90GemmConfig& cfg, int num_sms) {
+  SCOPED_TRACE(::testing::Message() << cc.name << " gated=" << gated << " quant=" << quant << " cfg="
+                                    << to_string(cfg) << " sms=" << num_sms);
+  const int n1 = gated ? 2 * cc.I : cc.I;
+  const Sm90PreparedShape s1 = sm90_prepared_shape(cc.E, n1, cc.H, gated), s2 = sm90_prepared_shape(cc.E, cc.H, cc.I, false);
+  DevBuf<uint8_t> pk1(p1.packed), sc1(p1.scales), w1(s1.bytes), pk2(p2.packed), sc2(p2.scales), w2(s2.bytes);
+  CUDA_GEMM_OK(sm90_prepare_weights(pk1.p, sc1.p, s1, w1.p, nullptr));
+  CUDA_GEMM_OK(sm90_prepare_weights(pk2.p, sc2.p, s2, w2.p, nullptr));
+  DevBuf<uint16_t> a(p1.a);
+  DevBuf<int32_t> off(p1.offsets);
+  DevBuf<float> al0(p1.alpha0), al1(p1.alpha1), gs(p1.gs), al2(p2.alpha0);
+  const int64_t cap = p1.cap;
+  DevBuf<uint16_t> act(cap * cc.I), act_c(cap * cc.I);
+  DevBuf<float> y(cap * cc.H), y_c(cap * cc.H);
+  DevBuf<int32_t> counters(sm90_chain_counter_count(cc.E));
+  CUDA_GEMM_OK(cudaMemset(counters.p, 0, counters.n * 4));
+  Sm90GemmArgs g1;
+  g1.a = a.p;
+  g1.a_rows_capacity = cap;
+  g1.w = w1.p;
+  g1.shape = s1;
+  g1.offsets = off.p;
+  g1.alpha0 = al0.p;
+  g1.alpha1 = al1.p;
+  g1.gs = quant ? gs.p : nullptr;
+  g1.epilogue = gated ? Sm90GemmEpilogue::kSwiGLU : Sm90GemmEpilogue::kRelu2;
+  Sm90GemmArgs g2;
+  g2.a_rows_capacity = cap;
+  g2.w = w2.p;
+  g2.shape = s2;
+  g2.offsets = off.p;
+  g2.alpha0 = al2.p;
+  g2.epilogue = Sm90GemmEpilogue::kF32;
+  // Two launches (the reference path).
+  CUDA_GEMM_OK(cudaMemset(act.p, 0xFF, act.n * 2));
+  CUDA_GEMM_OK(cudaMemset(y.p, 0xFF, y.n * 4));
+  g1.out = act.p;
+  g2.a = act.p;
+  g2.out = y.p;
+  CUDA_GEMM_OK(sm90_nvfp4_grouped_gemm(g1, cfg, nullptr, num_sms));
+  CUDA_GEMM_OK(sm90_nvfp4_grouped_gemm(g2, cfg, nullptr, num_sms));
+  CUDA_GEMM_OK(cudaDeviceSynchronize());
+  const std::vector<uint16_t> act_ref = act.get();
+  const std::vector<float> y_ref = y.get();
+  int64_t written = 0;
+  for (int64_t i = 0; i < static_cast<int64_t>(p1.offsets[cc.E]) * cc.H; ++i) written += fmt::float_bits(y_ref[i]) != 0xFFFFFFFFu;
+  EXPECT_EQ(written, static_cast<int64_t>(p1.offsets[cc.E]) * cc.H) << "the two-launch reference left rows unwritten";
+  g1.out = act_c.p;
+  g2.a = act_c.p;
+  g2.out = y_c.p;
+  for (int rep = 0; rep < 3; ++rep) {
+    CUDA_GEMM_OK(cudaMemset(act_c.p, 0xFF, act_c.n * 2));
+    CUDA_GEMM_OK(cudaMemset(y_c.p, 0xFF, y_c.n * 4));
+    CUDA_GEMM_OK(sm90_nvfp4_chained_gemms(g1, g2, cfg, counters.p, nullptr, num_sms));
+    CUDA_GEMM_OK(cudaDeviceSynchronize());
+    const std::vector<uint16_t> ac = act_c.get();
+    const std::vector<float> yc = y_c.get();
+    ASSERT_EQ(0, std::memcmp(ac.data(), act_ref.data(), ac.size() * 2)) << "GEMM1 output differs, run " << rep;
+    int64_t differ = 0;
+    for (size_t i = 0; i < yc.size(); ++i) differ += fmt::float_bits(yc[i]) != fmt::float_bits(y_ref[i]);
+    ASSERT_EQ(differ, 0) << "of " << yc.size() << " GEMM2 outputs (whole buffer) differ, run " << rep;
+    const std::vector<int32_t> cnt = counters.get();
+    for (size_t i = 0; i < cnt.size(); ++i) ASSERT_EQ(cnt[i], 0) << "counter " << i << " not reset, run " << rep;
+  }
+}
+
+TEST(Sm90GroupedGemm, ChainedEqualsTwoLaunches) {
+  std::vector<int> decode(128, 0);
+  for (int e : {3, 17, 40, 41, 77, 90, 126, 127}) decode[e] = 1;
+  std::vector<int> one(6, 0);
+  one[2] = 70;  // five token tiles in one expert, the other experts empty
+  const ChainCase cases[] = {
+      {"mixed", 9, 208, 320, {1, 0, 3, 1, 17, 2, 0, 40, 1}},  // masked units (I = 208, H = 320), K tails
+      {"one-expert", 6, 192, 256, one},
+      {"qwen3-30b-decode", 128, 768, 2048, decode},
+  };
+  ASSERT_FALSE(sm90_chained_configs().empty());
+  for (const auto& cc : cases)
+    for (const bool gated : {true, false}) {
+      const Problem p1 = make_problem(cc.E, gated ? 2 * cc.I : cc.I, cc.H, gated, cc.counts, 77 + cc.E);
+      const Problem p2 = make_problem(cc.E, cc.H, cc.I, false, cc.counts, 99 + cc.E);
+      for (const auto& cfg : sm90_chained_configs()) {
+        ASSERT_TRUE(sm90_chained_available(cfg));
+        for (const bool quant : {false, true})
+          for (const int sms : {132, 7, 1}) {
+            if (sms != 132 && cc.E == 128 && quant) continue;  // the small grids: once per shape and epilogue
+            run_chain_case(cc, p1, p2, gated, quant, cfg, sms);
+            if (HasFatalFailure()) return;
+          }
+      }
+    }
+}
+
+TEST(Sm90GroupedGemm, ChainedRefusesMismatchedLaunches) {
+  const Sm90GemmConfig cfg = sm90_chained_configs()[0];
+  uint16_t* a = reinterpret_cast<uint16_t*>(256);
+  uint8_t* w = reinterpret_cast<uint8_t*>(512);
+  const int32_t* off = reinterpret_cast<const int32_t*>(1024);
+  float* f = reinterpret_cast<float*>(2048);
+  int32_t* counters = reinterpret_cast<int32_t*>(4096);
+  Sm90GemmArgs g1;
+  g1.a = a;
+  g1.a_rows_capacity = 8;
+  g1.w = w;
+  g1.shape = sm90_prepared_shape(4, 2 * 64, 128, true);
+  g1.offsets = off;
+  g1.alpha0 = f;
+  g1.alpha1 = f;
+  g1.out = a + 4096;
+  g1.epilogue = Sm90GemmEpilogue::kSwiGLU;
+  Sm90GemmArgs g2;
+  g2.a = a + 4096;
+  g2.a_rows_capacity = 8;
+  g2.w = w;
+  g2.shape = sm90_prepared_shape(4, 128, 64, false);
+  g2.offsets = off;
+  g2.alpha0 = f;
+  g2.out = f + 4096;
+  auto refused = [&](const Sm90GemmArgs& x1, const Sm90GemmArgs& x2, const Sm90GemmConfig& c, int32_t* cnt,
+                     const char* needle) {
+    EXPECT_EQ(sm90_nvfp4_chained_gemms(x1, x2, c, cnt, nullptr), cudaErrorInvalidValue) << needle;
+    EXPECT_NE(std::string(sm90_gemm_last_error_message()).find(needle), std::string::npos)
+        << sm90_gemm_last_error_message();
+  };
+  Sm90GemmArgs x = g2;
+  x.offsets = off + 8;
+  refused(g1, x, cfg, counters, "share the offsets");
+  x = g2;
+  x.a = a + 8192;
+  refused(g1, x, cfg, counters, "read gemm1's output");
+  x = g2;
+  x.shape = sm90_prepared_shape(4, 128, 128, false);
+  refused(g1, x, cfg, counters, "read gemm1's output");
+  refused(g1, g2, cfg, nullptr, "chain_counters");
+  x = g2;
+  x.epilogue = Sm90GemmEpilogue::kRelu2;
+  refused(g1, x, cfg, counters, "f32");
+  Sm90GemmConfig big{};
+  ASSERT_TRUE(sm90_gemm_config_by_name("bt128_s8_wg2", &big));
+  refused(g1, g2, big, counters, "no chained kernel");
+  EXPECT_EQ(sm90_nvfp4_chained_gemms(g1, g2, cfg, counters, nullptr, 100000), cudaErrorInvalidValue);
+  EXPECT_NE(std::string(sm90_gemm_last_error_message()).find("fit at once"), std::string::npos)
+      << sm90_gemm_last_error_message();
+}
+
 // The heuristic itself is host code: tests/cuda_host/test_sm90_pick_config.cpp (label cpu, runs in CI).
 
 TEST(Sm90GroupedGemm, RefusesBadArguments) {
