@@ -754,7 +754,7 @@ void CudaMoeLayer::forward(const TensorRef& hidden, const RoutingArgs& routing, 
       s2.out = y;
       s2.epilogue = Sm90GemmEpilogue::kF32;
       // Calibration measures GEMM1's output between the two GEMMs: never chained then.
-      if (!calibrating_ && chained(c1, c2, T)) {
+      if (!calibrating_ && chained(c1, c2, T, d.gated)) {
         s2.out = chain_y;
         check_sm90(sm90_nvfp4_chained_gemms(s1, s2, c1, chain_counters, stream, device_sm_count()),
                    routed ? "sm90 chained gemm1 + gemm2 (routed)" : "sm90 chained gemm1 + gemm2 (shared)");
@@ -861,8 +861,12 @@ Sm90GemmConfig CudaMoeLayer::pick_sm90(const Sm90PreparedShape& launch_shape, in
   return c;
 }
 
-bool CudaMoeLayer::chained(const Sm90GemmConfig& c1, const Sm90GemmConfig& c2, int64_t T) const {
-  return chain_enabled_ && T <= kChainMaxTokens && to_string(c1) == to_string(c2) && sm90_chained_available(c1);
+bool CudaMoeLayer::chained(const Sm90GemmConfig& c1, const Sm90GemmConfig& c2, int64_t T, bool gated) const {
+  // Gated (SwiGLU) groups only: measured faster there (qwen3-30b T = 1 / 2, qwen3-235b T = 1: -0.3..-1.4 us) and
+  // slower on the one non-gated model measured (nemotron-nano T = 1, relu^2, routed and shared groups chained:
+  // +1.9 us; bench/results/4df64cb-chained-ab/).
+  return chain_enabled_ && gated && T <= kChainMaxTokens && to_string(c1) == to_string(c2) &&
+         sm90_chained_available(c1);
 }
 
 std::vector<CudaMoeLayer::Sm90Launch> CudaMoeLayer::sm90_launches(int64_t T) const {
@@ -879,7 +883,8 @@ std::vector<CudaMoeLayer::Sm90Launch> CudaMoeLayer::sm90_launches(int64_t T) con
     out.push_back({"gemm1 shared", pick_sm90(shared_.w13_shape, T, 1, true)});
     out.push_back({"gemm2 shared", pick_sm90(shared_.w2_shape, T, 1, false)});
   }
-  for (size_t i = 0; i + 1 < out.size(); i += 2) out[i].chained = chained(out[i].config, out[i + 1].config, T);
+  for (size_t i = 0; i + 1 < out.size(); i += 2)
+    out[i].chained = chained(out[i].config, out[i + 1].config, T, (i == 0 ? routed_ : shared_).gated);
   return out;
 }
 

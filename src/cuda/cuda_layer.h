@@ -140,8 +140,8 @@ class CudaMoeLayer final : public MoeLayer {
   // The tile config of one sm90 launch: the override if set for that GEMM, else sm90_pick_config.
   Sm90GemmConfig pick_sm90(const Sm90PreparedShape& launch_shape, int64_t max_rows, int64_t experts,
                            bool gemm1) const;
-  // Whether a group's GEMM1 and GEMM2 (configs c1, c2) run as one chained launch at T tokens.
-  bool chained(const Sm90GemmConfig& c1, const Sm90GemmConfig& c2, int64_t T) const;
+  // Whether a group's GEMM1 and GEMM2 (configs c1, c2; gated: SwiGLU) run as one chained launch at T tokens.
+  bool chained(const Sm90GemmConfig& c1, const Sm90GemmConfig& c2, int64_t T, bool gated) const;
 
   GemmPath gemm_ = GemmPath::kSm90Wgmma;
   Sm90ConfigOverride sm90_override_;
@@ -179,8 +179,8 @@ class CudaMoeLayer final : public MoeLayer {
   float* sy_ = nullptr;
   float* sgate_ = nullptr;     // [T] sigmoid(x . shared_gate_weight)
 
-  // GEMM1 -> GEMM2 in one launch (sm90_nvfp4_chained_gemms) at T <= kChainMaxTokens, when both GEMMs of a
-  // group pick the same config and it has a chained kernel. GEMM2 then writes while other CTAs still run GEMM1,
+  // GEMM1 -> GEMM2 in one launch (sm90_nvfp4_chained_gemms) at T <= kChainMaxTokens, for gated (SwiGLU) groups
+  // whose two GEMMs pick the same config with a chained kernel. GEMM2 then writes while other CTAs still run GEMM1,
   // so its f32 output cannot alias GEMM1's operand rows (y_ does): chain_y_ / chain_sy_ hold it.
   // chain_counters_: the per-expert counters, their own allocation (zeroed once; every launch leaves them
   // zero; not in the workspace, which callers may overwrite between forwards). NVFP4MOE_CHAINED_GEMMS=0: off.
