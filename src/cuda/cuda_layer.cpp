@@ -740,8 +740,6 @@ void CudaMoeLayer::forward(const TensorRef& hidden, const RoutingArgs& routing, 
       s1.gs = (a4 && !calibrating_) ? d.gs2 : nullptr;
       s1.out = act;
       s1.epilogue = d.gated ? Sm90GemmEpilogue::kSwiGLU : Sm90GemmEpilogue::kRelu2;
-      s1.prefetch_w = d.w2_sm90;  // an L2 hint for experiment-9 builds (docs/gemm.md); ignored otherwise
-      s1.prefetch_shape = shape2;
       const Sm90GemmConfig c1 = pick_sm90(shape13, max_rows, experts, true);
       const Sm90GemmConfig c2 = pick_sm90(shape2, max_rows, experts, false);
       Sm90GemmArgs s2;

@@ -310,15 +310,6 @@ sm90::GemmParams make_params(const Sm90GemmArgs& args) {
   p.units = s.units;
   p.k_tiles = s.k_tiles;
   p.n_out = s.gated ? s.n / 2 : s.n;
-#if NVFP4MOE_SM90_DEQUANT_EXPERIMENT == 9 || NVFP4MOE_SM90_DEQUANT_EXPERIMENT == 10
-  const bool prefetch = args.prefetch_w != nullptr && args.prefetch_shape.num_experts == s.num_experts &&
-                        args.prefetch_shape.units > 0 && args.prefetch_shape.k_tiles > 0;
-  p.next_w = prefetch ? args.prefetch_w : nullptr;
-  p.next_units = prefetch ? args.prefetch_shape.units : 0;
-  p.next_k_tiles = prefetch ? args.prefetch_shape.k_tiles : 0;
-#else
-  (void)args.prefetch_w;
-#endif
   return p;
 }
 

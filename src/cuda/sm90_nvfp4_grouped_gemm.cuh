@@ -63,12 +63,6 @@ struct GemmParams {
   int units;                // weight units per expert (128 prepared rows each)
   int k_tiles;              // ceil(K / 64)
   int n_out;                // output columns: N (kF32, kRelu2) or N / 2 (kSwiGLU)
-#if NVFP4MOE_SM90_DEQUANT_EXPERIMENT == 9 || NVFP4MOE_SM90_DEQUANT_EXPERIMENT == 10
-  // Experiments 9, 10 (A/B builds only): the next launch's prepared weights (GEMM2's, with this launch's experts
-  // and offsets), prefetched into L2 by the CTAs that get no tile; nullptr: none.
-  const uint8_t* next_w;
-  int next_units, next_k_tiles;
-#endif
 };
 
 // ------------------------------------------------------------------------------------------- PTX helpers
@@ -107,23 +101,6 @@ __device__ __forceinline__ void bulk_load(uint32_t dst, const void* src, uint32_
                "l"(src), "r"(bytes), "r"(bar)
                : "memory");
 }
-#if NVFP4MOE_SM90_DEQUANT_EXPERIMENT == 10
-// Experiment 10: the same copy with an L2 cache-policy hint (createpolicy evict_first: weights are read once
-// per forward at decode, so they should not push out what is read again).
-__device__ __forceinline__ uint64_t l2_evict_first_policy() {
-  uint64_t pol;
-  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
-  return pol;
-}
-__device__ __forceinline__ void bulk_load_hint(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar,
-                                               uint64_t pol) {
-  asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;" ::"r"(
-          dst),
-      "l"(src), "r"(bytes), "r"(bar), "l"(pol)
-      : "memory");
-}
-#endif
 __device__ __forceinline__ uint4 lds128(uint32_t addr) {
   uint4 v;
   asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr));
@@ -396,17 +373,9 @@ __device__ __forceinline__ void dequant_ktile(const uint4 (&codes)[NB], uint32_t
 // k-loop two k-tiles ahead of its wgmma with wait<1>, measured slower at 69a6420 and removed: docs/gemm.md.)
 // 7: the wgmma consumers only wait for each stage and release it (no shared-memory reads, no dequantization, no
 // wgmma): what the data movement alone costs; 8: as 7, and the producer arrives on the full barrier without
-// loading anything (launch, tile cursor, barrier round trips and epilogue alone). 9 (correct results, a whole
-// tree can be built with it): the CTAs of a launch that get no tile (decode: GEMM1 of qwen3-30b T = 1 has 96
-// tiles on 132 CTAs) prefetch the next launch's weights into L2 (cp.async.bulk.prefetch.L2), so GEMM2 reads
-// them from L2 (docs/gemm.md, "Experiment 9"); 10 (correct results): 9, and every weight load carries an L2
-// evict_first hint (read once per forward at decode: the prefetched lines should outlive GEMM1's stream).
-#if NVFP4MOE_SM90_DEQUANT_EXPERIMENT == 9 || NVFP4MOE_SM90_DEQUANT_EXPERIMENT == 10
-inline constexpr uint32_t kPrefetchChunkBytes = 64 * 1024;
-__device__ __forceinline__ void prefetch_l2(const void* src, uint32_t bytes) {
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(src), "r"(bytes) : "memory");
-}
-#endif
+// loading anything (launch, tile cursor, barrier round trips and epilogue alone). (9, GEMM1's idle CTAs
+// prefetching GEMM2's weights into L2, and 10, 9 plus an L2 evict_first hint on every weight load, measured
+// slower at 4df64cb and removed: docs/gemm.md.)
 #if NVFP4MOE_SM90_DEQUANT_EXPERIMENT == 1 || NVFP4MOE_SM90_DEQUANT_EXPERIMENT == 2
 __device__ __forceinline__ void dequant_experiment(const uint4 (&codes)[2], const uint2 (&sc)[2],
                                                    uint32_t (&a)[2][16]) {
@@ -642,9 +611,6 @@ __device__ __forceinline__ int produce_tiles(const CUtensorMap* tmap_a, const Ge
   constexpr int UPT = Tr::kUnitsPerTile;
   const int n_ctiles = (p.units + UPT - 1) / UPT;
   const bool issuer = threadIdx.x == 0;
-#if NVFP4MOE_SM90_DEQUANT_EXPERIMENT == 10
-  const uint64_t weight_policy = l2_evict_first_policy();
-#endif
   TileCursor<BT> cur;
   for (; cur.template seek<kProducerExpertsPerLane>(p, n_ctiles, idx); idx += gridDim.x) {
     const int local = idx - cur.first;
@@ -708,13 +674,8 @@ __device__ __forceinline__ int produce_tiles(const CUtensorMap* tmap_a, const Ge
 #endif
 #pragma unroll
         for (int c = 0; c < UPT; ++c)
-#if NVFP4MOE_SM90_DEQUANT_EXPERIMENT == 10
-          bulk_load_hint(smem_u32(smem_w + s * Tr::kWBytes + c * kUnitBytes),
-                         wsrc[c] + static_cast<size_t>(kt) * kUnitBytes, kUnitBytes, full, weight_policy);
-#else
           bulk_load(smem_u32(smem_w + s * Tr::kWBytes + c * kUnitBytes),
                     wsrc[c] + static_cast<size_t>(kt) * kUnitBytes, kUnitBytes, full);
-#endif
         if (++s == STAGES) { s = 0; phase ^= 1; }
       }
       if (CHAINED && !ready) become_ready();
@@ -1080,28 +1041,9 @@ __global__ void __launch_bounds__((WGS + 1) * 128, 1)
     // Warp 0 walks the tiles (TileCursor::seek is warp-cooperative); its lane 0 issues the loads.
     if (threadIdx.x >= 32) return;
     if (threadIdx.x == 0) asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&tmap_a)) : "memory");
-    [[maybe_unused]] int tiles = 0;
+    int tiles = 0;
     produce_tiles<BT, WGS, STAGES, WPU, SYNC, false>(&tmap_a, p, blockIdx.x, s, phase, sm.a, sm.w, sm.full0,
                                                       sm.empty0, ChainSync{}, tiles);
-#if NVFP4MOE_SM90_DEQUANT_EXPERIMENT == 9 || NVFP4MOE_SM90_DEQUANT_EXPERIMENT == 10
-    // tiles = the launch's tile count (produce_tiles): a CTA with blockIdx.x at or past it had no tile.
-    // The idle CTAs split the active experts' regions of the next weights (contiguous per expert) into 64 KB
-    // chunks, chunk j to idle CTA j % idle, and prefetch theirs into L2 (a hint: nothing is written).
-    if (p.next_w != nullptr && static_cast<int>(blockIdx.x) >= tiles) {
-      const int idle = static_cast<int>(gridDim.x) - tiles, slot = static_cast<int>(blockIdx.x) - tiles;
-      const int lane = threadIdx.x & 31;
-      const size_t region = static_cast<size_t>(p.next_units) * p.next_k_tiles * kUnitBytes;
-      const int chunks = static_cast<int>((region + kPrefetchChunkBytes - 1) / kPrefetchChunkBytes);
-      const int all = p.num_experts * chunks;
-      for (int j = slot + idle * lane; j < all; j += idle * 32) {
-        const int e = j / chunks, c = j - e * chunks;
-        if (__ldg(p.offsets + e + 1) <= __ldg(p.offsets + e)) continue;  // an expert without rows
-        const size_t off = static_cast<size_t>(c) * kPrefetchChunkBytes;
-        prefetch_l2(p.next_w + static_cast<size_t>(e) * region + off,
-                    static_cast<uint32_t>(region - off < kPrefetchChunkBytes ? region - off : kPrefetchChunkBytes));
-      }
-    }
-#endif
   } else {
     // ---------------------------------------------------------------- consumers
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(Tr::kConsumerRegs));

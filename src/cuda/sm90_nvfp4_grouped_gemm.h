@@ -86,11 +86,6 @@ struct Sm90GemmArgs {
   const float* gs = nullptr;       // [E] device or nullptr: NVFP4-quantize the bf16 output (operand values)
   void* out = nullptr;             // f32 [capacity, N] (kF32) / bf16 [capacity, N or N/2]
   Sm90GemmEpilogue epilogue = Sm90GemmEpilogue::kF32;
-  // The next launch's prepared weights (GEMM2's for GEMM1: the same experts and offsets) and their geometry, or
-  // nullptr. A hint used only by an NVFP4MOE_SM90_EXPERIMENT=9 build (the CTAs without a tile prefetch them into
-  // L2); the engine's build ignores it. Never changes a result.
-  const uint8_t* prefetch_w = nullptr;
-  Sm90PreparedShape prefetch_shape;
 };
 
 // Launches the persistent grouped GEMM with config (one of sm90_gemm_configs()). Rows of out past offsets[E]

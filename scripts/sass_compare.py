@@ -1,0 +1,23 @@
+#!/usr/bin/env python3
+# Compares the device SASS of two object files (or cubins) per kernel, addresses and encodings stripped: which
+# kernels are identical, which differ (instruction counts). CUOBJDUMP: the cuobjdump binary (default: cuobjdump on
+# PATH; this machine has none: the triton wheel ships one, triton/backends/nvidia/bin/cuobjdump).
+#   python3 scripts/sass_compare.py old.o new.o
+import os, re, subprocess, sys
+CU=os.environ.get('CUOBJDUMP','cuobjdump')
+def funcs(o):
+    out=subprocess.run([CU,'-sass',o],capture_output=True,text=True).stdout
+    d={};cur=None
+    for l in out.split('\n'):
+        m=re.search(r'Function : (\S+)',l)
+        if m: cur=m.group(1); d[cur]=[]; continue
+        if cur is None: continue
+        l=re.sub(r'/\*[0-9a-f]{4}\*/','',l); l=re.sub(r'/\* 0x[0-9a-f]+ \*/','',l).rstrip()
+        if l.strip(): d[cur].append(l)
+    return d
+a=funcs(sys.argv[1]); b=funcs(sys.argv[2])
+same=diff=0
+for k in sorted(set(a)&set(b)):
+    if a[k]==b[k]: same+=1
+    else: diff+=1; print('DIFF',k[:110],len(a[k]),len(b[k]))
+print('only in first',len(set(a)-set(b)),'only in second',len(set(b)-set(a)),'same',same,'diff',diff)
