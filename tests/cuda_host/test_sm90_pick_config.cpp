@@ -120,6 +120,33 @@ TEST(Sm90PickConfig, SyncMmaWhereTheLayerMeasuredItFaster) {
   }
 }
 
+// The chained GEMM1 -> GEMM2 launch exists for listed configs only, and the decode points the docs name as
+// chained (qwen3-30b T = 1, 2; qwen3-235b T = 1: both GEMMs on one config with a chained kernel) pick such a pair,
+// while deepseek-v3 T = 1 (GEMM1 wg3, GEMM2 wg4) does not (the runner then makes two launches).
+TEST(Sm90PickConfig, ChainedConfigsAreListedAndTakenWhereTheDocsSay) {
+  ASSERT_FALSE(sm90_chained_configs().empty());
+  for (const auto& c : sm90_chained_configs()) {
+    EXPECT_TRUE(listed(c)) << to_string(c);
+    EXPECT_TRUE(sm90_chained_available(c)) << to_string(c);
+  }
+  Sm90GemmConfig prefill{};
+  ASSERT_TRUE(sm90_gemm_config_by_name("bt128_s8_wg2", &prefill));
+  EXPECT_FALSE(sm90_chained_available(prefill));
+  struct Point { const char* name; int64_t rows, experts; int units1, units2; bool chained; };
+  const Point points[] = {
+      {"qwen3-30b T=1", 8, 128, 12, 16, true},     // I = 768: 12 gated units; H = 2048: 16 units
+      {"qwen3-30b T=2", 16, 128, 12, 16, true},
+      {"qwen3-235b T=1", 8, 128, 24, 32, true},    // I = 1536, H = 4096
+      {"deepseek-v3 T=1", 9, 257, kDeepseekGemm1Units, kDeepseekGemm2Units, false},
+  };
+  for (const auto& pt : points) {
+    const Sm90GemmConfig c1 = sm90_pick_config(Sm90GemmLoad{pt.rows, pt.experts, pt.units1, kSms});
+    const Sm90GemmConfig c2 = sm90_pick_config(Sm90GemmLoad{pt.rows, pt.experts, pt.units2, kSms});
+    const bool chainable = to_string(c1) == to_string(c2) && sm90_chained_available(c1);
+    EXPECT_EQ(chainable, pt.chained) << pt.name << ": " << to_string(c1) << " / " << to_string(c2);
+  }
+}
+
 TEST(Sm90ConfigOverride, NamesRoundTripAndTheOverrideParses) {
   for (const auto& c : sm90_gemm_configs()) {
     Sm90GemmConfig back{};
