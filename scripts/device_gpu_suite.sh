@@ -53,6 +53,18 @@ if has sanitizer; then
     summary "sanitizer $tool: exit $rc"
     [ "$rc" = 0 ] || status=1
   done
+  # The chained GEMM1 -> GEMM2 kernel (its own barriers and phases): every tool, instrumenting that kernel only.
+  for tool in racecheck synccheck memcheck; do
+    echo "=== compute-sanitizer --tool $tool --kernel-name kns=chained --gtest_filter=CudaLayer.ChainedGemms*" \
+      >> "$OUT/$SHA-cuda-sanitizer.log"
+    timeout 120 "$SAN" --tool $tool --kernel-name kns=chained --error-exitcode 9 "$CARRY/cuda_test_cuda_layer" \
+      --gtest_color=no --gtest_brief=1 --gtest_filter='CudaLayer.ChainedGemms*' 2>&1 | tail -n 25 \
+      >> "$OUT/$SHA-cuda-sanitizer.log"
+    rc=${PIPESTATUS[0]}
+    echo "=== $tool (chained) exit $rc" >> "$OUT/$SHA-cuda-sanitizer.log"
+    summary "sanitizer $tool (chained kernel): exit $rc"
+    [ "$rc" = 0 ] || status=1
+  done
 fi
 
 if has python; then
