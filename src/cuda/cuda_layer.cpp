@@ -863,7 +863,7 @@ bool CudaMoeLayer::chained(const Sm90GemmConfig& c1, const Sm90GemmConfig& c2, i
   // Gated (SwiGLU) groups only: measured faster there (qwen3-30b T = 1 / 2, qwen3-235b T = 1: -0.3..-1.4 us) and
   // slower on the one non-gated model measured (nemotron-nano T = 1, relu^2, routed and shared groups chained:
   // +1.9 us; bench/results/4df64cb-chained-ab/).
-  return chain_enabled_ && gated && T <= kChainMaxTokens && to_string(c1) == to_string(c2) &&
+  return chain_enabled_ && gated && T <= kChainMaxTokens && c1 == c2 &&
          sm90_chained_available(c1);
 }
 

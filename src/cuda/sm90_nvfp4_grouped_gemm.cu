@@ -351,7 +351,7 @@ const std::vector<Sm90GemmConfig>& sm90_chained_configs() {
 
 bool sm90_chained_available(const Sm90GemmConfig& c) {
   for (const auto& x : sm90_chained_configs())
-    if (to_string(x) == to_string(c)) return true;
+    if (x == c) return true;
   return false;
 }
 

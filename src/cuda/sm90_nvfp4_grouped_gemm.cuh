@@ -602,11 +602,11 @@ __device__ __forceinline__ int32_t ld_acquire_gpu(const int32_t* p) {
 // ------------------------------------------------------------------------------------------- the tile walks
 // The producer's walk over one launch's tiles (warp 0 of warpgroup 0; lane 0 issues the loads), starting at
 // tile index idx with the pipeline at stage s / phase. Returns the index past the launch's tiles, relative to
-// the next launch of a chain; tiles = this launch's tile count. CHAINED: GEMM2 of a chain (A waits, above).
+// the next launch of a chain. CHAINED: GEMM2 of a chain (A waits, above).
 template <int BT, int WGS, int STAGES, int WPU, bool SYNC, bool CHAINED>
 __device__ __forceinline__ int produce_tiles(const CUtensorMap* tmap_a, const GemmParams& p, int idx, int& s,
                                              uint32_t& phase, uint8_t* smem_a, uint8_t* smem_w, uint32_t full0,
-                                             uint32_t empty0, const ChainSync& chain, int& tiles) {
+                                             uint32_t empty0, const ChainSync& chain) {
   using Tr = KernelTraits<BT, WGS, STAGES, Epilogue::kF32, WPU, SYNC>;  // stage sizes: the same for every EPI
   constexpr int UPT = Tr::kUnitsPerTile;
   const int n_ctiles = (p.units + UPT - 1) / UPT;
@@ -682,8 +682,7 @@ __device__ __forceinline__ int produce_tiles(const CUtensorMap* tmap_a, const Ge
     }
     __syncwarp();
   }
-  tiles = cur.first;  // after the failed seek: the launch's tile count
-  return idx - cur.first;
+  return idx - cur.first;  // after the failed seek cur.first is the launch's tile count
 }
 
 // The consumer warpgroups' walk over one launch's tiles, from tile index idx with the pipeline at stage s /
@@ -695,7 +694,6 @@ __device__ __forceinline__ int consume_tiles(const GemmParams& p, int idx, int& 
                                              uint32_t empty0, [[maybe_unused]] int32_t* done) {
   using Tr = KernelTraits<BT, WGS, STAGES, EPI, WPU, SYNC>;
   constexpr int UPT = Tr::kUnitsPerTile, NB = Tr::kBlocksPerWarpgroup;
-  constexpr bool kSignal = SIGNAL;
   const int n_ctiles = (p.units + UPT - 1) / UPT;
   const int c = static_cast<int>(threadIdx.x) / 128 - 1;
   const int slot = c / WPU, half = WPU == 2 ? c % 2 : 0;  // unit slot of the tile, block of the unit (WPU = 2)
@@ -985,7 +983,7 @@ __device__ __forceinline__ int consume_tiles(const GemmParams& p, int idx, int& 
         }
       }
     }
-    if constexpr (kSignal) {
+    if constexpr (SIGNAL) {
       // GEMM1 of a chained launch: this warpgroup's stores of the tile are done. Each thread orders its own
       // (generic-proxy) stores before the async proxy that GEMM2's TMA reads through, the warpgroup meets,
       // and one thread publishes the tile at GPU scope (release; GEMM2's producer acquires).
@@ -1041,9 +1039,8 @@ __global__ void __launch_bounds__((WGS + 1) * 128, 1)
     // Warp 0 walks the tiles (TileCursor::seek is warp-cooperative); its lane 0 issues the loads.
     if (threadIdx.x >= 32) return;
     if (threadIdx.x == 0) asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&tmap_a)) : "memory");
-    int tiles = 0;
     produce_tiles<BT, WGS, STAGES, WPU, SYNC, false>(&tmap_a, p, blockIdx.x, s, phase, sm.a, sm.w, sm.full0,
-                                                      sm.empty0, ChainSync{}, tiles);
+                                                      sm.empty0, ChainSync{});
   } else {
     // ---------------------------------------------------------------- consumers
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(Tr::kConsumerRegs));
@@ -1074,11 +1071,10 @@ __global__ void __launch_bounds__((WGS + 1) * 128, 1)
       asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&tmap_a1)) : "memory");
       asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&tmap_a2)) : "memory");
     }
-    int tiles = 0;
     const int idx = produce_tiles<BT, WGS, STAGES, WPU, SYNC, false>(&tmap_a1, p1, blockIdx.x, s, phase, sm.a,
-                                                                     sm.w, sm.full0, sm.empty0, chain, tiles);
+                                                                     sm.w, sm.full0, sm.empty0, chain);
     produce_tiles<BT, WGS, STAGES, WPU, SYNC, true>(&tmap_a2, p2, idx, s, phase, sm.a, sm.w, sm.full0, sm.empty0,
-                                                    chain, tiles);
+                                                    chain);
   } else {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(Tr::kConsumerRegs));
     const int idx = consume_tiles<BT, WGS, STAGES, EPI1, WPU, SYNC, true>(p1, blockIdx.x, s, phase, sm.a, sm.w,

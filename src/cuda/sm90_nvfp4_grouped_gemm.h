@@ -52,6 +52,7 @@ struct Sm90GemmConfig {
   // same registers (BT = 16 only; the same bits: sm90_nvfp4_grouped_gemm.cuh, KernelTraits).
   bool mma_sync = false;
   int units_per_tile() const { return consumer_warpgroups / warpgroups_per_unit; }
+  bool operator==(const Sm90GemmConfig&) const = default;
 };
 const std::vector<Sm90GemmConfig>& sm90_gemm_configs();
 std::string to_string(const Sm90GemmConfig& c);  // "bt16_s9_wg4", "bt16_s14_wg2_half" (2 warpgroups per unit),
