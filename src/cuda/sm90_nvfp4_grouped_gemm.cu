@@ -8,6 +8,7 @@
 #include <cmath>
 
 #include "cuda/sm90_nvfp4_grouped_gemm.cuh"
+#include "cuda/sm90_nvfp4_warp_stream_gemm.cuh"
 
 namespace nvfp4moe::cuda {
 namespace {
@@ -34,6 +35,12 @@ cudaError_t fail(const std::string& msg) {
   X(32, 12, 3, 1, 0)  /* 17..32 rows per expert, 3 consumer warpgroups */                                         \
   X(64, 10, 2, 1, 0)  /* 33..64 rows per expert */                                                              \
   X(128, 8, 2, 1, 0)  /* prefill: > 64 rows per expert */
+
+// The warp-streaming decode configs (sm90_nvfp4_warp_stream_gemm.cuh): X(warps per CTA, k-tile slots per warp),
+// each for every epilogue; shared memory = warps x slots x 2176 bytes (one CTA per SM).
+#define NVFP4MOE_SM90_WARP_STREAM_CONFIGS(X) \
+  X(12, 8)                                   \
+  X(16, 6)
 
 // The configs with a chained kernel (GEMM1 -> GEMM2 in one launch, sm90_nvfp4_chained_gemms), each for the
 // SwiGLU and relu^2 GEMM1: the decode tiles that the heuristic picks for both GEMMs of one layer (the half tile:
@@ -116,6 +123,28 @@ cudaError_t launch_chained(const CUtensorMap& map1, const CUtensorMap& map2, con
   return launch_pdl(kernel, dim3(grid), dim3(Tr::kThreads), Tr::kSmemBytes, stream, map1, map2, p1, p2, chain);
 }
 
+template <int WARPS, int DEPTH, sm90::Epilogue EPI>
+cudaError_t launch_warp_stream(const Sm90GemmArgs& args, const sm90::GemmParams& p, int grid, cudaStream_t stream) {
+  using Tr = sm90::WarpStreamTraits<WARPS, DEPTH, EPI>;
+  auto kernel = sm90::sm90_nvfp4_warp_stream_gemm_kernel<WARPS, DEPTH, EPI>;
+  int fit = 0;
+  if (const cudaError_t e = kernel_ready<Tr>(kernel, &fit); e != cudaSuccess) return e;
+  return launch_pdl(kernel, dim3(grid), dim3(Tr::kThreads), Tr::kSmemBytes, stream, args.a, args.shape.k, p);
+}
+
+template <int WARPS, int DEPTH>
+cudaError_t launch_warp_stream_epi(const Sm90GemmArgs& args, const sm90::GemmParams& p, int grid,
+                                   cudaStream_t stream) {
+  switch (args.epilogue) {
+    case Sm90GemmEpilogue::kF32: return launch_warp_stream<WARPS, DEPTH, sm90::Epilogue::kF32>(args, p, grid, stream);
+    case Sm90GemmEpilogue::kSwiGLU:
+      return launch_warp_stream<WARPS, DEPTH, sm90::Epilogue::kSwiGLU>(args, p, grid, stream);
+    case Sm90GemmEpilogue::kRelu2:
+      return launch_warp_stream<WARPS, DEPTH, sm90::Epilogue::kRelu2>(args, p, grid, stream);
+  }
+  return fail("sm90_nvfp4_grouped_gemm: unknown epilogue");
+}
+
 template <int BT, int STAGES, int WGS, int WPU, bool SYNC>
 cudaError_t launch_epi(Sm90GemmEpilogue epi, const CUtensorMap& map, const sm90::GemmParams& p, int grid,
                        cudaStream_t stream) {
@@ -165,11 +194,17 @@ const std::vector<Sm90GemmConfig>& sm90_gemm_configs() {
 #define NVFP4MOE_X(bt, st, wgs, wpu, sync) Sm90GemmConfig{bt, st, wgs, wpu, sync != 0},
       NVFP4MOE_SM90_GEMM_CONFIGS(NVFP4MOE_X)
 #undef NVFP4MOE_X
+#define NVFP4MOE_X(warps, depth) Sm90GemmConfig{sm90::kWsTokens, depth, warps / 4, 1, false, true},
+      NVFP4MOE_SM90_WARP_STREAM_CONFIGS(NVFP4MOE_X)
+#undef NVFP4MOE_X
   };
   return list;
 }
 
 std::string to_string(const Sm90GemmConfig& c) {
+  if (c.warp_stream)
+    return "ws" + std::to_string(c.block_t) + "_s" + std::to_string(c.stages) + "_w" +
+           std::to_string(4 * c.consumer_warpgroups);
   return "bt" + std::to_string(c.block_t) + "_s" + std::to_string(c.stages) + "_wg" +
          std::to_string(c.consumer_warpgroups) + (c.warpgroups_per_unit == 2 ? "_half" : "") +
          (c.mma_sync ? "_sync" : "");
@@ -185,6 +220,7 @@ bool sm90_gemm_config_by_name(const std::string& name, Sm90GemmConfig* out) {
 }
 
 bool sm90_gemm_mma_twin(const Sm90GemmConfig& c, bool mma_sync, Sm90GemmConfig* out) {
+  if (c.warp_stream) return false;  // its own kernel, mma.sync only
   Sm90GemmConfig twin = c;
   twin.mma_sync = mma_sync;
   return sm90_gemm_config_by_name(to_string(twin), out);
@@ -204,12 +240,15 @@ Sm90GemmConfig sm90_pick_config(const Sm90GemmLoad& load) {
   const bool few = rows_per_expert < 0.5;
   const Sm90GemmConfig* best = nullptr;
   for (const auto& c : list) {
-    if (rows_per_expert > c.block_t || c.warpgroups_per_unit != 1 || c.mma_sync) continue;  // picked below only
+    if (rows_per_expert > c.block_t || c.warpgroups_per_unit != 1 || c.mma_sync || c.warp_stream)
+      continue;  // picked below only
     if (best == nullptr) { best = &c; continue; }
     if (c.block_t != best->block_t) continue;
     if (few ? c.consumer_warpgroups == 2 : c.consumer_warpgroups > best->consumer_warpgroups) best = &c;
   }
-  if (best == nullptr) best = &list.back();
+  if (best == nullptr)  // more rows per expert than any tile: the largest (prefill) tile
+    for (const auto& c : list)
+      if (!c.warp_stream && (best == nullptr || c.block_t > best->block_t)) best = &c;
   if (load.units <= 0 || load.num_sms <= 0 || load.max_rows <= 0) return *best;
   // With the units and the SMs known: the config of this token tile with the least estimated time, waves of
   // CTA tiles x the time of one tile. A tile is W weight units, one per consumer warpgroup; the dequant chain
@@ -241,7 +280,7 @@ Sm90GemmConfig sm90_pick_config(const Sm90GemmLoad& load) {
   };
   const int bt = best->block_t;
   for (const auto& c : list) {
-    if (c.block_t != bt || c.mma_sync) continue;
+    if (c.block_t != bt || c.mma_sync || c.warp_stream) continue;
     const double d = cost(c) - cost(*best);
     // Ties: whole units first, then the most consumer warpgroups.
     const bool tie_better = c.warpgroups_per_unit < best->warpgroups_per_unit ||
@@ -326,6 +365,17 @@ cudaError_t sm90_nvfp4_grouped_gemm(const Sm90GemmArgs& args, const Sm90GemmConf
                                     int num_sms) {
   const std::string who = "sm90_nvfp4_grouped_gemm";
   if (std::string m = check_args(args, who); !m.empty()) return fail(m);
+  if (config.warp_stream) {  // no TMA: every warp copies its own rows
+    const sm90::GemmParams p = make_params(args);
+    if (num_sms <= 0)
+      if (const cudaError_t e = device_sm_count(&num_sms); e != cudaSuccess) return e;
+#define NVFP4MOE_X(warps, depth)                                                                    \
+    if (config.block_t == sm90::kWsTokens && config.stages == depth && 4 * config.consumer_warpgroups == warps) \
+      return launch_warp_stream_epi<warps, depth>(args, p, num_sms, stream);
+    NVFP4MOE_SM90_WARP_STREAM_CONFIGS(NVFP4MOE_X)
+#undef NVFP4MOE_X
+    return fail(who + ": config " + to_string(config) + " is not in the instantiated list");
+  }
   CUtensorMap map;
   if (std::string m = make_a_map(args, config.block_t, &map, who); !m.empty()) return fail(m);
   const sm90::GemmParams p = make_params(args);

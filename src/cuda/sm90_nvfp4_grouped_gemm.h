@@ -51,12 +51,18 @@ struct Sm90GemmConfig {
   // The consumers' MMA: false = wgmma (warpgroup-wide, asynchronous), true = mma.sync m16n8k16 per warp on the
   // same registers (BT = 16 only; the same bits: sm90_nvfp4_grouped_gemm.cuh, KernelTraits).
   bool mma_sync = false;
+  // The warp-streaming decode kernel (sm90_nvfp4_warp_stream_gemm.cuh) instead of the tile kernel: every warp
+  // streams its own 32 weight rows over all of K for up to block_t = 8 token rows (cp.async ring of `stages`
+  // k-tiles per warp, mma.sync), consumer_warpgroups * 4 warps per CTA, pieces spread evenly over the grid.
+  // The same bits as the tile configs.
+  bool warp_stream = false;
   int units_per_tile() const { return consumer_warpgroups / warpgroups_per_unit; }
   bool operator==(const Sm90GemmConfig&) const = default;
 };
 const std::vector<Sm90GemmConfig>& sm90_gemm_configs();
 std::string to_string(const Sm90GemmConfig& c);  // "bt16_s9_wg4", "bt16_s14_wg2_half" (2 warpgroups per unit),
-                                                  // "bt16_s9_wg4_sync" (mma.sync consumers)
+                                                  // "bt16_s9_wg4_sync" (mma.sync consumers), "ws8_s8_w12"
+                                                  // (warp streaming: 8 token rows, 8 k-tile slots, 12 warps)
 // The listed config of that name (to_string's form), or false.
 bool sm90_gemm_config_by_name(const std::string& name, Sm90GemmConfig* out);
 // The listed config with c's tile and the given consumers' MMA (mma.sync or wgmma), or false (no such twin).

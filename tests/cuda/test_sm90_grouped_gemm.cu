@@ -430,7 +430,8 @@ TEST(Sm90GroupedGemm, BatchInvariance) {
   }
 }
 
-// The mma.sync consumers (configs *_sync) against their wgmma twins, bitwise: the same k16 dot products in the
+// The mma.sync consumers (configs *_sync, and the warp-streaming ws* kernel against bt16_s14_wg2) against their
+// wgmma twins, bitwise: the same k16 dot products in the
 // same order into one fp32 accumulator, on adversarial activations (exponents over 2^-60 .. 2^40, both signs,
 // exact cancellations: x and -x in one k16 step) and weights with subnormal and zero block scales, at 1..16
 // rows per expert (mma.sync runs one n-tile of 8 tokens up to 8 rows, two above), every epilogue.
@@ -454,9 +455,11 @@ TEST(Sm90GroupedGemm, SyncMmaBitIdenticalToWgmma) {
                                                                                      Sm90GemmEpilogue::kRelu2};
     for (const Sm90GemmEpilogue epi : epis)
       for (const auto& sync_cfg : sm90_gemm_configs()) {
-        if (!sync_cfg.mma_sync) continue;
+        if (!sync_cfg.mma_sync && !sync_cfg.warp_stream) continue;
         Sm90GemmConfig twin{};
-        ASSERT_TRUE(sm90_gemm_mma_twin(sync_cfg, false, &twin)) << to_string(sync_cfg);
+        // The warp-streaming configs (mma.sync per 32-row piece, own kernel) against the wgmma decode tile.
+        if (sync_cfg.warp_stream) ASSERT_TRUE(sm90_gemm_config_by_name("bt16_s14_wg2", &twin));
+        else ASSERT_TRUE(sm90_gemm_mma_twin(sync_cfg, false, &twin)) << to_string(sync_cfg);
         SCOPED_TRACE(::testing::Message() << to_string(sync_cfg) << " epi=" << epi_name(epi));
         for (const bool quant : {false, true}) {
           if (quant && epi == Sm90GemmEpilogue::kF32) continue;
@@ -474,7 +477,7 @@ TEST(Sm90GroupedGemm, SyncMmaBitIdenticalToWgmma) {
         ++pairs;
       }
   }
-  EXPECT_GE(pairs, 3 * 4);  // every sync config, three epilogues
+  EXPECT_GE(pairs, 3 * 6);  // every sync and warp-streaming config, three epilogues
 }
 
 // GEMM1 -> GEMM2 in one launch (sm90_nvfp4_chained_gemms) against the two launches, bitwise: GEMM1's

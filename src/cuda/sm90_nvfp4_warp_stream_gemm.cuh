@@ -1,0 +1,215 @@
+// sm90_nvfp4_warp_stream_gemm.cuh: the decode grouped GEMM in which every warp streams its own weight rows.
+// Device code only; the same prepared weights, arguments, epilogues and bits as sm90_nvfp4_grouped_gemm.cuh
+// (whose dequantization, MMA wrapper, tile cursor and quantizer it uses).
+//
+// Why a second kernel: at decode (a few rows per expert) the tile GEMM has one unit (128 weight rows) per
+// consumer warpgroup and k-tile stages shared by the CTA; with 96..288 units on 132 SMs most SMs get 1..3
+// units, so the work is either spread over too few SMs (qwen3-30b T = 1: 96 CTAs) or has a one-unit tail
+// (deepseek-v3 T = 1: 288 units, 2.18 per SM), and each k-tile pays a CTA-wide handshake. The mma.sync MMA works
+// per warp on exactly one warp's share of a unit (16 rows of each of its two 64-row blocks: the 16 bytes of
+// codes per thread and the scale words of its row pairs), so the work unit here is that "piece": 32 weight rows
+// (rows 16 s .. 16 s + 15 of both blocks of a unit, s = 0..3) over all of K, for one token tile of up to 8 rows.
+// 4 x units pieces per expert and token tile; pieces go round-robin over all warps of the grid (CTA fastest, so
+// every SM gets an equal share: deepseek-v3 T = 1 has 1152 GEMM1 pieces, 8 or 9 per SM).
+//
+// Each warp runs its pieces alone: no producer warp, no CTA barrier, no mbarrier. A ring of DEPTH k-tile slots
+// per warp in shared memory is filled by the warp's own cp.async (each lane copies its 2 x 16 code bytes and
+// its scale word, and 2 of the token tile's 64 16-byte chunks, zero-filled past the tile's rows and past K),
+// DEPTH - 1 k-tiles ahead of the MMA. Per k-tile: wait for the oldest group, read the slot (the lane's own
+// codes and scale word, the token tile by ldmatrix), refill the slot read one k-tile before, dequantize
+// (dequant_ktile<2>: the same conversion as every other config), 8 mma.sync m16n8k16 (two accumulator chains,
+// the gate / up or the two 64-row blocks), each accumulator summing the k16 steps in order from zero: the
+// same bits as the tile kernels (tested bitwise against them, and batch invariance over every config).
+#pragma once
+
+#include "cuda/sm90_nvfp4_grouped_gemm.cuh"
+
+namespace nvfp4moe::cuda::sm90 {
+
+// One warp's k-tile slot: codes of the two blocks (32 lanes x 16 B each), the lanes' scale words (32 x 4 B;
+// lane (g, t) holds word t % 2 of block t / 2 of row pair g, as dequant_ktile<2> expects), the token tile (8
+// rows x 64 bf16, chunk c of row r at 16 (c ^ r): conflict-free ldmatrix).
+inline constexpr int kWsCodeOffset = 0;
+inline constexpr int kWsScaleOffset = 1024;
+inline constexpr int kWsTokenOffset = 1152;
+inline constexpr int kWsSlotBytes = 2176;
+inline constexpr int kWsTokens = 8;         // token rows per piece: one n-tile of mma.m16n8k16
+inline constexpr int kWsPiecesPerUnit = 4;  // warp slices s of a unit
+
+template <int WARPS, int DEPTH, Epilogue EPI>
+struct WarpStreamTraits {  // (EPI only so that each kernel gets its own one-time launch check, kernel_ready)
+  static_assert(DEPTH >= 2, "a ring of at least two k-tile slots");
+  static constexpr int kThreads = WARPS * 32;
+  static constexpr int kSmemBytes = WARPS * DEPTH * kWsSlotBytes;
+  static constexpr int kRegsNeeded = 0;  // no setmaxnreg: the launch's own register count is what it needs
+  static_assert(kSmemBytes <= 232448, "shared memory per block");
+};
+
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, uint32_t src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
+}
+__device__ __forceinline__ void cp_async4(uint32_t dst, const void* src) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(dst), "l"(src) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+
+// a: bf16 [rows, k] (the rows of p.offsets); k: the element count of a row (K % 16 == 0).
+template <int WARPS, int DEPTH, Epilogue EPI>
+__global__ void __launch_bounds__(WARPS * 32, 1)
+    sm90_nvfp4_warp_stream_gemm_kernel(const uint16_t* __restrict__ a, const int k, const GemmParams p) {
+  extern __shared__ __align__(128) uint8_t ws_smem[];
+  const int warp = static_cast<int>(threadIdx.x) >> 5, lane = static_cast<int>(threadIdx.x) & 31;
+  const int g = lane >> 2, t = lane & 3;
+  const uint32_t ring = smem_u32(ws_smem) + static_cast<uint32_t>(warp * DEPTH * kWsSlotBytes);
+  // Nothing above touched global memory: from here on after the previous kernel of the stream (PDL).
+  kernels::pdl_wait_then_allow_next();
+  const int n_pieces = p.units * kWsPiecesPerUnit;  // per expert and token tile
+  // ldmatrix.x4 lane l addresses token row l % 8, 16-byte chunk 4h + l / 8 of the slot's token tile.
+  const uint32_t ldsm_off = (lane & 7) * 128 + (((lane >> 3) ^ (lane & 7)) << 4);
+  TileCursor<kWsTokens> cur;
+  for (int idx = warp * static_cast<int>(gridDim.x) + static_cast<int>(blockIdx.x);
+       cur.template seek<kConsumerExpertsPerLane>(p, n_pieces, idx); idx += WARPS * static_cast<int>(gridDim.x)) {
+    const int local = idx - cur.first;
+    const int n_idx = local / cur.ttiles, t_idx = local - n_idx * cur.ttiles;
+    const int unit = n_idx / kWsPiecesPerUnit, slice = n_idx % kWsPiecesPerUnit;
+    const int tok0 = t_idx * kWsTokens, tile_rows = min(kWsTokens, cur.rows - tok0);
+    const int64_t row_base = cur.row_begin + tok0;
+    const uint8_t* wunit = p.w + (static_cast<size_t>(cur.e) * p.units + unit) * p.k_tiles * kUnitBytes;
+    const uint8_t* wcode = wunit + slice * 512 + lane * 16;
+    const uint8_t* wscale = wunit + scale_word_offset<2>(slice, g, t);
+    // This lane's two token-tile chunks: 16-byte chunk c of row r for chunk index lane and lane + 32.
+    const uint16_t* asrc[2];
+    uint32_t adst[2];
+    bool arow_ok[2];
+    int acol[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int chunk = lane + 32 * h, r = chunk >> 3, c = chunk & 7;
+      arow_ok[h] = r < tile_rows;
+      acol[h] = 8 * c;
+      asrc[h] = a + (row_base + (arow_ok[h] ? r : 0)) * static_cast<int64_t>(k) + 8 * c;
+      adst[h] = static_cast<uint32_t>(kWsTokenOffset + r * 128 + ((c ^ r) << 4));
+    }
+    // Fills the slot of k-tile kt (if any) and closes one cp.async group either way, so that "all but the
+    // newest DEPTH - 2 groups done" always means "k-tile kt done" in the loop below.
+    auto issue = [&](int kt, uint32_t slot) {
+      if (kt < p.k_tiles) {
+        const size_t wk = static_cast<size_t>(kt) * kUnitBytes;
+        cp_async16(slot + kWsCodeOffset + lane * 16, wcode + wk, 16);
+        cp_async16(slot + kWsCodeOffset + 512 + lane * 16, wcode + kChunkBytes + wk, 16);
+        cp_async4(slot + kWsScaleOffset + lane * 4, wscale + wk);
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const bool ok = arow_ok[h] && kt * kBlockK + acol[h] < k;  // zero past the rows and past K
+          cp_async16(slot + adst[h], ok ? asrc[h] + kt * kBlockK : a, ok ? 16u : 0u);
+        }
+      }
+      cp_async_commit();
+    };
+    float acc[2][4];
+#pragma unroll
+    for (int b = 0; b < 2; ++b)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc[b][i] = 0.0f;
+    auto slot_of = [&](int s) { return ring + static_cast<uint32_t>(s * kWsSlotBytes); };
+#pragma unroll
+    for (int d = 0; d < DEPTH - 1; ++d) issue(d, slot_of(d));
+    int s_read = 0, s_fill = DEPTH - 1;
+    for (int kt = 0; kt < p.k_tiles; ++kt) {
+      cp_async_wait<DEPTH - 2>();  // this lane's copies of k-tile kt are in
+      __syncwarp();                // and every lane's (the token tile is read across lanes)
+      const uint32_t slot = slot_of(s_read);
+      uint4 codes[2];
+      codes[0] = lds128(slot + kWsCodeOffset + lane * 16);
+      codes[1] = lds128(slot + kWsCodeOffset + 512 + lane * 16);
+      const uint32_t sw = lds32(slot + kWsScaleOffset + lane * 4);
+      uint32_t bf[4][2];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {  // chunks 4h .. 4h + 3: k16 steps 2h, 2h + 1
+        uint32_t q[4];
+        ldmatrix_x4(slot + kWsTokenOffset + (ldsm_off ^ (h << 6)), q);
+        bf[2 * h][0] = q[0];
+        bf[2 * h][1] = q[1];
+        bf[2 * h + 1][0] = q[2];
+        bf[2 * h + 1][1] = q[3];
+      }
+      __syncwarp();  // every lane has read slot kt - 1's successor; the slot read last k-tile is free
+      issue(kt + DEPTH - 1, slot_of(s_fill));
+      if (++s_read == DEPTH) s_read = 0;
+      if (++s_fill == DEPTH) s_fill = 0;
+      uint32_t af[2][16];
+      dequant_ktile<2>(codes, sw, af);
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+#pragma unroll
+        for (int b = 0; b < 2; ++b) {
+          const uint32_t fr[4] = {af[b][4 * j], af[b][4 * j + 1], af[b][4 * j + 2], af[b][4 * j + 3]};
+          mma_16816(acc[b], fr, bf[j][0], bf[j][1]);
+        }
+    }
+    cp_async_wait<0>();  // the empty groups past K (nothing in flight into a slot the next piece reuses)
+
+    // ---------------------------------------------------------------- epilogue (the tile kernels' arithmetic)
+    // acc[b][i]: weight row 16 slice + g + 8 ((i >> 1) & 1) of block b, token tok0 + 2t + (i & 1).
+    const int e = cur.e;
+    if constexpr (EPI == Epilogue::kF32) {
+      const float al = __ldg(p.alpha0 + e) * kWeightUnscale;
+      float* out = static_cast<float*>(p.out);
+#pragma unroll
+      for (int b = 0; b < 2; ++b)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const int col = unit * 128 + b * 64 + 16 * slice + g + 8 * ((i >> 1) & 1);
+          const int tok = 2 * t + (i & 1);
+          if (tok < tile_rows && col < p.n_out) out[(row_base + tok) * p.n_out + col] = acc[b][i] * al;
+        }
+    } else {
+      uint16_t* out = static_cast<uint16_t*>(p.out);
+      const float al0 = __ldg(p.alpha0 + e) * kWeightUnscale;
+      const float al1 = EPI == Epilogue::kSwiGLU ? __ldg(p.alpha1 + e) * kWeightUnscale : 0.0f;
+      const float gsv = p.gs != nullptr ? __ldg(p.gs + e) : 0.0f;
+      // Quantization groups of this thread (16 output columns of one token): q -> block b = q / 2 (relu^2; SwiGLU
+      // has one output block), token 2t + q % 2, rows r0 (i = q % 2) and r0 + 8 (i + 2).
+      constexpr int kGroups = EPI == Epilogue::kSwiGLU ? 2 : 4;
+      float v[kGroups][2];
+#pragma unroll
+      for (int q = 0; q < kGroups; ++q)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int i = (q & 1) + 2 * h;
+          float x;
+          if constexpr (EPI == Epilogue::kSwiGLU) {
+            x = silu_f32(acc[0][i] * al0) * (acc[1][i] * al1);
+          } else {
+            const float y = fmaxf(acc[q >> 1][i] * al0, 0.0f);
+            x = y * y;
+          }
+          v[q][h] = fmt::bf16_round(x);
+        }
+      uint16_t o[kGroups][2];
+      if (p.gs != nullptr) {
+        quantize_groups<kGroups>(v, gsv, o);
+      } else {
+#pragma unroll
+        for (int q = 0; q < kGroups; ++q)
+#pragma unroll
+          for (int h = 0; h < 2; ++h) o[q][h] = fmt::bf16_from_float(v[q][h]);
+      }
+#pragma unroll
+      for (int q = 0; q < kGroups; ++q) {
+        const int tok = 2 * t + (q & 1);
+        const int colb = (EPI == Epilogue::kSwiGLU ? unit * 64 : unit * 128 + (q >> 1) * 64) + 16 * slice + g;
+        if (tok < tile_rows) {
+          if (colb < p.n_out) out[(row_base + tok) * p.n_out + colb] = o[q][0];
+          if (colb + 8 < p.n_out) out[(row_base + tok) * p.n_out + colb + 8] = o[q][1];
+        }
+      }
+    }
+  }
+}
+
+}  // namespace nvfp4moe::cuda::sm90
