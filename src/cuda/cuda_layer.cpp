@@ -253,6 +253,8 @@ CudaMoeLayer::CudaMoeLayer(MoeWeights w, const MoeLayerOptions& options, GemmPat
     if (gemm_ == GemmPath::kSm90Wgmma) {
       const char* v = std::getenv("NVFP4MOE_CHAINED_GEMMS");  // A/B switch: "0" = two launches per group
       chain_enabled_ = v == nullptr || v[0] == '\0' || std::strcmp(v, "0") != 0;
+      const char* ws = std::getenv("NVFP4MOE_WARP_STREAM");  // A/B switch: "0" = the tile rule at decode too
+      warp_stream_enabled_ = ws == nullptr || ws[0] == '\0' || std::strcmp(ws, "0") != 0;
       // Zero once; every chained launch leaves the counters zero (sm90_nvfp4_chained_gemms).
       const size_t routed_n = sm90_chain_counter_count(static_cast<int>(spec_.num_experts) + 1);
       const size_t n = routed_n + sm90_chain_counter_count(1);
@@ -853,7 +855,8 @@ Sm90GemmConfig CudaMoeLayer::pick_sm90(const Sm90PreparedShape& launch_shape, in
   // NVFP4MOE_SM90_CONFIG (read at creation) may fix either GEMM's config for an A/B measurement.
   if (gemm1 ? sm90_override_.gemm1_set : sm90_override_.gemm2_set)
     return gemm1 ? sm90_override_.gemm1 : sm90_override_.gemm2;
-  Sm90GemmConfig c = sm90_pick_config(Sm90GemmLoad{max_rows, experts, launch_shape.units, device_sm_count()});
+  const Sm90GemmLoad load{max_rows, experts, launch_shape.units, device_sm_count()};
+  Sm90GemmConfig c = warp_stream_enabled_ ? sm90_pick_config(load) : sm90_pick_tile_config(load);
   // The same tile with the other consumers' MMA, where listed (c unchanged otherwise).
   if (sm90_override_.mma_sync >= 0) sm90_gemm_mma_twin(c, sm90_override_.mma_sync == 1, &c);
   return c;

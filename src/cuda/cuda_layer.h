@@ -186,6 +186,8 @@ class CudaMoeLayer final : public MoeLayer {
   // zero; not in the workspace, which callers may overwrite between forwards). NVFP4MOE_CHAINED_GEMMS=0: off.
   static constexpr int64_t kChainMaxTokens = 64;
   bool chain_enabled_ = true;
+  // NVFP4MOE_WARP_STREAM=0 (read at creation): the tile rule (sm90_pick_tile_config) at decode as well, for A/B.
+  bool warp_stream_enabled_ = true;
   int32_t* chain_counters_ = nullptr;         // routed group [2 * (E + 1)], then the shared expert's [2]
   int32_t* shared_chain_counters_ = nullptr;
   float* chain_y_ = nullptr;    // [min(max_tokens, kChainMaxTokens) * (k + 1 if merged), H]

@@ -226,7 +226,25 @@ bool sm90_gemm_mma_twin(const Sm90GemmConfig& c, bool mma_sync, Sm90GemmConfig* 
   return sm90_gemm_config_by_name(to_string(twin), out);
 }
 
+// The warp-streaming config the heuristic takes at decode, and up to how many rows per active expert.
+constexpr const char* kWarpStreamConfig = "ws8_s6_w16";
+constexpr double kWarpStreamMaxRowsPerExpert = 4.0;
+
 Sm90GemmConfig sm90_pick_config(const Sm90GemmLoad& load) {
+  // Decode: the warp-streaming kernel (32-row pieces spread evenly over every warp of the grid; its token tile
+  // of 8 rows reads each weight once up to 8 rows of an expert) where the experts hold few rows, with the units
+  // and SMs known (as the tile rule's cost model needs them). Measured in the layer against the tile rule
+  // (bench/results/891b1bc-ws-ab/, docs/gemm.md).
+  if (load.units > 0 && load.num_sms > 0 && load.max_rows > 0) {
+    const int64_t active = std::min<int64_t>(std::max<int64_t>(load.experts, 1), load.max_rows);
+    const double rows_per_active = static_cast<double>(load.max_rows) / static_cast<double>(active);
+    Sm90GemmConfig ws{};
+    if (rows_per_active <= kWarpStreamMaxRowsPerExpert && sm90_gemm_config_by_name(kWarpStreamConfig, &ws)) return ws;
+  }
+  return sm90_pick_tile_config(load);
+}
+
+Sm90GemmConfig sm90_pick_tile_config(const Sm90GemmLoad& load) {
   const double experts = static_cast<double>(std::max<int64_t>(load.experts, 1));
   const double rows_per_expert = static_cast<double>(std::max<int64_t>(load.max_rows, 0)) / experts;
   // The smallest token tile that holds the expected rows of one expert: weight bytes are read once per token

@@ -79,9 +79,11 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
     const int tok0 = t_idx * kWsTokens, tile_rows = min(kWsTokens, cur.rows - tok0);
     const int64_t row_base = cur.row_begin + tok0;
     const uint8_t* wunit = p.w + (static_cast<size_t>(cur.e) * p.units + unit) * p.k_tiles * kUnitBytes;
+    // Running sources of the next k-tile to fill (issue() is called for k-tiles 0, 1, 2, ... in order): this
+    // lane's code bytes of both blocks, its scale word, and its two chunks of the token tile (chunk lane and
+    // lane + 32: row r = chunk / 8, 16-byte column c = chunk % 8), zero-filled past the tile's rows and past K.
     const uint8_t* wcode = wunit + slice * 512 + lane * 16;
     const uint8_t* wscale = wunit + scale_word_offset<2>(slice, g, t);
-    // This lane's two token-tile chunks: 16-byte chunk c of row r for chunk index lane and lane + 32.
     const uint16_t* asrc[2];
     uint32_t adst[2];
     bool arow_ok[2];
@@ -94,19 +96,24 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
       asrc[h] = a + (row_base + (arow_ok[h] ? r : 0)) * static_cast<int64_t>(k) + 8 * c;
       adst[h] = static_cast<uint32_t>(kWsTokenOffset + r * 128 + ((c ^ r) << 4));
     }
-    // Fills the slot of k-tile kt (if any) and closes one cp.async group either way, so that "all but the
-    // newest DEPTH - 2 groups done" always means "k-tile kt done" in the loop below.
-    auto issue = [&](int kt, uint32_t slot) {
-      if (kt < p.k_tiles) {
-        const size_t wk = static_cast<size_t>(kt) * kUnitBytes;
-        cp_async16(slot + kWsCodeOffset + lane * 16, wcode + wk, 16);
-        cp_async16(slot + kWsCodeOffset + 512 + lane * 16, wcode + kChunkBytes + wk, 16);
-        cp_async4(slot + kWsScaleOffset + lane * 4, wscale + wk);
+    int kt_fill = 0;
+    // Fills the next k-tile's slot (if any k-tile is left) and closes one cp.async group either way, so that
+    // "all but the newest DEPTH - 2 groups done" always means "k-tile kt done" in the loop below.
+    auto issue = [&](uint32_t slot) {
+      if (kt_fill < p.k_tiles) {
+        cp_async16(slot + kWsCodeOffset + lane * 16, wcode, 16);
+        cp_async16(slot + kWsCodeOffset + 512 + lane * 16, wcode + kChunkBytes, 16);
+        cp_async4(slot + kWsScaleOffset + lane * 4, wscale);
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-          const bool ok = arow_ok[h] && kt * kBlockK + acol[h] < k;  // zero past the rows and past K
-          cp_async16(slot + adst[h], ok ? asrc[h] + kt * kBlockK : a, ok ? 16u : 0u);
+          const bool ok = arow_ok[h] && acol[h] < k;
+          cp_async16(slot + adst[h], ok ? asrc[h] : a, ok ? 16u : 0u);
+          asrc[h] += kBlockK;
+          acol[h] += kBlockK;
         }
+        wcode += kUnitBytes;
+        wscale += kUnitBytes;
+        ++kt_fill;
       }
       cp_async_commit();
     };
@@ -117,7 +124,7 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
       for (int i = 0; i < 4; ++i) acc[b][i] = 0.0f;
     auto slot_of = [&](int s) { return ring + static_cast<uint32_t>(s * kWsSlotBytes); };
 #pragma unroll
-    for (int d = 0; d < DEPTH - 1; ++d) issue(d, slot_of(d));
+    for (int d = 0; d < DEPTH - 1; ++d) issue(slot_of(d));
     int s_read = 0, s_fill = DEPTH - 1;
     for (int kt = 0; kt < p.k_tiles; ++kt) {
       cp_async_wait<DEPTH - 2>();  // this lane's copies of k-tile kt are in
@@ -138,7 +145,7 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
         bf[2 * h + 1][1] = q[3];
       }
       __syncwarp();  // every lane has read slot kt - 1's successor; the slot read last k-tile is free
-      issue(kt + DEPTH - 1, slot_of(s_fill));
+      issue(slot_of(s_fill));  // k-tile kt + DEPTH - 1
       if (++s_read == DEPTH) s_read = 0;
       if (++s_fill == DEPTH) s_fill = 0;
       uint32_t af[2][16];

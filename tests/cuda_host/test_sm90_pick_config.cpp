@@ -41,59 +41,59 @@ TEST(Sm90PickConfig, AlwaysFromTheListAndTheTileHoldsTheRows) {
 TEST(Sm90PickConfig, RoutedDecodeAndPrefill) {
   // deepseek-v3 T = 1 (8 rows on 256 experts): GEMM1 the 2-warpgroup tile, twice the CTA tiles (85 vs 123 us),
   // 128 of them in one wave; GEMM2 (56 units) would be 224 wg2 tiles = 2 waves: wg4, 112 tiles in one.
-  EXPECT_EQ(sm90_pick_config(Sm90GemmLoad{8, 256, kDeepseekGemm1Units, kSms}).consumer_warpgroups, 2);
-  EXPECT_EQ(sm90_pick_config(Sm90GemmLoad{8, 256, kDeepseekGemm2Units, kSms}).consumer_warpgroups, 4);
+  EXPECT_EQ(sm90_pick_tile_config(Sm90GemmLoad{8, 256, kDeepseekGemm1Units, kSms}).consumer_warpgroups, 2);
+  EXPECT_EQ(sm90_pick_tile_config(Sm90GemmLoad{8, 256, kDeepseekGemm2Units, kSms}).consumer_warpgroups, 4);
   // 1 row per expert on all of them: the 4-warpgroup tile (2.69 vs 2.52 TB/s), many waves of tiles.
-  const Sm90GemmConfig one = sm90_pick_config(Sm90GemmLoad{256, 256, kDeepseekGemm1Units, kSms});
+  const Sm90GemmConfig one = sm90_pick_tile_config(Sm90GemmLoad{256, 256, kDeepseekGemm1Units, kSms});
   EXPECT_EQ(one.block_t, 16);
   EXPECT_EQ(one.consumer_warpgroups, 4);
   // Unknown units / SMs: the list rule alone (as before the wave rule existed).
-  EXPECT_EQ(sm90_pick_config(Sm90GemmLoad{256, 256, 0, 0}).consumer_warpgroups, 4);
-  EXPECT_EQ(sm90_pick_config(Sm90GemmLoad{8, 256, 0, 0}).consumer_warpgroups, 2);
+  EXPECT_EQ(sm90_pick_tile_config(Sm90GemmLoad{256, 256, 0, 0}).consumer_warpgroups, 4);
+  EXPECT_EQ(sm90_pick_tile_config(Sm90GemmLoad{8, 256, 0, 0}).consumer_warpgroups, 2);
   // Prefill: the 128-row tile.
-  EXPECT_EQ(sm90_pick_config(Sm90GemmLoad{4096 * 8, 256, kDeepseekGemm1Units, kSms}).block_t, 128);
+  EXPECT_EQ(sm90_pick_tile_config(Sm90GemmLoad{4096 * 8, 256, kDeepseekGemm1Units, kSms}).block_t, 128);
 }
 
 TEST(Sm90PickConfig, SharedExpertUnderOneWaveTakesTheMostCtaTiles) {
   // The shared expert at T = 1: one expert, one row. The list rule says wg4 (8 CTA tiles for GEMM1 on 132 SMs);
   // the wave rule takes the 2-warpgroup tile of the same token tile (16 CTA tiles).
-  const Sm90GemmConfig g1 = sm90_pick_config(Sm90GemmLoad{1, 1, kDeepseekGemm1Units, kSms});
+  const Sm90GemmConfig g1 = sm90_pick_tile_config(Sm90GemmLoad{1, 1, kDeepseekGemm1Units, kSms});
   EXPECT_EQ(g1.block_t, 16);
   EXPECT_EQ(g1.consumer_warpgroups, 2);
-  EXPECT_EQ(sm90_pick_config(Sm90GemmLoad{16, 1, kDeepseekGemm2Units, kSms}).consumer_warpgroups, 2);
+  EXPECT_EQ(sm90_pick_tile_config(Sm90GemmLoad{16, 1, kDeepseekGemm2Units, kSms}).consumer_warpgroups, 2);
   // Several waves (qwen3-30b T = 16: 128 rows on 128 experts, 12 units): not the 2-warpgroup tile (768 tiles,
   // 6 waves) but wg3 (512, 4 waves) or wg4 (384, 3 waves).
-  EXPECT_GE(sm90_pick_config(Sm90GemmLoad{128, 128, 12, kSms}).consumer_warpgroups, 3);
+  EXPECT_GE(sm90_pick_tile_config(Sm90GemmLoad{128, 128, 12, kSms}).consumer_warpgroups, 3);
 }
 
 TEST(Sm90PickConfig, NoSecondNearlyEmptyWave) {
   // deepseek-v3 T = 1 with the shared expert as expert E: 9 rows on 257 experts. GEMM1 (32 units): wg2 gives
   // 144 CTA tiles = 2 waves on 132 SMs (12 SMs run a second tile while 120 idle); wg3 gives 99 tiles, one wave.
-  EXPECT_EQ(sm90_pick_config(Sm90GemmLoad{9, 257, kDeepseekGemm1Units, kSms}).consumer_warpgroups, 3);
+  EXPECT_EQ(sm90_pick_tile_config(Sm90GemmLoad{9, 257, kDeepseekGemm1Units, kSms}).consumer_warpgroups, 3);
   // GEMM2 (56 units): wg2 252 tiles, wg3 171 (both 2 waves), wg4 126 (one wave).
-  EXPECT_EQ(sm90_pick_config(Sm90GemmLoad{9, 257, kDeepseekGemm2Units, kSms}).consumer_warpgroups, 4);
+  EXPECT_EQ(sm90_pick_tile_config(Sm90GemmLoad{9, 257, kDeepseekGemm2Units, kSms}).consumer_warpgroups, 4);
   // Without the shared expert (8 rows, 256 experts): 128 wg2 tiles fit one wave, so wg2 stays.
-  EXPECT_EQ(sm90_pick_config(Sm90GemmLoad{8, 256, kDeepseekGemm1Units, kSms}).consumer_warpgroups, 2);
+  EXPECT_EQ(sm90_pick_tile_config(Sm90GemmLoad{8, 256, kDeepseekGemm1Units, kSms}).consumer_warpgroups, 2);
   // Fewer SMs (a partitioned GPU): 128 wg2 tiles on 100 SMs are 2 waves; wg3 (88 tiles) is one.
-  EXPECT_EQ(sm90_pick_config(Sm90GemmLoad{8, 256, kDeepseekGemm1Units, 100}).consumer_warpgroups, 3);
+  EXPECT_EQ(sm90_pick_tile_config(Sm90GemmLoad{8, 256, kDeepseekGemm1Units, 100}).consumer_warpgroups, 3);
 }
 
 TEST(Sm90PickConfig, HalfUnitTilesOnlyWhenTheUnitsDoNotFillTheSms) {
   // qwen3-30b T = 1: 8 rows on 128 experts; GEMM1 12 units per expert (96 in all: 48 two-unit tiles on 132
   // SMs), GEMM2 16 (128: 64 tiles). One unit per tile on two warpgroups: 96 / 128 tiles, still one wave.
   for (int units : {12, 16}) {
-    const Sm90GemmConfig c = sm90_pick_config(Sm90GemmLoad{8, 128, units, kSms});
+    const Sm90GemmConfig c = sm90_pick_tile_config(Sm90GemmLoad{8, 128, units, kSms});
     EXPECT_EQ(c.block_t, 16);
     EXPECT_EQ(c.warpgroups_per_unit, 2) << units << " units";
     EXPECT_EQ(c.units_per_tile(), 1) << units << " units";
   }
   // deepseek-v3 T = 1 (256 or 288 / 504 units with the shared expert): half-unit tiles would need 2+ waves.
-  EXPECT_EQ(sm90_pick_config(Sm90GemmLoad{8, 256, kDeepseekGemm1Units, kSms}).warpgroups_per_unit, 1);
-  EXPECT_EQ(sm90_pick_config(Sm90GemmLoad{9, 257, kDeepseekGemm1Units, kSms}).warpgroups_per_unit, 1);
-  EXPECT_EQ(sm90_pick_config(Sm90GemmLoad{9, 257, kDeepseekGemm2Units, kSms}).warpgroups_per_unit, 1);
+  EXPECT_EQ(sm90_pick_tile_config(Sm90GemmLoad{8, 256, kDeepseekGemm1Units, kSms}).warpgroups_per_unit, 1);
+  EXPECT_EQ(sm90_pick_tile_config(Sm90GemmLoad{9, 257, kDeepseekGemm1Units, kSms}).warpgroups_per_unit, 1);
+  EXPECT_EQ(sm90_pick_tile_config(Sm90GemmLoad{9, 257, kDeepseekGemm2Units, kSms}).warpgroups_per_unit, 1);
   // Many rows: never (the list rule and the prefill tile).
-  EXPECT_EQ(sm90_pick_config(Sm90GemmLoad{4096 * 8, 256, kDeepseekGemm1Units, kSms}).warpgroups_per_unit, 1);
-  EXPECT_EQ(sm90_pick_config(Sm90GemmLoad{128, 128, 12, kSms}).warpgroups_per_unit, 1);
+  EXPECT_EQ(sm90_pick_tile_config(Sm90GemmLoad{4096 * 8, 256, kDeepseekGemm1Units, kSms}).warpgroups_per_unit, 1);
+  EXPECT_EQ(sm90_pick_tile_config(Sm90GemmLoad{128, 128, 12, kSms}).warpgroups_per_unit, 1);
   EXPECT_EQ(to_string(Sm90GemmConfig{16, 14, 2, 2}), "bt16_s14_wg2_half");
   EXPECT_EQ(to_string(Sm90GemmConfig{16, 9, 4, 1, true}), "bt16_s9_wg4_sync");
   EXPECT_EQ(to_string(Sm90GemmConfig{16, 14, 2, 2, true}), "bt16_s14_wg2_half_sync");
@@ -102,15 +102,15 @@ TEST(Sm90PickConfig, HalfUnitTilesOnlyWhenTheUnitsDoNotFillTheSms) {
 // The consumers' MMA (bench/results/194b639-ab/): mma.sync for whole-unit bt16 tiles with 3 or 4 warpgroups at
 // <= 4 rows per expert tile, wgmma for the half-unit tiles, the one-wave wg2 tile, 5..16 rows and larger tiles.
 TEST(Sm90PickConfig, SyncMmaWhereTheLayerMeasuredItFaster) {
-  auto name = [](const Sm90GemmLoad& l) { return to_string(sm90_pick_config(l)); };
+  auto name = [](const Sm90GemmLoad& l) { return to_string(sm90_pick_tile_config(l)); };
   EXPECT_EQ(name(Sm90GemmLoad{9, 257, kDeepseekGemm1Units, kSms}), "bt16_s14_wg3_sync");  // deepseek-v3 T = 1
   EXPECT_EQ(name(Sm90GemmLoad{9, 257, kDeepseekGemm2Units, kSms}), "bt16_s9_wg4_sync");
-  const Sm90GemmConfig t64 = sm90_pick_config(Sm90GemmLoad{64 * 9, 257, kDeepseekGemm1Units, kSms});
+  const Sm90GemmConfig t64 = sm90_pick_tile_config(Sm90GemmLoad{64 * 9, 257, kDeepseekGemm1Units, kSms});
   EXPECT_TRUE(t64.mma_sync) << to_string(t64);                                          // 2.2 rows per expert
-  EXPECT_FALSE(sm90_pick_config(Sm90GemmLoad{8, 128, 12, kSms}).mma_sync);              // qwen3-30b T = 1: half
-  EXPECT_FALSE(sm90_pick_config(Sm90GemmLoad{2048, 256, kDeepseekGemm1Units, kSms}).mma_sync);  // 8 rows
-  EXPECT_FALSE(sm90_pick_config(Sm90GemmLoad{4096 * 8, 256, kDeepseekGemm1Units, kSms}).mma_sync);
-  EXPECT_FALSE(sm90_pick_config(Sm90GemmLoad{8, 256, 0, 0}).mma_sync);  // list rule: no units, no SMs
+  EXPECT_FALSE(sm90_pick_tile_config(Sm90GemmLoad{8, 128, 12, kSms}).mma_sync);              // qwen3-30b T = 1: half
+  EXPECT_FALSE(sm90_pick_tile_config(Sm90GemmLoad{2048, 256, kDeepseekGemm1Units, kSms}).mma_sync);  // 8 rows
+  EXPECT_FALSE(sm90_pick_tile_config(Sm90GemmLoad{4096 * 8, 256, kDeepseekGemm1Units, kSms}).mma_sync);
+  EXPECT_FALSE(sm90_pick_tile_config(Sm90GemmLoad{8, 256, 0, 0}).mma_sync);  // list rule: no units, no SMs
   for (const auto& c : sm90_gemm_configs()) {
     if (c.mma_sync) EXPECT_EQ(c.block_t, 16) << to_string(c);
     Sm90GemmConfig twin{};
@@ -121,8 +121,10 @@ TEST(Sm90PickConfig, SyncMmaWhereTheLayerMeasuredItFaster) {
 }
 
 // The chained GEMM1 -> GEMM2 launch exists for listed configs only, and the decode points the docs name as
-// chained (qwen3-30b T = 1, 2; qwen3-235b T = 1: both GEMMs on one config with a chained kernel) pick such a pair,
-// while deepseek-v3 T = 1 (GEMM1 wg3, GEMM2 wg4) does not (the runner then makes two launches).
+// chained under the tile rule (qwen3-30b T = 1, 2; qwen3-235b T = 1: both GEMMs on one config with a chained
+// kernel) pick such a pair, while deepseek-v3 T = 1 (GEMM1 wg3, GEMM2 wg4) does not. (sm90_pick_config takes the
+// warp-streaming kernel at these points, which has no chained form; the tile pairs stay reachable through
+// NVFP4MOE_SM90_CONFIG.)
 TEST(Sm90PickConfig, ChainedConfigsAreListedAndTakenWhereTheDocsSay) {
   ASSERT_FALSE(sm90_chained_configs().empty());
   for (const auto& c : sm90_chained_configs()) {
@@ -140,11 +142,38 @@ TEST(Sm90PickConfig, ChainedConfigsAreListedAndTakenWhereTheDocsSay) {
       {"deepseek-v3 T=1", 9, 257, kDeepseekGemm1Units, kDeepseekGemm2Units, false},
   };
   for (const auto& pt : points) {
-    const Sm90GemmConfig c1 = sm90_pick_config(Sm90GemmLoad{pt.rows, pt.experts, pt.units1, kSms});
-    const Sm90GemmConfig c2 = sm90_pick_config(Sm90GemmLoad{pt.rows, pt.experts, pt.units2, kSms});
+    const Sm90GemmConfig c1 = sm90_pick_tile_config(Sm90GemmLoad{pt.rows, pt.experts, pt.units1, kSms});
+    const Sm90GemmConfig c2 = sm90_pick_tile_config(Sm90GemmLoad{pt.rows, pt.experts, pt.units2, kSms});
     const bool chainable = c1 == c2 && sm90_chained_available(c1);
     EXPECT_EQ(chainable, pt.chained) << pt.name << ": " << to_string(c1) << " / " << to_string(c2);
   }
+}
+
+// The warp-streaming decode kernel: taken at <= 4 rows per active expert with units and SMs known (every decode
+// point measured faster in the layer, docs/gemm.md), never by the list rule, never at prefill; not a tile.
+TEST(Sm90PickConfig, WarpStreamingAtDecodeOnly) {
+  auto pick = [](int64_t rows, int64_t experts, int units) { return sm90_pick_config(Sm90GemmLoad{rows, experts, units, kSms}); };
+  for (const auto& pt : {std::pair<int64_t, int64_t>{8, 128}, {16, 128}, {64, 128}, {512, 128}, {9, 257}, {144, 257},
+                         {576, 257}, {1, 1}, {4, 1}}) {
+    const Sm90GemmConfig c = pick(pt.first, pt.second, 12);
+    EXPECT_TRUE(c.warp_stream) << pt.first << " rows, E " << pt.second << ": " << to_string(c);
+    EXPECT_EQ(to_string(c), "ws8_s6_w16");
+  }
+  for (const auto& pt : {std::pair<int64_t, int64_t>{1024, 128}, {2304, 257}, {4096 * 8, 256}, {5, 1}, {64, 1}})
+    EXPECT_FALSE(pick(pt.first, pt.second, 12).warp_stream) << pt.first << " rows, E " << pt.second;
+  EXPECT_FALSE(sm90_pick_config(Sm90GemmLoad{8, 128, 0, 0}).warp_stream);  // list rule
+  EXPECT_FALSE(sm90_pick_config(Sm90GemmLoad{8, 128, 12, 0}).warp_stream);
+  int listed_ws = 0;
+  for (const auto& c : sm90_gemm_configs()) {
+    if (!c.warp_stream) continue;
+    ++listed_ws;
+    EXPECT_EQ(c.block_t, 8) << to_string(c);
+    EXPECT_FALSE(sm90_chained_available(c)) << to_string(c);
+    EXPECT_FALSE(sm90_gemm_mma_twin(c, true, nullptr)) << to_string(c);
+  }
+  EXPECT_GE(listed_ws, 1);
+  // Where the tile rule's decode picks go now: the tile rule itself is unchanged (tests above).
+  EXPECT_EQ(to_string(sm90_pick_tile_config(Sm90GemmLoad{8, 128, 12, kSms})), "bt16_s14_wg2_half");
 }
 
 TEST(Sm90ConfigOverride, NamesRoundTripAndTheOverrideParses) {
