@@ -228,13 +228,16 @@ bool sm90_gemm_mma_twin(const Sm90GemmConfig& c, bool mma_sync, Sm90GemmConfig* 
 
 // The warp-streaming config the heuristic takes at decode, and up to how many rows per active expert.
 constexpr const char* kWarpStreamConfig = "ws8_s6_w16";
-constexpr double kWarpStreamMaxRowsPerExpert = 4.0;
+// Layer A/B, same binary, NVFP4MOE_WARP_STREAM=0 vs on (bench/results/5c91ef5-ws-ab/): faster at every T <= 16
+// of all five presets (<= 1 row per active expert: -2..-12%), mixed at T = 64: gpt-oss-120b (2.0 rows) -0.2%,
+// deepseek-v3 (2.24) +1.9%, nemotron-nano (3) -2.5%, qwen3-30b and qwen3-235b (4) +2.2 / +3.2%.
+constexpr double kWarpStreamMaxRowsPerExpert = 2.0;
 
 Sm90GemmConfig sm90_pick_config(const Sm90GemmLoad& load) {
   // Decode: the warp-streaming kernel (32-row pieces spread evenly over every warp of the grid; its token tile
   // of 8 rows reads each weight once up to 8 rows of an expert) where the experts hold few rows, with the units
   // and SMs known (as the tile rule's cost model needs them). Measured in the layer against the tile rule
-  // (bench/results/891b1bc-ws-ab/, docs/gemm.md).
+  // (bench/results/891b1bc-ws-ab/, 5c91ef5-ws-ab/, docs/gemm.md).
   if (load.units > 0 && load.num_sms > 0 && load.max_rows > 0) {
     const int64_t active = std::min<int64_t>(std::max<int64_t>(load.experts, 1), load.max_rows);
     const double rows_per_active = static_cast<double>(load.max_rows) / static_cast<double>(active);

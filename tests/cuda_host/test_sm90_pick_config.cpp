@@ -149,17 +149,18 @@ TEST(Sm90PickConfig, ChainedConfigsAreListedAndTakenWhereTheDocsSay) {
   }
 }
 
-// The warp-streaming decode kernel: taken at <= 4 rows per active expert with units and SMs known (every decode
-// point measured faster in the layer, docs/gemm.md), never by the list rule, never at prefill; not a tile.
+// The warp-streaming decode kernel: taken at <= 2 rows per active expert with units and SMs known (measured
+// faster in the layer up to there: bench/results/5c91ef5-ws-ab/), never by the list rule, never at prefill.
 TEST(Sm90PickConfig, WarpStreamingAtDecodeOnly) {
   auto pick = [](int64_t rows, int64_t experts, int units) { return sm90_pick_config(Sm90GemmLoad{rows, experts, units, kSms}); };
-  for (const auto& pt : {std::pair<int64_t, int64_t>{8, 128}, {16, 128}, {64, 128}, {512, 128}, {9, 257}, {144, 257},
-                         {576, 257}, {1, 1}, {4, 1}}) {
+  for (const auto& pt : {std::pair<int64_t, int64_t>{8, 128}, {16, 128}, {64, 128}, {128, 128}, {256, 128}, {9, 257},
+                         {144, 257}, {514, 257}, {1, 1}, {2, 1}}) {
     const Sm90GemmConfig c = pick(pt.first, pt.second, 12);
     EXPECT_TRUE(c.warp_stream) << pt.first << " rows, E " << pt.second << ": " << to_string(c);
     EXPECT_EQ(to_string(c), "ws8_s6_w16");
   }
-  for (const auto& pt : {std::pair<int64_t, int64_t>{1024, 128}, {2304, 257}, {4096 * 8, 256}, {5, 1}, {64, 1}})
+  for (const auto& pt : {std::pair<int64_t, int64_t>{512, 128}, {576, 257}, {1024, 128}, {2304, 257}, {4096 * 8, 256},
+                         {3, 1}, {64, 1}})
     EXPECT_FALSE(pick(pt.first, pt.second, 12).warp_stream) << pt.first << " rows, E " << pt.second;
   EXPECT_FALSE(sm90_pick_config(Sm90GemmLoad{8, 128, 0, 0}).warp_stream);  // list rule
   EXPECT_FALSE(sm90_pick_config(Sm90GemmLoad{8, 128, 12, 0}).warp_stream);
