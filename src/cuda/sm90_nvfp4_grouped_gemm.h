@@ -53,8 +53,7 @@ struct Sm90GemmConfig {
   bool mma_sync = false;
   // The warp-streaming decode kernel (sm90_nvfp4_warp_stream_gemm.cuh) instead of the tile kernel: every warp
   // streams its own 32 weight rows over all of K for up to block_t = 8 token rows (cp.async ring of `stages`
-  // k-tiles per warp, mma.sync), consumer_warpgroups * 4 warps per CTA, pieces spread evenly over the grid;
-  // warpgroups_per_unit = 2 ("_half"): a warp pair runs each piece, one 64-row block's 16 rows per warp.
+  // k-tiles per warp, mma.sync), consumer_warpgroups * 4 warps per CTA, pieces spread evenly over the grid.
   // The same bits as the tile configs.
   bool warp_stream = false;
   int units_per_tile() const { return consumer_warpgroups / warpgroups_per_unit; }

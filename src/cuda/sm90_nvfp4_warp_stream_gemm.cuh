@@ -26,31 +26,21 @@
 
 namespace nvfp4moe::cuda::sm90 {
 
-// BPW: weight blocks per warp. 2: a warp runs the whole piece (both blocks' 16 rows, two accumulator chains).
-// 1: a warp pair runs it, warp 2p + b the rows of block b (one chain each, half the dequantization per k-tile,
-// twice the warps with work); SwiGLU's up warp hands its accumulators to the gate warp in shared memory.
-// One warp's k-tile slot: codes of its BPW blocks (32 lanes x 16 B each), the lanes' scale words (32 x 4 B;
-// lane (g, t) holds the word dequant_ktile<BPW> expects: scale_word_offset), the token tile (8 rows x 64 bf16,
-// chunk c of row r at 16 (c ^ r): conflict-free ldmatrix).
+// One warp's k-tile slot: codes of the two blocks (32 lanes x 16 B each), the lanes' scale words (32 x 4 B;
+// lane (g, t) holds word t % 2 of block t / 2 of row pair g, as dequant_ktile<2> expects), the token tile (8
+// rows x 64 bf16, chunk c of row r at 16 (c ^ r): conflict-free ldmatrix).
+inline constexpr int kWsCodeOffset = 0;
+inline constexpr int kWsScaleOffset = 1024;
+inline constexpr int kWsTokenOffset = 1152;
+inline constexpr int kWsSlotBytes = 2176;
 inline constexpr int kWsTokens = 8;         // token rows per piece: one n-tile of mma.m16n8k16
 inline constexpr int kWsPiecesPerUnit = 4;  // warp slices s of a unit
-template <int BPW>
-struct WarpStreamSlot {
-  static constexpr int kCodeOffset = 0;
-  static constexpr int kScaleOffset = BPW * 512;
-  static constexpr int kTokenOffset = kScaleOffset + 128;
-  static constexpr int kBytes = kTokenOffset + 1024;
-};
 
-template <int WARPS, int DEPTH, int BPW, Epilogue EPI>
+template <int WARPS, int DEPTH, Epilogue EPI>
 struct WarpStreamTraits {  // (EPI only so that each kernel gets its own one-time launch check, kernel_ready)
   static_assert(DEPTH >= 2, "a ring of at least two k-tile slots");
-  static_assert(BPW == 2 || (BPW == 1 && WARPS % 2 == 0 && WARPS / 2 <= 15), "BPW 1: warp pairs, named barriers 1..15");
   static constexpr int kThreads = WARPS * 32;
-  static constexpr int kRingBytes = WARPS * DEPTH * WarpStreamSlot<BPW>::kBytes;
-  // BPW = 1 with SwiGLU: per warp pair, the up warp's 4 accumulators of each lane.
-  static constexpr int kExchangeBytes = BPW == 1 && EPI == Epilogue::kSwiGLU ? WARPS / 2 * 4 * 32 * 4 : 0;
-  static constexpr int kSmemBytes = kRingBytes + kExchangeBytes;
+  static constexpr int kSmemBytes = WARPS * DEPTH * kWsSlotBytes;
   static constexpr int kRegsNeeded = 0;  // no setmaxnreg: the launch's own register count is what it needs
   static_assert(kSmemBytes <= 232448, "shared memory per block");
 };
@@ -68,27 +58,21 @@ __device__ __forceinline__ void cp_async_wait() {
 }
 
 // a: bf16 [rows, k] (the rows of p.offsets); k: the element count of a row (K % 16 == 0).
-template <int WARPS, int DEPTH, int BPW, Epilogue EPI>
+template <int WARPS, int DEPTH, Epilogue EPI>
 __global__ void __launch_bounds__(WARPS * 32, 1)
     sm90_nvfp4_warp_stream_gemm_kernel(const uint16_t* __restrict__ a, const int k, const GemmParams p) {
-  using Slot = WarpStreamSlot<BPW>;
-  using Tr = WarpStreamTraits<WARPS, DEPTH, BPW, EPI>;
   extern __shared__ __align__(128) uint8_t ws_smem[];
   const int warp = static_cast<int>(threadIdx.x) >> 5, lane = static_cast<int>(threadIdx.x) & 31;
   const int g = lane >> 2, t = lane & 3;
-  // The piece runner: the warp (BPW = 2) or the warp pair (BPW = 1; this warp runs block `blk` of the piece).
-  constexpr int kRunners = BPW == 2 ? WARPS : WARPS / 2;
-  const int runner = BPW == 2 ? warp : warp >> 1, blk = BPW == 2 ? 0 : warp & 1;
-  const uint32_t ring = smem_u32(ws_smem) + static_cast<uint32_t>(warp * DEPTH * Slot::kBytes);
-  [[maybe_unused]] float* xch = reinterpret_cast<float*>(ws_smem + Tr::kRingBytes) + runner * 128;
+  const uint32_t ring = smem_u32(ws_smem) + static_cast<uint32_t>(warp * DEPTH * kWsSlotBytes);
   // Nothing above touched global memory: from here on after the previous kernel of the stream (PDL).
   kernels::pdl_wait_then_allow_next();
   const int n_pieces = p.units * kWsPiecesPerUnit;  // per expert and token tile
   // ldmatrix.x4 lane l addresses token row l % 8, 16-byte chunk 4h + l / 8 of the slot's token tile.
   const uint32_t ldsm_off = (lane & 7) * 128 + (((lane >> 3) ^ (lane & 7)) << 4);
   TileCursor<kWsTokens> cur;
-  for (int idx = runner * static_cast<int>(gridDim.x) + static_cast<int>(blockIdx.x);
-       cur.template seek<kConsumerExpertsPerLane>(p, n_pieces, idx); idx += kRunners * static_cast<int>(gridDim.x)) {
+  for (int idx = warp * static_cast<int>(gridDim.x) + static_cast<int>(blockIdx.x);
+       cur.template seek<kConsumerExpertsPerLane>(p, n_pieces, idx); idx += WARPS * static_cast<int>(gridDim.x)) {
     const int local = idx - cur.first;
     const int n_idx = local / cur.ttiles, t_idx = local - n_idx * cur.ttiles;
     const int unit = n_idx / kWsPiecesPerUnit, slice = n_idx % kWsPiecesPerUnit;
@@ -98,8 +82,8 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
     // Running sources of the next k-tile to fill (issue() is called for k-tiles 0, 1, 2, ... in order): this
     // lane's code bytes of both blocks, its scale word, and its two chunks of the token tile (chunk lane and
     // lane + 32: row r = chunk / 8, 16-byte column c = chunk % 8), zero-filled past the tile's rows and past K.
-    const uint8_t* wcode = wunit + blk * kChunkBytes + slice * 512 + lane * 16;
-    const uint8_t* wscale = wunit + blk * kChunkBytes + scale_word_offset<BPW>(slice, g, t);
+    const uint8_t* wcode = wunit + slice * 512 + lane * 16;
+    const uint8_t* wscale = wunit + scale_word_offset<2>(slice, g, t);
     const uint16_t* asrc[2];
     uint32_t adst[2];
     bool arow_ok[2];
@@ -110,16 +94,16 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
       arow_ok[h] = r < tile_rows;
       acol[h] = 8 * c;
       asrc[h] = a + (row_base + (arow_ok[h] ? r : 0)) * static_cast<int64_t>(k) + 8 * c;
-      adst[h] = static_cast<uint32_t>(Slot::kTokenOffset + r * 128 + ((c ^ r) << 4));
+      adst[h] = static_cast<uint32_t>(kWsTokenOffset + r * 128 + ((c ^ r) << 4));
     }
     int kt_fill = 0;
     // Fills the next k-tile's slot (if any k-tile is left) and closes one cp.async group either way, so that
     // "all but the newest DEPTH - 2 groups done" always means "k-tile kt done" in the loop below.
     auto issue = [&](uint32_t slot) {
       if (kt_fill < p.k_tiles) {
-#pragma unroll
-        for (int b = 0; b < BPW; ++b) cp_async16(slot + Slot::kCodeOffset + b * 512 + lane * 16, wcode + b * kChunkBytes, 16);
-        cp_async4(slot + Slot::kScaleOffset + lane * 4, wscale);
+        cp_async16(slot + kWsCodeOffset + lane * 16, wcode, 16);
+        cp_async16(slot + kWsCodeOffset + 512 + lane * 16, wcode + kChunkBytes, 16);
+        cp_async4(slot + kWsScaleOffset + lane * 4, wscale);
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           const bool ok = arow_ok[h] && acol[h] < k;
@@ -133,12 +117,12 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
       }
       cp_async_commit();
     };
-    float acc[BPW][4];
+    float acc[2][4];
 #pragma unroll
-    for (int b = 0; b < BPW; ++b)
+    for (int b = 0; b < 2; ++b)
 #pragma unroll
       for (int i = 0; i < 4; ++i) acc[b][i] = 0.0f;
-    auto slot_of = [&](int s) { return ring + static_cast<uint32_t>(s * Slot::kBytes); };
+    auto slot_of = [&](int s) { return ring + static_cast<uint32_t>(s * kWsSlotBytes); };
 #pragma unroll
     for (int d = 0; d < DEPTH - 1; ++d) issue(slot_of(d));
     int s_read = 0, s_fill = DEPTH - 1;
@@ -146,15 +130,15 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
       cp_async_wait<DEPTH - 2>();  // this lane's copies of k-tile kt are in
       __syncwarp();                // and every lane's (the token tile is read across lanes)
       const uint32_t slot = slot_of(s_read);
-      uint4 codes[BPW];
-#pragma unroll
-      for (int b = 0; b < BPW; ++b) codes[b] = lds128(slot + Slot::kCodeOffset + b * 512 + lane * 16);
-      const uint32_t sw = lds32(slot + Slot::kScaleOffset + lane * 4);
+      uint4 codes[2];
+      codes[0] = lds128(slot + kWsCodeOffset + lane * 16);
+      codes[1] = lds128(slot + kWsCodeOffset + 512 + lane * 16);
+      const uint32_t sw = lds32(slot + kWsScaleOffset + lane * 4);
       uint32_t bf[4][2];
 #pragma unroll
       for (int h = 0; h < 2; ++h) {  // chunks 4h .. 4h + 3: k16 steps 2h, 2h + 1
         uint32_t q[4];
-        ldmatrix_x4(slot + Slot::kTokenOffset + (ldsm_off ^ (h << 6)), q);
+        ldmatrix_x4(slot + kWsTokenOffset + (ldsm_off ^ (h << 6)), q);
         bf[2 * h][0] = q[0];
         bf[2 * h][1] = q[1];
         bf[2 * h + 1][0] = q[2];
@@ -164,12 +148,12 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
       issue(slot_of(s_fill));  // k-tile kt + DEPTH - 1
       if (++s_read == DEPTH) s_read = 0;
       if (++s_fill == DEPTH) s_fill = 0;
-      uint32_t af[BPW][16];
-      dequant_ktile<BPW>(codes, sw, af);
+      uint32_t af[2][16];
+      dequant_ktile<2>(codes, sw, af);
 #pragma unroll
       for (int j = 0; j < 4; ++j)
 #pragma unroll
-        for (int b = 0; b < BPW; ++b) {
+        for (int b = 0; b < 2; ++b) {
           const uint32_t fr[4] = {af[b][4 * j], af[b][4 * j + 1], af[b][4 * j + 2], af[b][4 * j + 3]};
           mma_16816(acc[b], fr, bf[j][0], bf[j][1]);
         }
@@ -177,50 +161,27 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
     cp_async_wait<0>();  // the empty groups past K (nothing in flight into a slot the next piece reuses)
 
     // ---------------------------------------------------------------- epilogue (the tile kernels' arithmetic)
-    // acc[b][i]: weight row 16 slice + g + 8 ((i >> 1) & 1) of block blk + b, token tok0 + 2t + (i & 1).
+    // acc[b][i]: weight row 16 slice + g + 8 ((i >> 1) & 1) of block b, token tok0 + 2t + (i & 1).
     const int e = cur.e;
     if constexpr (EPI == Epilogue::kF32) {
       const float al = __ldg(p.alpha0 + e) * kWeightUnscale;
       float* out = static_cast<float*>(p.out);
 #pragma unroll
-      for (int b = 0; b < BPW; ++b)
+      for (int b = 0; b < 2; ++b)
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
-          const int col = unit * 128 + (blk + b) * 64 + 16 * slice + g + 8 * ((i >> 1) & 1);
+          const int col = unit * 128 + b * 64 + 16 * slice + g + 8 * ((i >> 1) & 1);
           const int tok = 2 * t + (i & 1);
           if (tok < tile_rows && col < p.n_out) out[(row_base + tok) * p.n_out + col] = acc[b][i] * al;
         }
     } else {
-      // SwiGLU: the up values of this lane's outputs. BPW = 1: the pair's up warp (blk 1) writes its
-      // accumulators to the pair's exchange slot and is done with the piece; the gate warp reads them. Named
-      // barrier 1 + runner (both warps, bar.sync on both sides): once after the write, once after the read, so
-      // that the next piece's write cannot overtake this read.
-      [[maybe_unused]] float up[4];
-      if constexpr (EPI == Epilogue::kSwiGLU) {
-        if constexpr (BPW == 1) {
-          if (blk == 1) {
-#pragma unroll
-            for (int i = 0; i < 4; ++i) xch[i * 32 + lane] = acc[0][i];
-            named_bar_sync(1 + runner, 64);  // written
-            named_bar_sync(1 + runner, 64);  // read
-            continue;
-          }
-          named_bar_sync(1 + runner, 64);
-#pragma unroll
-          for (int i = 0; i < 4; ++i) up[i] = xch[i * 32 + lane];
-          named_bar_sync(1 + runner, 64);
-        } else {
-#pragma unroll
-          for (int i = 0; i < 4; ++i) up[i] = acc[1][i];
-        }
-      }
       uint16_t* out = static_cast<uint16_t*>(p.out);
       const float al0 = __ldg(p.alpha0 + e) * kWeightUnscale;
       const float al1 = EPI == Epilogue::kSwiGLU ? __ldg(p.alpha1 + e) * kWeightUnscale : 0.0f;
       const float gsv = p.gs != nullptr ? __ldg(p.gs + e) : 0.0f;
-      // Quantization groups of this thread (16 output columns of one token): q -> block blk + q / 2 (relu^2;
-      // SwiGLU has one output block), token 2t + q % 2, rows r0 (i = q % 2) and r0 + 8 (i + 2).
-      constexpr int kGroups = EPI == Epilogue::kSwiGLU ? 2 : 2 * BPW;
+      // Quantization groups of this thread (16 output columns of one token): q -> block b = q / 2 (relu^2; SwiGLU
+      // has one output block), token 2t + q % 2, rows r0 (i = q % 2) and r0 + 8 (i + 2).
+      constexpr int kGroups = EPI == Epilogue::kSwiGLU ? 2 : 4;
       float v[kGroups][2];
 #pragma unroll
       for (int q = 0; q < kGroups; ++q)
@@ -229,7 +190,7 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
           const int i = (q & 1) + 2 * h;
           float x;
           if constexpr (EPI == Epilogue::kSwiGLU) {
-            x = silu_f32(acc[0][i] * al0) * (up[i] * al1);
+            x = silu_f32(acc[0][i] * al0) * (acc[1][i] * al1);
           } else {
             const float y = fmaxf(acc[q >> 1][i] * al0, 0.0f);
             x = y * y;
@@ -248,8 +209,7 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
 #pragma unroll
       for (int q = 0; q < kGroups; ++q) {
         const int tok = 2 * t + (q & 1);
-        const int colb =
-            (EPI == Epilogue::kSwiGLU ? unit * 64 : unit * 128 + (blk + (q >> 1)) * 64) + 16 * slice + g;
+        const int colb = (EPI == Epilogue::kSwiGLU ? unit * 64 : unit * 128 + (q >> 1) * 64) + 16 * slice + g;
         if (tok < tile_rows) {
           if (colb < p.n_out) out[(row_base + tok) * p.n_out + colb] = o[q][0];
           if (colb + 8 < p.n_out) out[(row_base + tok) * p.n_out + colb + 8] = o[q][1];
