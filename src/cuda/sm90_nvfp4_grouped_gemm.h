@@ -61,8 +61,8 @@ struct Sm90GemmConfig {
 };
 const std::vector<Sm90GemmConfig>& sm90_gemm_configs();
 std::string to_string(const Sm90GemmConfig& c);  // "bt16_s9_wg4", "bt16_s14_wg2_half" (2 warpgroups per unit),
-                                                  // "bt16_s9_wg4_sync" (mma.sync consumers), "ws8_s8_w12"
-                                                  // (warp streaming: 8 token rows, 8 k-tile slots, 12 warps)
+                                                  // "bt16_s9_wg4_sync" (mma.sync consumers), "ws8_s6_w16"
+                                                  // (warp streaming: 8 token rows, 6 k-tile slots, 16 warps)
 // The listed config of that name (to_string's form), or false.
 bool sm90_gemm_config_by_name(const std::string& name, Sm90GemmConfig* out);
 // The listed config with c's tile and the given consumers' MMA (mma.sync or wgmma), or false (no such twin).
