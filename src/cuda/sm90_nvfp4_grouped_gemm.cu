@@ -40,8 +40,16 @@ cudaError_t fail(const std::string& msg) {
 // each for every epilogue; shared memory = warps x slots x 2176 bytes (one CTA per SM). Measured and removed
 // (docs/gemm.md): 12 warps x 8 slots (slower at deepseek-v3, 891b1bc), 20 x 5 (within +-2%, 7b9bd1c) and warp
 // pairs with one 64-row block per warp (7-25% slower everywhere but nemotron-nano T = 1, 7b9bd1c).
+// X(warps, slots, warp slices per piece). Experiment 11 (an A/B build, CMake NVFP4MOE_SM90_EXPERIMENT=11) adds
+// two slices per piece (one token tile copied and read for both: fewer instructions per weight byte).
+#if NVFP4MOE_SM90_DEQUANT_EXPERIMENT == 11
 #define NVFP4MOE_SM90_WARP_STREAM_CONFIGS(X) \
-  X(16, 6)
+  X(16, 6, 1)                                \
+  X(16, 4, 2)
+#else
+#define NVFP4MOE_SM90_WARP_STREAM_CONFIGS(X) \
+  X(16, 6, 1)
+#endif
 
 // The configs with a chained kernel (GEMM1 -> GEMM2 in one launch, sm90_nvfp4_chained_gemms), each for the
 // SwiGLU and relu^2 GEMM1: the decode tiles that the heuristic picks for both GEMMs of one layer (the half tile:
@@ -124,24 +132,25 @@ cudaError_t launch_chained(const CUtensorMap& map1, const CUtensorMap& map2, con
   return launch_pdl(kernel, dim3(grid), dim3(Tr::kThreads), Tr::kSmemBytes, stream, map1, map2, p1, p2, chain);
 }
 
-template <int WARPS, int DEPTH, sm90::Epilogue EPI>
+template <int WARPS, int DEPTH, int SPW, sm90::Epilogue EPI>
 cudaError_t launch_warp_stream(const Sm90GemmArgs& args, const sm90::GemmParams& p, int grid, cudaStream_t stream) {
-  using Tr = sm90::WarpStreamTraits<WARPS, DEPTH, EPI>;
-  auto kernel = sm90::sm90_nvfp4_warp_stream_gemm_kernel<WARPS, DEPTH, EPI>;
+  using Tr = sm90::WarpStreamTraits<WARPS, DEPTH, SPW, EPI>;
+  auto kernel = sm90::sm90_nvfp4_warp_stream_gemm_kernel<WARPS, DEPTH, SPW, EPI>;
   int fit = 0;
   if (const cudaError_t e = kernel_ready<Tr>(kernel, &fit); e != cudaSuccess) return e;
   return launch_pdl(kernel, dim3(grid), dim3(Tr::kThreads), Tr::kSmemBytes, stream, args.a, args.shape.k, p);
 }
 
-template <int WARPS, int DEPTH>
+template <int WARPS, int DEPTH, int SPW>
 cudaError_t launch_warp_stream_epi(const Sm90GemmArgs& args, const sm90::GemmParams& p, int grid,
                                    cudaStream_t stream) {
   switch (args.epilogue) {
-    case Sm90GemmEpilogue::kF32: return launch_warp_stream<WARPS, DEPTH, sm90::Epilogue::kF32>(args, p, grid, stream);
+    case Sm90GemmEpilogue::kF32:
+      return launch_warp_stream<WARPS, DEPTH, SPW, sm90::Epilogue::kF32>(args, p, grid, stream);
     case Sm90GemmEpilogue::kSwiGLU:
-      return launch_warp_stream<WARPS, DEPTH, sm90::Epilogue::kSwiGLU>(args, p, grid, stream);
+      return launch_warp_stream<WARPS, DEPTH, SPW, sm90::Epilogue::kSwiGLU>(args, p, grid, stream);
     case Sm90GemmEpilogue::kRelu2:
-      return launch_warp_stream<WARPS, DEPTH, sm90::Epilogue::kRelu2>(args, p, grid, stream);
+      return launch_warp_stream<WARPS, DEPTH, SPW, sm90::Epilogue::kRelu2>(args, p, grid, stream);
   }
   return fail("sm90_nvfp4_grouped_gemm: unknown epilogue");
 }
@@ -195,7 +204,7 @@ const std::vector<Sm90GemmConfig>& sm90_gemm_configs() {
 #define NVFP4MOE_X(bt, st, wgs, wpu, sync) Sm90GemmConfig{bt, st, wgs, wpu, sync != 0},
       NVFP4MOE_SM90_GEMM_CONFIGS(NVFP4MOE_X)
 #undef NVFP4MOE_X
-#define NVFP4MOE_X(warps, depth) Sm90GemmConfig{sm90::kWsTokens, depth, warps / 4, 1, false, true},
+#define NVFP4MOE_X(warps, depth, spw) Sm90GemmConfig{sm90::kWsTokens, depth, warps / 4, 1, false, true, spw},
       NVFP4MOE_SM90_WARP_STREAM_CONFIGS(NVFP4MOE_X)
 #undef NVFP4MOE_X
   };
@@ -205,7 +214,7 @@ const std::vector<Sm90GemmConfig>& sm90_gemm_configs() {
 std::string to_string(const Sm90GemmConfig& c) {
   if (c.warp_stream)
     return "ws" + std::to_string(c.block_t) + "_s" + std::to_string(c.stages) + "_w" +
-           std::to_string(4 * c.consumer_warpgroups);
+           std::to_string(4 * c.consumer_warpgroups) + (c.slices_per_warp > 1 ? "_x" + std::to_string(c.slices_per_warp) : "");
   return "bt" + std::to_string(c.block_t) + "_s" + std::to_string(c.stages) + "_wg" +
          std::to_string(c.consumer_warpgroups) + (c.warpgroups_per_unit == 2 ? "_half" : "") +
          (c.mma_sync ? "_sync" : "");
@@ -391,9 +400,10 @@ cudaError_t sm90_nvfp4_grouped_gemm(const Sm90GemmArgs& args, const Sm90GemmConf
     const sm90::GemmParams p = make_params(args);
     if (num_sms <= 0)
       if (const cudaError_t e = device_sm_count(&num_sms); e != cudaSuccess) return e;
-#define NVFP4MOE_X(warps, depth)                                                                    \
-    if (config.block_t == sm90::kWsTokens && config.stages == depth && 4 * config.consumer_warpgroups == warps) \
-      return launch_warp_stream_epi<warps, depth>(args, p, num_sms, stream);
+#define NVFP4MOE_X(warps, depth, spw)                                                              \
+    if (config.block_t == sm90::kWsTokens && config.stages == depth &&                               \
+        4 * config.consumer_warpgroups == warps && config.slices_per_warp == spw)                    \
+      return launch_warp_stream_epi<warps, depth, spw>(args, p, num_sms, stream);
     NVFP4MOE_SM90_WARP_STREAM_CONFIGS(NVFP4MOE_X)
 #undef NVFP4MOE_X
     return fail(who + ": config " + to_string(config) + " is not in the instantiated list");

@@ -56,6 +56,9 @@ struct Sm90GemmConfig {
   // k-tiles per warp, mma.sync), consumer_warpgroups * 4 warps per CTA, pieces spread evenly over the grid.
   // The same bits as the tile configs.
   bool warp_stream = false;
+  // Warp streaming only: warp slices per piece (2, "_x2": two adjacent 32-row slices of a unit per warp, one
+  // token tile for both; only in the experiment-11 build).
+  int slices_per_warp = 1;
   int units_per_tile() const { return consumer_warpgroups / warpgroups_per_unit; }
   bool operator==(const Sm90GemmConfig&) const = default;
 };

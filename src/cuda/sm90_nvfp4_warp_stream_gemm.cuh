@@ -26,21 +26,27 @@
 
 namespace nvfp4moe::cuda::sm90 {
 
-// One warp's k-tile slot: codes of the two blocks (32 lanes x 16 B each), the lanes' scale words (32 x 4 B;
-// lane (g, t) holds word t % 2 of block t / 2 of row pair g, as dequant_ktile<2> expects), the token tile (8
-// rows x 64 bf16, chunk c of row r at 16 (c ^ r): conflict-free ldmatrix).
-inline constexpr int kWsCodeOffset = 0;
-inline constexpr int kWsScaleOffset = 1024;
-inline constexpr int kWsTokenOffset = 1152;
-inline constexpr int kWsSlotBytes = 2176;
-inline constexpr int kWsTokens = 8;         // token rows per piece: one n-tile of mma.m16n8k16
-inline constexpr int kWsPiecesPerUnit = 4;  // warp slices s of a unit
+// SPW: warp slices per piece (1: the piece is one warp slice; 2: two adjacent slices of the same unit, whose
+// token tile is copied and read once: fewer instructions per weight byte, half as many pieces).
+// One warp's k-tile slot: per slice, the codes of the two blocks (32 lanes x 16 B each) and the lanes' scale
+// words (32 x 4 B; lane (g, t) holds word t % 2 of block t / 2 of row pair g, as dequant_ktile<2> expects); then
+// the token tile (8 rows x 64 bf16, chunk c of row r at 16 (c ^ r): conflict-free ldmatrix).
+inline constexpr int kWsTokens = 8;  // token rows per piece: one n-tile of mma.m16n8k16
+template <int SPW>
+struct WarpStreamSlot {
+  static constexpr int kSliceBytes = 1152;  // codes of both blocks, then the scale words
+  static constexpr int kScaleOffset = 1024;  // within a slice
+  static constexpr int kTokenOffset = SPW * kSliceBytes;
+  static constexpr int kBytes = kTokenOffset + 1024;
+  static constexpr int kPiecesPerUnit = 4 / SPW;
+};
 
-template <int WARPS, int DEPTH, Epilogue EPI>
+template <int WARPS, int DEPTH, int SPW, Epilogue EPI>
 struct WarpStreamTraits {  // (EPI only so that each kernel gets its own one-time launch check, kernel_ready)
   static_assert(DEPTH >= 2, "a ring of at least two k-tile slots");
+  static_assert(SPW == 1 || SPW == 2, "one or two warp slices per piece");
   static constexpr int kThreads = WARPS * 32;
-  static constexpr int kSmemBytes = WARPS * DEPTH * kWsSlotBytes;
+  static constexpr int kSmemBytes = WARPS * DEPTH * WarpStreamSlot<SPW>::kBytes;
   static constexpr int kRegsNeeded = 0;  // no setmaxnreg: the launch's own register count is what it needs
   static_assert(kSmemBytes <= 232448, "shared memory per block");
 };
@@ -58,16 +64,17 @@ __device__ __forceinline__ void cp_async_wait() {
 }
 
 // a: bf16 [rows, k] (the rows of p.offsets); k: the element count of a row (K % 16 == 0).
-template <int WARPS, int DEPTH, Epilogue EPI>
+template <int WARPS, int DEPTH, int SPW, Epilogue EPI>
 __global__ void __launch_bounds__(WARPS * 32, 1)
     sm90_nvfp4_warp_stream_gemm_kernel(const uint16_t* __restrict__ a, const int k, const GemmParams p) {
+  using Slot = WarpStreamSlot<SPW>;
   extern __shared__ __align__(128) uint8_t ws_smem[];
   const int warp = static_cast<int>(threadIdx.x) >> 5, lane = static_cast<int>(threadIdx.x) & 31;
   const int g = lane >> 2, t = lane & 3;
-  const uint32_t ring = smem_u32(ws_smem) + static_cast<uint32_t>(warp * DEPTH * kWsSlotBytes);
+  const uint32_t ring = smem_u32(ws_smem) + static_cast<uint32_t>(warp * DEPTH * Slot::kBytes);
   // Nothing above touched global memory: from here on after the previous kernel of the stream (PDL).
   kernels::pdl_wait_then_allow_next();
-  const int n_pieces = p.units * kWsPiecesPerUnit;  // per expert and token tile
+  const int n_pieces = p.units * Slot::kPiecesPerUnit;  // per expert and token tile
   // ldmatrix.x4 lane l addresses token row l % 8, 16-byte chunk 4h + l / 8 of the slot's token tile.
   const uint32_t ldsm_off = (lane & 7) * 128 + (((lane >> 3) ^ (lane & 7)) << 4);
   TileCursor<kWsTokens> cur;
@@ -75,15 +82,16 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
        cur.template seek<kConsumerExpertsPerLane>(p, n_pieces, idx); idx += WARPS * static_cast<int>(gridDim.x)) {
     const int local = idx - cur.first;
     const int n_idx = local / cur.ttiles, t_idx = local - n_idx * cur.ttiles;
-    const int unit = n_idx / kWsPiecesPerUnit, slice = n_idx % kWsPiecesPerUnit;
+    const int unit = n_idx / Slot::kPiecesPerUnit, slice0 = n_idx % Slot::kPiecesPerUnit * SPW;
     const int tok0 = t_idx * kWsTokens, tile_rows = min(kWsTokens, cur.rows - tok0);
     const int64_t row_base = cur.row_begin + tok0;
     const uint8_t* wunit = p.w + (static_cast<size_t>(cur.e) * p.units + unit) * p.k_tiles * kUnitBytes;
     // Running sources of the next k-tile to fill (issue() is called for k-tiles 0, 1, 2, ... in order): this
     // lane's code bytes of both blocks, its scale word, and its two chunks of the token tile (chunk lane and
     // lane + 32: row r = chunk / 8, 16-byte column c = chunk % 8), zero-filled past the tile's rows and past K.
-    const uint8_t* wcode = wunit + slice * 512 + lane * 16;
-    const uint8_t* wscale = wunit + scale_word_offset<2>(slice, g, t);
+    // (slice j of the piece: + j * 512 code bytes, + j * 64 scale bytes)
+    const uint8_t* wcode = wunit + slice0 * 512 + lane * 16;
+    const uint8_t* wscale = wunit + scale_word_offset<2>(slice0, g, t);
     const uint16_t* asrc[2];
     uint32_t adst[2];
     bool arow_ok[2];
@@ -94,16 +102,20 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
       arow_ok[h] = r < tile_rows;
       acol[h] = 8 * c;
       asrc[h] = a + (row_base + (arow_ok[h] ? r : 0)) * static_cast<int64_t>(k) + 8 * c;
-      adst[h] = static_cast<uint32_t>(kWsTokenOffset + r * 128 + ((c ^ r) << 4));
+      adst[h] = static_cast<uint32_t>(Slot::kTokenOffset + r * 128 + ((c ^ r) << 4));
     }
     int kt_fill = 0;
     // Fills the next k-tile's slot (if any k-tile is left) and closes one cp.async group either way, so that
     // "all but the newest DEPTH - 2 groups done" always means "k-tile kt done" in the loop below.
     auto issue = [&](uint32_t slot) {
       if (kt_fill < p.k_tiles) {
-        cp_async16(slot + kWsCodeOffset + lane * 16, wcode, 16);
-        cp_async16(slot + kWsCodeOffset + 512 + lane * 16, wcode + kChunkBytes, 16);
-        cp_async4(slot + kWsScaleOffset + lane * 4, wscale);
+#pragma unroll
+        for (int j = 0; j < SPW; ++j) {
+          const uint32_t sl = slot + j * Slot::kSliceBytes;
+          cp_async16(sl + lane * 16, wcode + j * 512, 16);
+          cp_async16(sl + 512 + lane * 16, wcode + j * 512 + kChunkBytes, 16);
+          cp_async4(sl + Slot::kScaleOffset + lane * 4, wscale + j * 64);
+        }
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           const bool ok = arow_ok[h] && acol[h] < k;
@@ -117,12 +129,14 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
       }
       cp_async_commit();
     };
-    float acc[2][4];
+    float acc[SPW][2][4];
 #pragma unroll
-    for (int b = 0; b < 2; ++b)
+    for (int j = 0; j < SPW; ++j)
 #pragma unroll
-      for (int i = 0; i < 4; ++i) acc[b][i] = 0.0f;
-    auto slot_of = [&](int s) { return ring + static_cast<uint32_t>(s * kWsSlotBytes); };
+      for (int b = 0; b < 2; ++b)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) acc[j][b][i] = 0.0f;
+    auto slot_of = [&](int s) { return ring + static_cast<uint32_t>(s * Slot::kBytes); };
 #pragma unroll
     for (int d = 0; d < DEPTH - 1; ++d) issue(slot_of(d));
     int s_read = 0, s_fill = DEPTH - 1;
@@ -130,15 +144,20 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
       cp_async_wait<DEPTH - 2>();  // this lane's copies of k-tile kt are in
       __syncwarp();                // and every lane's (the token tile is read across lanes)
       const uint32_t slot = slot_of(s_read);
-      uint4 codes[2];
-      codes[0] = lds128(slot + kWsCodeOffset + lane * 16);
-      codes[1] = lds128(slot + kWsCodeOffset + 512 + lane * 16);
-      const uint32_t sw = lds32(slot + kWsScaleOffset + lane * 4);
+      uint4 codes[SPW][2];
+      uint32_t sw[SPW];
+#pragma unroll
+      for (int j = 0; j < SPW; ++j) {
+        const uint32_t sl = slot + j * Slot::kSliceBytes;
+        codes[j][0] = lds128(sl + lane * 16);
+        codes[j][1] = lds128(sl + 512 + lane * 16);
+        sw[j] = lds32(sl + Slot::kScaleOffset + lane * 4);
+      }
       uint32_t bf[4][2];
 #pragma unroll
       for (int h = 0; h < 2; ++h) {  // chunks 4h .. 4h + 3: k16 steps 2h, 2h + 1
         uint32_t q[4];
-        ldmatrix_x4(slot + kWsTokenOffset + (ldsm_off ^ (h << 6)), q);
+        ldmatrix_x4(slot + Slot::kTokenOffset + (ldsm_off ^ (h << 6)), q);
         bf[2 * h][0] = q[0];
         bf[2 * h][1] = q[1];
         bf[2 * h + 1][0] = q[2];
@@ -148,74 +167,83 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
       issue(slot_of(s_fill));  // k-tile kt + DEPTH - 1
       if (++s_read == DEPTH) s_read = 0;
       if (++s_fill == DEPTH) s_fill = 0;
-      uint32_t af[2][16];
-      dequant_ktile<2>(codes, sw, af);
 #pragma unroll
-      for (int j = 0; j < 4; ++j)
+      for (int sj = 0; sj < SPW; ++sj) {
+        uint32_t af[2][16];
+        dequant_ktile<2>(codes[sj], sw[sj], af);
 #pragma unroll
-        for (int b = 0; b < 2; ++b) {
-          const uint32_t fr[4] = {af[b][4 * j], af[b][4 * j + 1], af[b][4 * j + 2], af[b][4 * j + 3]};
-          mma_16816(acc[b], fr, bf[j][0], bf[j][1]);
-        }
+        for (int j = 0; j < 4; ++j)
+#pragma unroll
+          for (int b = 0; b < 2; ++b) {
+            const uint32_t fr[4] = {af[b][4 * j], af[b][4 * j + 1], af[b][4 * j + 2], af[b][4 * j + 3]};
+            mma_16816(acc[sj][b], fr, bf[j][0], bf[j][1]);
+          }
+      }
     }
     cp_async_wait<0>();  // the empty groups past K (nothing in flight into a slot the next piece reuses)
 
     // ---------------------------------------------------------------- epilogue (the tile kernels' arithmetic)
-    // acc[b][i]: weight row 16 slice + g + 8 ((i >> 1) & 1) of block b, token tok0 + 2t + (i & 1).
+    // acc[sj][b][i]: weight row 16 slice + g + 8 ((i >> 1) & 1) of block b, slice = slice0 + sj, token
+    // tok0 + 2t + (i & 1).
     const int e = cur.e;
-    if constexpr (EPI == Epilogue::kF32) {
-      const float al = __ldg(p.alpha0 + e) * kWeightUnscale;
-      float* out = static_cast<float*>(p.out);
 #pragma unroll
-      for (int b = 0; b < 2; ++b)
+    for (int sj = 0; sj < SPW; ++sj) {
+      const int slice = slice0 + sj;
+      const float (&acc_s)[2][4] = acc[sj];
+      if constexpr (EPI == Epilogue::kF32) {
+        const float al = __ldg(p.alpha0 + e) * kWeightUnscale;
+        float* out = static_cast<float*>(p.out);
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const int col = unit * 128 + b * 64 + 16 * slice + g + 8 * ((i >> 1) & 1);
-          const int tok = 2 * t + (i & 1);
-          if (tok < tile_rows && col < p.n_out) out[(row_base + tok) * p.n_out + col] = acc[b][i] * al;
-        }
-    } else {
-      uint16_t* out = static_cast<uint16_t*>(p.out);
-      const float al0 = __ldg(p.alpha0 + e) * kWeightUnscale;
-      const float al1 = EPI == Epilogue::kSwiGLU ? __ldg(p.alpha1 + e) * kWeightUnscale : 0.0f;
-      const float gsv = p.gs != nullptr ? __ldg(p.gs + e) : 0.0f;
-      // Quantization groups of this thread (16 output columns of one token): q -> block b = q / 2 (relu^2; SwiGLU
-      // has one output block), token 2t + q % 2, rows r0 (i = q % 2) and r0 + 8 (i + 2).
-      constexpr int kGroups = EPI == Epilogue::kSwiGLU ? 2 : 4;
-      float v[kGroups][2];
+        for (int b = 0; b < 2; ++b)
 #pragma unroll
-      for (int q = 0; q < kGroups; ++q)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int i = (q & 1) + 2 * h;
-          float x;
-          if constexpr (EPI == Epilogue::kSwiGLU) {
-            x = silu_f32(acc[0][i] * al0) * (acc[1][i] * al1);
-          } else {
-            const float y = fmaxf(acc[q >> 1][i] * al0, 0.0f);
-            x = y * y;
+          for (int i = 0; i < 4; ++i) {
+            const int col = unit * 128 + b * 64 + 16 * slice + g + 8 * ((i >> 1) & 1);
+            const int tok = 2 * t + (i & 1);
+            if (tok < tile_rows && col < p.n_out) out[(row_base + tok) * p.n_out + col] = acc_s[b][i] * al;
           }
-          v[q][h] = fmt::bf16_round(x);
-        }
-      uint16_t o[kGroups][2];
-      if (p.gs != nullptr) {
-        quantize_groups<kGroups>(v, gsv, o);
       } else {
+        uint16_t* out = static_cast<uint16_t*>(p.out);
+        const float al0 = __ldg(p.alpha0 + e) * kWeightUnscale;
+        const float al1 = EPI == Epilogue::kSwiGLU ? __ldg(p.alpha1 + e) * kWeightUnscale : 0.0f;
+        const float gsv = p.gs != nullptr ? __ldg(p.gs + e) : 0.0f;
+        // Quantization groups of this thread (16 output columns of one token): q -> block b = q / 2 (relu^2; SwiGLU
+        // has one output block), token 2t + q % 2, rows r0 (i = q % 2) and r0 + 8 (i + 2).
+        constexpr int kGroups = EPI == Epilogue::kSwiGLU ? 2 : 4;
+        float v[kGroups][2];
 #pragma unroll
         for (int q = 0; q < kGroups; ++q)
 #pragma unroll
-          for (int h = 0; h < 2; ++h) o[q][h] = fmt::bf16_from_float(v[q][h]);
-      }
+          for (int h = 0; h < 2; ++h) {
+            const int i = (q & 1) + 2 * h;
+            float x;
+            if constexpr (EPI == Epilogue::kSwiGLU) {
+              x = silu_f32(acc_s[0][i] * al0) * (acc_s[1][i] * al1);
+            } else {
+              const float y = fmaxf(acc_s[q >> 1][i] * al0, 0.0f);
+              x = y * y;
+            }
+            v[q][h] = fmt::bf16_round(x);
+          }
+        uint16_t o[kGroups][2];
+        if (p.gs != nullptr) {
+          quantize_groups<kGroups>(v, gsv, o);
+        } else {
 #pragma unroll
-      for (int q = 0; q < kGroups; ++q) {
-        const int tok = 2 * t + (q & 1);
-        const int colb = (EPI == Epilogue::kSwiGLU ? unit * 64 : unit * 128 + (q >> 1) * 64) + 16 * slice + g;
-        if (tok < tile_rows) {
-          if (colb < p.n_out) out[(row_base + tok) * p.n_out + colb] = o[q][0];
-          if (colb + 8 < p.n_out) out[(row_base + tok) * p.n_out + colb + 8] = o[q][1];
+          for (int q = 0; q < kGroups; ++q)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) o[q][h] = fmt::bf16_from_float(v[q][h]);
+        }
+#pragma unroll
+        for (int q = 0; q < kGroups; ++q) {
+          const int tok = 2 * t + (q & 1);
+          const int colb = (EPI == Epilogue::kSwiGLU ? unit * 64 : unit * 128 + (q >> 1) * 64) + 16 * slice + g;
+          if (tok < tile_rows) {
+            if (colb < p.n_out) out[(row_base + tok) * p.n_out + colb] = o[q][0];
+            if (colb + 8 < p.n_out) out[(row_base + tok) * p.n_out + colb + 8] = o[q][1];
+          }
         }
       }
-    }
+    }  // slices of the piece
   }
 }
 
