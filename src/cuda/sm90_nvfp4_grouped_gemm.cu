@@ -236,24 +236,39 @@ bool sm90_gemm_mma_twin(const Sm90GemmConfig& c, bool mma_sync, Sm90GemmConfig* 
   return sm90_gemm_config_by_name(to_string(twin), out);
 }
 
-// The warp-streaming config the heuristic takes at decode, and up to how many rows per active expert.
-constexpr const char* kWarpStreamConfig = "ws8_s6_w16";
+namespace {
+
+// The warp-streaming config the heuristic takes at decode (ws8_s6_w16: the list's one-slice-per-warp entry,
+// found once: sm90_pick_config runs in every forward, where no strings are built), and up to how many rows per
+// active expert.
+const Sm90GemmConfig* warp_stream_decode_config() {
+  static const Sm90GemmConfig* const found = [] {
+    for (const auto& c : sm90_gemm_configs())
+      if (c.warp_stream && c.slices_per_warp == 1) return &c;
+    return static_cast<const Sm90GemmConfig*>(nullptr);
+  }();
+  return found;
+}
+// Upper bound of the experts with rows (min(E, rows)) and the mean rows of those: host numbers only.
+double rows_per_active_expert(const Sm90GemmLoad& load) {
+  const int64_t active = std::min<int64_t>(std::max<int64_t>(load.experts, 1), load.max_rows);
+  return static_cast<double>(load.max_rows) / static_cast<double>(active);
+}
 // Layer A/B, same binary, NVFP4MOE_WARP_STREAM=0 vs on (bench/results/5c91ef5-ws-ab/): faster at every T <= 16
 // of all five presets (<= 1 row per active expert: -2..-12%), mixed at T = 64: gpt-oss-120b (2.0 rows) -0.2%,
 // deepseek-v3 (2.24) +1.9%, nemotron-nano (3) -2.5%, qwen3-30b and qwen3-235b (4) +2.2 / +3.2%.
 constexpr double kWarpStreamMaxRowsPerExpert = 2.0;
+
+}  // namespace
 
 Sm90GemmConfig sm90_pick_config(const Sm90GemmLoad& load) {
   // Decode: the warp-streaming kernel (32-row pieces spread evenly over every warp of the grid; its token tile
   // of 8 rows reads each weight once up to 8 rows of an expert) where the experts hold few rows, with the units
   // and SMs known (as the tile rule's cost model needs them). Measured in the layer against the tile rule
   // (bench/results/891b1bc-ws-ab/, 5c91ef5-ws-ab/, docs/gemm.md).
-  if (load.units > 0 && load.num_sms > 0 && load.max_rows > 0) {
-    const int64_t active = std::min<int64_t>(std::max<int64_t>(load.experts, 1), load.max_rows);
-    const double rows_per_active = static_cast<double>(load.max_rows) / static_cast<double>(active);
-    Sm90GemmConfig ws{};
-    if (rows_per_active <= kWarpStreamMaxRowsPerExpert && sm90_gemm_config_by_name(kWarpStreamConfig, &ws)) return ws;
-  }
+  if (load.units > 0 && load.num_sms > 0 && load.max_rows > 0 &&
+      rows_per_active_expert(load) <= kWarpStreamMaxRowsPerExpert && warp_stream_decode_config() != nullptr)
+    return *warp_stream_decode_config();
   return sm90_pick_tile_config(load);
 }
 
@@ -291,7 +306,7 @@ Sm90GemmConfig sm90_pick_tile_config(const Sm90GemmLoad& load) {
   // routed: 128 CTA tiles, 85 vs 123 us with wg4) and avoids a second, nearly empty wave (the same with the
   // shared expert as expert E: 144 tiles = 2 waves with wg2, 99 = 1 with wg3).
   const int64_t active = std::min<int64_t>(std::max<int64_t>(load.experts, 1), load.max_rows);
-  const double rows_per_active = static_cast<double>(load.max_rows) / static_cast<double>(active);
+  const double rows_per_active = rows_per_active_expert(load);
   // A half-unit tile (warpgroups_per_unit = 2) holds W = consumer_warpgroups / 2 units on the same warpgroups,
   // at kHalfUnitRate of the whole-unit tile's throughput per unit (one accumulator chain per warpgroup, the
   // same per-k-tile overheads for half the work), measured at 2bb7842 (bench/results/2bb7842-ab/): 0.55 at

@@ -519,6 +519,31 @@ __device__ __forceinline__ void quantize_groups(const float (&v)[NB][2], float g
   }
 }
 
+// The activation epilogue of one GEMM1 output, shared by every kernel (so that all give the same bits):
+// bf16(silu(alpha0 * gate) * (alpha1 * up)) (SwiGLU) or bf16(max(alpha0 * acc, 0)^2) (relu^2; up unused).
+template <Epilogue EPI>
+__device__ __forceinline__ float activation_value(float acc, float up, float al0, float al1) {
+  float x;
+  if constexpr (EPI == Epilogue::kSwiGLU) {
+    x = silu_f32(acc * al0) * (up * al1);
+  } else {
+    const float y = fmaxf(acc * al0, 0.0f);
+    x = y * y;
+  }
+  return fmt::bf16_round(x);
+}
+// The stored bits of N quantization groups' values: NVFP4 operand values (quantize_groups) with gs, else bf16.
+template <int N>
+__device__ __forceinline__ void output_bits(const float (&v)[N][2], bool quantize, float gs, uint16_t (&o)[N][2]) {
+  if (quantize) {
+    quantize_groups<N>(v, gs, o);
+  } else {
+#pragma unroll
+    for (int q = 0; q < N; ++q)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) o[q][h] = fmt::bf16_from_float(v[q][h]);
+  }
+}
 // ------------------------------------------------------------------------------------------- the kernel
 // BT: token rows per tile (wgmma N); WGS: consumer warpgroups; STAGES: pipeline depth; WPU: consumer warpgroups
 // per unit. WPU = 1: each warpgroup owns a unit (both 64-row blocks; WGS units per CTA tile). WPU = 2: the two
@@ -950,27 +975,17 @@ __device__ __forceinline__ int consume_tiles(const GemmParams& p, int idx, int& 
 #pragma unroll
           for (int h = 0; h < 2; ++h) {
             const int i = i0 + ip + 2 * h;
-            float x;
             if constexpr (EPI == Epilogue::kSwiGLU) {
               float up;
               if constexpr (WPU == 2) up = up_acc[i]; else up = acc[NB - 1][i];
-              x = silu_f32(acc[0][i] * al0) * (up * al1);
+              v[qq][h] = activation_value<EPI>(acc[0][i], up, al0, al1);
             } else {
-              const float y = fmaxf(acc[b][i] * al0, 0.0f);
-              x = y * y;
+              v[qq][h] = activation_value<EPI>(acc[b][i], 0.0f, al0, al1);
             }
-            v[qq][h] = fmt::bf16_round(x);
           }
         }
         uint16_t o[kBatch][2];
-        if (p.gs != nullptr) {
-          quantize_groups<kBatch>(v, gsv, o);
-        } else {
-#pragma unroll
-          for (int qq = 0; qq < kBatch; ++qq)
-#pragma unroll
-            for (int h = 0; h < 2; ++h) o[qq][h] = fmt::bf16_from_float(v[qq][h]);
-        }
+        output_bits<kBatch>(v, p.gs != nullptr, gsv, o);
 #pragma unroll
         for (int qq = 0; qq < kBatch; ++qq) {
           const auto [b, i0, ip] = group_pos(q0 + qq);

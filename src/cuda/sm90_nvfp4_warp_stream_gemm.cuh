@@ -215,29 +215,16 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
 #pragma unroll
           for (int h = 0; h < 2; ++h) {
             const int i = (q & 1) + 2 * h;
-            float x;
-            if constexpr (EPI == Epilogue::kSwiGLU) {
-              x = silu_f32(acc_s[0][i] * al0) * (acc_s[1][i] * al1);
-            } else {
-              const float y = fmaxf(acc_s[q >> 1][i] * al0, 0.0f);
-              x = y * y;
-            }
-            v[q][h] = fmt::bf16_round(x);
+            v[q][h] = EPI == Epilogue::kSwiGLU ? activation_value<EPI>(acc_s[0][i], acc_s[1][i], al0, al1)
+                                               : activation_value<EPI>(acc_s[q >> 1][i], 0.0f, al0, al1);
           }
         uint16_t o[kGroups][2];
-        if (p.gs != nullptr) {
-          quantize_groups<kGroups>(v, gsv, o);
-        } else {
-#pragma unroll
-          for (int q = 0; q < kGroups; ++q)
-#pragma unroll
-            for (int h = 0; h < 2; ++h) o[q][h] = fmt::bf16_from_float(v[q][h]);
-        }
+        output_bits<kGroups>(v, p.gs != nullptr, gsv, o);
 #pragma unroll
         for (int q = 0; q < kGroups; ++q) {
           const int tok = 2 * t + (q & 1);
           const int colb = (EPI == Epilogue::kSwiGLU ? unit * 64 : unit * 128 + (q >> 1) * 64) + 16 * slice + g;
-          if (tok < tile_rows) {
+          if (tok < tile_rows) {  // (the tile kernels' stores: each column inside n_out)
             if (colb < p.n_out) out[(row_base + tok) * p.n_out + colb] = o[q][0];
             if (colb + 8 < p.n_out) out[(row_base + tok) * p.n_out + colb + 8] = o[q][1];
           }
