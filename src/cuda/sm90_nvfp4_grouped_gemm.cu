@@ -41,11 +41,15 @@ cudaError_t fail(const std::string& msg) {
 // (docs/gemm.md): 12 warps x 8 slots (slower at deepseek-v3, 891b1bc), 20 x 5 (within +-2%, 7b9bd1c) and warp
 // pairs with one 64-row block per warp (7-25% slower everywhere but nemotron-nano T = 1, 7b9bd1c).
 // X(warps, slots, warp slices per piece). Experiment 11 (an A/B build, CMake NVFP4MOE_SM90_EXPERIMENT=11) adds
-// two slices per piece (one token tile copied and read for both: fewer instructions per weight byte).
+// two slices per piece (one token tile copied and read for both: fewer instructions per weight byte), and
+// fewer warps with deeper rings (8 x 12, 4 x 24 slots: where the pieces are fewer than the grid's warps, each
+// warp streams alone and the ring depth, not the issue rate, bounds its bytes in flight).
 #if NVFP4MOE_SM90_DEQUANT_EXPERIMENT == 11
 #define NVFP4MOE_SM90_WARP_STREAM_CONFIGS(X) \
   X(16, 6, 1)                                \
-  X(16, 4, 2)
+  X(16, 4, 2)                                \
+  X(8, 12, 1)                                \
+  X(4, 24, 1)
 #else
 #define NVFP4MOE_SM90_WARP_STREAM_CONFIGS(X) \
   X(16, 6, 1)
