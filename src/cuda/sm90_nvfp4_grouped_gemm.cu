@@ -36,24 +36,15 @@ cudaError_t fail(const std::string& msg) {
   X(64, 10, 2, 1, 0)  /* 33..64 rows per expert */                                                              \
   X(128, 8, 2, 1, 0)  /* prefill: > 64 rows per expert */
 
-// The warp-streaming decode configs (sm90_nvfp4_warp_stream_gemm.cuh): X(warps per CTA, k-tile slots per warp),
-// each for every epilogue; shared memory = warps x slots x 2176 bytes (one CTA per SM). Measured and removed
-// (docs/gemm.md): 12 warps x 8 slots (slower at deepseek-v3, 891b1bc), 20 x 5 (within +-2%, 7b9bd1c) and warp
-// pairs with one 64-row block per warp (7-25% slower everywhere but nemotron-nano T = 1, 7b9bd1c).
-// X(warps, slots, warp slices per piece). Experiment 11 (an A/B build, CMake NVFP4MOE_SM90_EXPERIMENT=11) adds
-// two slices per piece (one token tile copied and read for both: fewer instructions per weight byte), and
-// fewer warps with deeper rings (8 x 12, 4 x 24 slots: where the pieces are fewer than the grid's warps, each
-// warp streams alone and the ring depth, not the issue rate, bounds its bytes in flight).
-#if NVFP4MOE_SM90_DEQUANT_EXPERIMENT == 11
+// The warp-streaming decode configs (sm90_nvfp4_warp_stream_gemm.cuh): X(warps per CTA, k-tile slots per warp,
+// warp slices per piece), each for every epilogue; shared memory = warps x slots x slot bytes (one CTA per SM).
+// ws8_s6_w16: one 32-row slice per piece, the most pieces (T = 1); ws8_s4_w16_x2: two slices per piece sharing
+// one token tile (fewer instructions per weight byte) where the pieces fill the grid's warps (T >= 4 on the
+// large models: -4..-10% in the layer, bench/results/5c66c7a-ws-unroll-ab/). Measured and removed (docs/gemm.md):
+// 12 warps x 8 slots (891b1bc), 20 x 5 and warp pairs (7b9bd1c), 8 x 12 and 4 x 24 (5c66c7a: 4 x 24 2-3x slower).
 #define NVFP4MOE_SM90_WARP_STREAM_CONFIGS(X) \
   X(16, 6, 1)                                \
-  X(16, 4, 2)                                \
-  X(8, 12, 1)                                \
-  X(4, 24, 1)
-#else
-#define NVFP4MOE_SM90_WARP_STREAM_CONFIGS(X) \
-  X(16, 6, 1)
-#endif
+  X(16, 4, 2)
 
 // The configs with a chained kernel (GEMM1 -> GEMM2 in one launch, sm90_nvfp4_chained_gemms), each for the
 // SwiGLU and relu^2 GEMM1: the decode tiles that the heuristic picks for both GEMMs of one layer (the half tile:
@@ -242,26 +233,36 @@ bool sm90_gemm_mma_twin(const Sm90GemmConfig& c, bool mma_sync, Sm90GemmConfig* 
 
 namespace {
 
-// The warp-streaming config the heuristic takes at decode (ws8_s6_w16: the list's one-slice-per-warp entry,
-// found once: sm90_pick_config runs in every forward, where no strings are built), and up to how many rows per
-// active expert.
-const Sm90GemmConfig* warp_stream_decode_config() {
-  static const Sm90GemmConfig* const found = [] {
-    for (const auto& c : sm90_gemm_configs())
-      if (c.warp_stream && c.slices_per_warp == 1) return &c;
-    return static_cast<const Sm90GemmConfig*>(nullptr);
-  }();
-  return found;
+// The warp-streaming configs the heuristic takes at decode, found once (sm90_pick_config runs in every forward,
+// where no strings are built): one slice per piece (ws8_s6_w16) and two (ws8_s4_w16_x2).
+const Sm90GemmConfig* find_warp_stream_config(int slices_per_warp) {
+  for (const auto& c : sm90_gemm_configs())
+    if (c.warp_stream && c.slices_per_warp == slices_per_warp) return &c;
+  return nullptr;
+}
+const Sm90GemmConfig* warp_stream_config(int slices_per_warp) {
+  static const Sm90GemmConfig* const one = find_warp_stream_config(1);
+  static const Sm90GemmConfig* const two = find_warp_stream_config(2);
+  return slices_per_warp == 2 ? two : one;
 }
 // Upper bound of the experts with rows (min(E, rows)) and the mean rows of those: host numbers only.
+int64_t active_experts(const Sm90GemmLoad& load) {
+  return std::min<int64_t>(std::max<int64_t>(load.experts, 1), load.max_rows);
+}
 double rows_per_active_expert(const Sm90GemmLoad& load) {
-  const int64_t active = std::min<int64_t>(std::max<int64_t>(load.experts, 1), load.max_rows);
-  return static_cast<double>(load.max_rows) / static_cast<double>(active);
+  return static_cast<double>(load.max_rows) / static_cast<double>(std::max<int64_t>(active_experts(load), 1));
 }
 // Layer A/B, same binary, NVFP4MOE_WARP_STREAM=0 vs on (bench/results/5c91ef5-ws-ab/): faster at every T <= 16
 // of all five presets (<= 1 row per active expert: -2..-12%), mixed at T = 64: gpt-oss-120b (2.0 rows) -0.2%,
 // deepseek-v3 (2.24) +1.9%, nemotron-nano (3) -2.5%, qwen3-30b and qwen3-235b (4) +2.2 / +3.2%.
 constexpr double kWarpStreamMaxRowsPerExpert = 2.0;
+// Two slices per piece (bench/results/5c66c7a-ws-unroll-ab/, both GEMMs forced): -4..-10% where its pieces
+// (active experts x units x 2) fill half of the 16-warp grid or more (deepseek-v3 T = 4 / 16 / 64: 2048+ GEMM1
+// pieces; qwen3-235b T = 4 / 16 / 64: 1536+, and at T = 64, 4 rows per expert, 9% faster than the tile kernel
+// the heuristic took there), +13..18% where they fill a third or less (qwen3-30b T = 4: 768 / 1024;
+// nemotron-nano T = 4: 720 / 1008), +10..44% at T = 1.
+constexpr double kWarpStreamX2MaxRowsPerExpert = 4.0;
+constexpr int64_t kWarpStreamX2MinPiecesPerSm = 8;
 
 }  // namespace
 
@@ -269,10 +270,16 @@ Sm90GemmConfig sm90_pick_config(const Sm90GemmLoad& load) {
   // Decode: the warp-streaming kernel (32-row pieces spread evenly over every warp of the grid; its token tile
   // of 8 rows reads each weight once up to 8 rows of an expert) where the experts hold few rows, with the units
   // and SMs known (as the tile rule's cost model needs them). Measured in the layer against the tile rule
-  // (bench/results/891b1bc-ws-ab/, 5c91ef5-ws-ab/, docs/gemm.md).
-  if (load.units > 0 && load.num_sms > 0 && load.max_rows > 0 &&
-      rows_per_active_expert(load) <= kWarpStreamMaxRowsPerExpert && warp_stream_decode_config() != nullptr)
-    return *warp_stream_decode_config();
+  // (bench/results/891b1bc-ws-ab/, 5c91ef5-ws-ab/, 5c66c7a-ws-unroll-ab/, docs/gemm.md): two slices per piece
+  // where those pieces are many, one slice otherwise.
+  if (load.units > 0 && load.num_sms > 0 && load.max_rows > 0) {
+    const double rows = rows_per_active_expert(load);
+    const int64_t x2_pieces = active_experts(load) * load.units * 2;
+    if (rows <= kWarpStreamX2MaxRowsPerExpert && x2_pieces >= kWarpStreamX2MinPiecesPerSm * load.num_sms &&
+        warp_stream_config(2) != nullptr)
+      return *warp_stream_config(2);
+    if (rows <= kWarpStreamMaxRowsPerExpert && warp_stream_config(1) != nullptr) return *warp_stream_config(1);
+  }
   return sm90_pick_tile_config(load);
 }
 
@@ -309,7 +316,7 @@ Sm90GemmConfig sm90_pick_tile_config(const Sm90GemmLoad& load) {
   // active expert from the mean rows. This is what keeps a 2-warpgroup tile below one wave (deepseek-v3 T = 1
   // routed: 128 CTA tiles, 85 vs 123 us with wg4) and avoids a second, nearly empty wave (the same with the
   // shared expert as expert E: 144 tiles = 2 waves with wg2, 99 = 1 with wg3).
-  const int64_t active = std::min<int64_t>(std::max<int64_t>(load.experts, 1), load.max_rows);
+  const int64_t active = active_experts(load);
   const double rows_per_active = rows_per_active_expert(load);
   // A half-unit tile (warpgroups_per_unit = 2) holds W = consumer_warpgroups / 2 units on the same warpgroups,
   // at kHalfUnitRate of the whole-unit tile's throughput per unit (one accumulator chain per warpgroup, the

@@ -83,8 +83,9 @@ struct Sm90GemmLoad {
 // when that stays within one wave, no second nearly empty wave); without them the most warpgroups (2 when
 // fewer rows than experts). Then the consumers' MMA: the mma.sync twin of a bt16 tile with 3 or 4 consumer
 // warpgroups where an expert tile holds at most 4 rows (measured faster there in the whole layer), else wgmma.
-// Before all of that, with units and SMs known and at most 2 rows per active expert (decode), the
-// warp-streaming config ws8_s6_w16 (measured faster in the layer there: docs/gemm.md).
+// Before all of that, with units and SMs known (decode, measured in the layer: docs/gemm.md): the
+// warp-streaming config with two slices per piece, ws8_s4_w16_x2, at <= 4 rows per active expert when its
+// pieces (active experts x units x 2) number >= 8 per SM; else ws8_s6_w16 at <= 2 rows per active expert.
 Sm90GemmConfig sm90_pick_config(const Sm90GemmLoad& load);
 // The tile kernels' rule alone (what sm90_pick_config returns where it does not take the warp-streaming kernel).
 Sm90GemmConfig sm90_pick_tile_config(const Sm90GemmLoad& load);

@@ -15,7 +15,8 @@
 // Each warp runs its pieces alone: no producer warp, no CTA barrier, no mbarrier. A ring of DEPTH k-tile slots
 // per warp in shared memory is filled by the warp's own cp.async (each lane copies its 2 x 16 code bytes and
 // its scale word, and 2 of the token tile's 64 16-byte chunks, zero-filled past the tile's rows and past K),
-// DEPTH - 1 k-tiles ahead of the MMA, the k-loop unrolled by DEPTH (constant slot addresses). Per k-tile: wait for the oldest group, read the slot (the lane's own
+// DEPTH - 1 k-tiles ahead of the MMA (the k-loop rolled for one slice per piece, unrolled by DEPTH for two:
+// ws_piece_k_loop_*). Per k-tile: wait for the oldest group, read the slot (the lane's own
 // codes and scale word, the token tile by ldmatrix), refill the slot read one k-tile before, dequantize
 // (dequant_ktile<2>: the same conversion as every other config), 8 mma.sync m16n8k16 (two accumulator chains,
 // the gate / up or the two 64-row blocks), each accumulator summing the k16 steps in order from zero: the
@@ -76,6 +77,220 @@ __device__ __forceinline__ void static_for(F&& f) {
   static_for_impl<N>(f, std::make_integer_sequence<int, N>{});
 }
 
+// The k-loop of one piece: acc (zeroed here) receives the piece's k16 steps in order, the ring of DEPTH slots at
+// `ring`. Two forms with the same groups, waits and arithmetic (the same bits). Rolled: the slot indices and the
+// sources are counters (measured faster at T = 1, where each warp streams one piece alone: the unrolled loop's
+// code is DEPTH times larger; bench/results/5c66c7a-ws-unroll-ab/).
+template <int DEPTH, int SPW>
+__device__ __forceinline__ void ws_piece_k_loop_rolled(const uint16_t* __restrict__ a, const int k, const GemmParams& p,
+    const uint32_t ring, const int lane, const int g, const int t, const uint32_t ldsm_off, const uint8_t* wunit,
+    const int slice0, const int64_t row_base, const int tile_rows, float (&acc)[SPW][2][4]) {
+  using Slot = WarpStreamSlot<SPW>;
+  // Running sources of the next k-tile to fill (issue() is called for k-tiles 0, 1, 2, ... in order): this
+  // lane's code bytes of both blocks, its scale word, and its two chunks of the token tile (chunk lane and
+  // lane + 32: row r = chunk / 8, 16-byte column c = chunk % 8), zero-filled past the tile's rows and past K.
+  // (slice j of the piece: + j * 512 code bytes, + j * 64 scale bytes)
+  const uint8_t* wcode = wunit + slice0 * 512 + lane * 16;
+  const uint8_t* wscale = wunit + scale_word_offset<2>(slice0, g, t);
+  const uint16_t* asrc[2];
+  uint32_t adst[2];
+  bool arow_ok[2];
+  int acol[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int chunk = lane + 32 * h, r = chunk >> 3, c = chunk & 7;
+    arow_ok[h] = r < tile_rows;
+    acol[h] = 8 * c;
+    asrc[h] = a + (row_base + (arow_ok[h] ? r : 0)) * static_cast<int64_t>(k) + 8 * c;
+    adst[h] = static_cast<uint32_t>(Slot::kTokenOffset + r * 128 + ((c ^ r) << 4));
+  }
+  int kt_fill = 0;
+  // Fills the next k-tile's slot (if any k-tile is left) and closes one cp.async group either way, so that
+  // "all but the newest DEPTH - 2 groups done" always means "k-tile kt done" in the loop below.
+  auto issue = [&](uint32_t slot) {
+    if (kt_fill < p.k_tiles) {
+#pragma unroll
+      for (int j = 0; j < SPW; ++j) {
+        const uint32_t sl = slot + j * Slot::kSliceBytes;
+        cp_async16(sl + lane * 16, wcode + j * 512, 16);
+        cp_async16(sl + 512 + lane * 16, wcode + j * 512 + kChunkBytes, 16);
+        cp_async4(sl + Slot::kScaleOffset + lane * 4, wscale + j * 64);
+      }
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const bool ok = arow_ok[h] && acol[h] < k;
+        cp_async16(slot + adst[h], ok ? asrc[h] : a, ok ? 16u : 0u);
+        asrc[h] += kBlockK;
+        acol[h] += kBlockK;
+      }
+      wcode += kUnitBytes;
+      wscale += kUnitBytes;
+      ++kt_fill;
+    }
+    cp_async_commit();
+  };
+#pragma unroll
+  for (int j = 0; j < SPW; ++j)
+#pragma unroll
+    for (int b = 0; b < 2; ++b)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc[j][b][i] = 0.0f;
+  auto slot_of = [&](int s) { return ring + static_cast<uint32_t>(s * Slot::kBytes); };
+#pragma unroll
+  for (int d = 0; d < DEPTH - 1; ++d) issue(slot_of(d));
+  int s_read = 0, s_fill = DEPTH - 1;
+  for (int kt = 0; kt < p.k_tiles; ++kt) {
+    cp_async_wait<DEPTH - 2>();  // this lane's copies of k-tile kt are in
+    __syncwarp();                // and every lane's (the token tile is read across lanes)
+    const uint32_t slot = slot_of(s_read);
+    uint4 codes[SPW][2];
+    uint32_t sw[SPW];
+#pragma unroll
+    for (int j = 0; j < SPW; ++j) {
+      const uint32_t sl = slot + j * Slot::kSliceBytes;
+      codes[j][0] = lds128(sl + lane * 16);
+      codes[j][1] = lds128(sl + 512 + lane * 16);
+      sw[j] = lds32(sl + Slot::kScaleOffset + lane * 4);
+    }
+    uint32_t bf[4][2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {  // chunks 4h .. 4h + 3: k16 steps 2h, 2h + 1
+      uint32_t q[4];
+      ldmatrix_x4(slot + Slot::kTokenOffset + (ldsm_off ^ (h << 6)), q);
+      bf[2 * h][0] = q[0];
+      bf[2 * h][1] = q[1];
+      bf[2 * h + 1][0] = q[2];
+      bf[2 * h + 1][1] = q[3];
+    }
+    __syncwarp();  // every lane has read slot kt - 1's successor; the slot read last k-tile is free
+    issue(slot_of(s_fill));  // k-tile kt + DEPTH - 1
+    if (++s_read == DEPTH) s_read = 0;
+    if (++s_fill == DEPTH) s_fill = 0;
+#pragma unroll
+    for (int sj = 0; sj < SPW; ++sj) {
+      uint32_t af[2][16];
+      dequant_ktile<2>(codes[sj], sw[sj], af);
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+#pragma unroll
+        for (int b = 0; b < 2; ++b) {
+          const uint32_t fr[4] = {af[b][4 * j], af[b][4 * j + 1], af[b][4 * j + 2], af[b][4 * j + 3]};
+          mma_16816(acc[sj][b], fr, bf[j][0], bf[j][1]);
+        }
+    }
+  }
+}
+
+// Unrolled by DEPTH: every slot address is the ring's base plus a constant, the sources advance once per DEPTH
+// k-tiles, the token tile's row zero-fill is a src-size set once per piece and the K tail has its own branch
+// (~13% fewer executed SASS per k-tile; measured faster with two slices per warp, 5c66c7a-ws-unroll-ab).
+template <int DEPTH, int SPW>
+__device__ __forceinline__ void ws_piece_k_loop_unrolled(const uint16_t* __restrict__ a, const int k,
+    const GemmParams& p, const uint32_t ring, const int lane, const int g, const int t, const uint32_t ldsm_off, const uint8_t* wunit,
+    const int slice0, const int64_t row_base, const int tile_rows, float (&acc)[SPW][2][4]) {
+  using Slot = WarpStreamSlot<SPW>;
+  // Sources of k-tile kt0 + d (kt0: the first k-tile of the current group of DEPTH; d < 2 DEPTH - 1, a compile-
+  // time offset once the loop below is unrolled): this lane's code bytes of both blocks, its scale word, and its
+  // two chunks of the token tile (chunk lane and lane + 32: row r = chunk / 8, 16-byte column c = chunk % 8),
+  // zero-filled past the tile's rows (src-size 0 from a valid address: the tile's first row) and past K.
+  // (slice j of the piece: + j * 512 code bytes, + j * 64 scale bytes)
+  const uint8_t* wcode = wunit + slice0 * 512 + lane * 16;
+  const uint8_t* wscale = wunit + scale_word_offset<2>(slice0, g, t);
+  const uint16_t* asrc[2];
+  uint32_t adst[2], abytes[2], atail[2];
+  const int k_tiles = p.k_tiles;
+  // The k-tile whose token chunks end inside K (-1: K % 64 == 0, every chunk is whole).
+  const int ragged_kt = k % kBlockK != 0 ? k_tiles - 1 : -1;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int chunk = lane + 32 * h, r = chunk >> 3, c = chunk & 7;
+    const bool row_ok = r < tile_rows;
+    asrc[h] = a + (row_base + (row_ok ? r : 0)) * static_cast<int64_t>(k) + 8 * c;
+    adst[h] = static_cast<uint32_t>(Slot::kTokenOffset + r * 128 + ((c ^ r) << 4));
+    abytes[h] = row_ok ? 16u : 0u;
+    const int tail_col = (k_tiles - 1) * kBlockK + 8 * c;  // this chunk's first column in the last k-tile
+    atail[h] = row_ok ? static_cast<uint32_t>(2 * max(0, min(8, k - tail_col))) : 0u;
+  }
+  // Fills k-tile kt0 + D into `slot` (if that k-tile exists) and closes one cp.async group either way, so that
+  // "all but the newest DEPTH - 2 groups done" always means "the k-tile read next is done" in the loop below.
+  auto fill = [&](const int kt0, auto d_const, const uint32_t slot) {
+    constexpr int D = decltype(d_const)::value;
+    if (kt0 + D < k_tiles) {
+#pragma unroll
+      for (int j = 0; j < SPW; ++j) {
+        const uint32_t sl = slot + j * Slot::kSliceBytes;
+        cp_async16(sl + lane * 16, wcode + D * kUnitBytes + j * 512, 16);
+        cp_async16(sl + 512 + lane * 16, wcode + D * kUnitBytes + j * 512 + kChunkBytes, 16);
+        cp_async4(sl + Slot::kScaleOffset + lane * 4, wscale + D * kUnitBytes + j * 64);
+      }
+      if (kt0 + D != ragged_kt) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) cp_async16(slot + adst[h], asrc[h] + D * kBlockK, abytes[h]);
+      } else {  // the last k-tile of a K that is not a multiple of 64: each chunk's bytes inside K
+#pragma unroll
+        for (int h = 0; h < 2; ++h) cp_async16(slot + adst[h], atail[h] != 0 ? asrc[h] + D * kBlockK : a, atail[h]);
+      }
+    }
+    cp_async_commit();
+  };
+#pragma unroll
+  for (int j = 0; j < SPW; ++j)
+#pragma unroll
+    for (int b = 0; b < 2; ++b)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc[j][b][i] = 0.0f;
+  // Slot d holds k-tiles d, d + DEPTH, d + 2 DEPTH, ...: unrolled by DEPTH, every slot address is the ring's
+  // base plus a constant, and the sources advance once per DEPTH k-tiles.
+  static_for<DEPTH - 1>([&](auto d) { fill(0, d, ring + decltype(d)::value * Slot::kBytes); });
+  for (int kt0 = 0; kt0 < k_tiles; kt0 += DEPTH) {
+    static_for<DEPTH>([&](auto d_const) {
+      constexpr int d = decltype(d_const)::value;
+      if (kt0 + d >= k_tiles) return;  // (and every later d of this group)
+      cp_async_wait<DEPTH - 2>();  // this lane's copies of k-tile kt0 + d are in
+      __syncwarp();                // and every lane's (the token tile is read across lanes)
+      const uint32_t slot = ring + d * Slot::kBytes;
+      uint4 codes[SPW][2];
+      uint32_t sw[SPW];
+#pragma unroll
+      for (int j = 0; j < SPW; ++j) {
+        const uint32_t sl = slot + j * Slot::kSliceBytes;
+        codes[j][0] = lds128(sl + lane * 16);
+        codes[j][1] = lds128(sl + 512 + lane * 16);
+        sw[j] = lds32(sl + Slot::kScaleOffset + lane * 4);
+      }
+      uint32_t bf[4][2];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {  // chunks 4h .. 4h + 3: k16 steps 2h, 2h + 1
+        uint32_t q[4];
+        ldmatrix_x4(slot + Slot::kTokenOffset + (ldsm_off ^ (h << 6)), q);
+        bf[2 * h][0] = q[0];
+        bf[2 * h][1] = q[1];
+        bf[2 * h + 1][0] = q[2];
+        bf[2 * h + 1][1] = q[3];
+      }
+      __syncwarp();  // every lane has read slot d; the slot read one k-tile before is free
+      // k-tile kt0 + d + DEPTH - 1 into the slot read one k-tile before.
+      fill(kt0, std::integral_constant<int, d + DEPTH - 1>{}, ring + ((d + DEPTH - 1) % DEPTH) * Slot::kBytes);
+#pragma unroll
+      for (int sj = 0; sj < SPW; ++sj) {
+        uint32_t af[2][16];
+        dequant_ktile<2>(codes[sj], sw[sj], af);
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+#pragma unroll
+          for (int b = 0; b < 2; ++b) {
+            const uint32_t fr[4] = {af[b][4 * j], af[b][4 * j + 1], af[b][4 * j + 2], af[b][4 * j + 3]};
+            mma_16816(acc[sj][b], fr, bf[j][0], bf[j][1]);
+          }
+      }
+    });
+    wcode += DEPTH * kUnitBytes;
+    wscale += DEPTH * kUnitBytes;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) asrc[h] += DEPTH * kBlockK;
+  }
+}
+
 // a: bf16 [rows, k] (the rows of p.offsets); k: the element count of a row (K % 16 == 0).
 template <int WARPS, int DEPTH, int SPW, Epilogue EPI>
 __global__ void __launch_bounds__(WARPS * 32, 1)
@@ -99,107 +314,12 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
     const int tok0 = t_idx * kWsTokens, tile_rows = min(kWsTokens, cur.rows - tok0);
     const int64_t row_base = cur.row_begin + tok0;
     const uint8_t* wunit = p.w + (static_cast<size_t>(cur.e) * p.units + unit) * p.k_tiles * kUnitBytes;
-    // Sources of k-tile kt0 + d (kt0: the first k-tile of the current group of DEPTH; d < 2 DEPTH - 1, a compile-
-    // time offset once the loop below is unrolled): this lane's code bytes of both blocks, its scale word, and its
-    // two chunks of the token tile (chunk lane and lane + 32: row r = chunk / 8, 16-byte column c = chunk % 8),
-    // zero-filled past the tile's rows (src-size 0 from a valid address: the tile's first row) and past K.
-    // (slice j of the piece: + j * 512 code bytes, + j * 64 scale bytes)
-    const uint8_t* wcode = wunit + slice0 * 512 + lane * 16;
-    const uint8_t* wscale = wunit + scale_word_offset<2>(slice0, g, t);
-    const uint16_t* asrc[2];
-    uint32_t adst[2], abytes[2], atail[2];
-    const int k_tiles = p.k_tiles;
-    // The k-tile whose token chunks end inside K (-1: K % 64 == 0, every chunk is whole).
-    const int ragged_kt = k % kBlockK != 0 ? k_tiles - 1 : -1;
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int chunk = lane + 32 * h, r = chunk >> 3, c = chunk & 7;
-      const bool row_ok = r < tile_rows;
-      asrc[h] = a + (row_base + (row_ok ? r : 0)) * static_cast<int64_t>(k) + 8 * c;
-      adst[h] = static_cast<uint32_t>(Slot::kTokenOffset + r * 128 + ((c ^ r) << 4));
-      abytes[h] = row_ok ? 16u : 0u;
-      const int tail_col = (k_tiles - 1) * kBlockK + 8 * c;  // this chunk's first column in the last k-tile
-      atail[h] = row_ok ? static_cast<uint32_t>(2 * max(0, min(8, k - tail_col))) : 0u;
-    }
-    // Fills k-tile kt0 + D into `slot` (if that k-tile exists) and closes one cp.async group either way, so that
-    // "all but the newest DEPTH - 2 groups done" always means "the k-tile read next is done" in the loop below.
-    auto fill = [&](const int kt0, auto d_const, const uint32_t slot) {
-      constexpr int D = decltype(d_const)::value;
-      if (kt0 + D < k_tiles) {
-#pragma unroll
-        for (int j = 0; j < SPW; ++j) {
-          const uint32_t sl = slot + j * Slot::kSliceBytes;
-          cp_async16(sl + lane * 16, wcode + D * kUnitBytes + j * 512, 16);
-          cp_async16(sl + 512 + lane * 16, wcode + D * kUnitBytes + j * 512 + kChunkBytes, 16);
-          cp_async4(sl + Slot::kScaleOffset + lane * 4, wscale + D * kUnitBytes + j * 64);
-        }
-        if (kt0 + D != ragged_kt) {
-#pragma unroll
-          for (int h = 0; h < 2; ++h) cp_async16(slot + adst[h], asrc[h] + D * kBlockK, abytes[h]);
-        } else {  // the last k-tile of a K that is not a multiple of 64: each chunk's bytes inside K
-#pragma unroll
-          for (int h = 0; h < 2; ++h) cp_async16(slot + adst[h], atail[h] != 0 ? asrc[h] + D * kBlockK : a, atail[h]);
-        }
-      }
-      cp_async_commit();
-    };
     float acc[SPW][2][4];
-#pragma unroll
-    for (int j = 0; j < SPW; ++j)
-#pragma unroll
-      for (int b = 0; b < 2; ++b)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) acc[j][b][i] = 0.0f;
-    // Slot d holds k-tiles d, d + DEPTH, d + 2 DEPTH, ...: unrolled by DEPTH, every slot address is the ring's
-    // base plus a constant, and the sources advance once per DEPTH k-tiles.
-    static_for<DEPTH - 1>([&](auto d) { fill(0, d, ring + decltype(d)::value * Slot::kBytes); });
-    for (int kt0 = 0; kt0 < k_tiles; kt0 += DEPTH) {
-      static_for<DEPTH>([&](auto d_const) {
-        constexpr int d = decltype(d_const)::value;
-        if (kt0 + d >= k_tiles) return;  // (and every later d of this group)
-        cp_async_wait<DEPTH - 2>();  // this lane's copies of k-tile kt0 + d are in
-        __syncwarp();                // and every lane's (the token tile is read across lanes)
-        const uint32_t slot = ring + d * Slot::kBytes;
-        uint4 codes[SPW][2];
-        uint32_t sw[SPW];
-#pragma unroll
-        for (int j = 0; j < SPW; ++j) {
-          const uint32_t sl = slot + j * Slot::kSliceBytes;
-          codes[j][0] = lds128(sl + lane * 16);
-          codes[j][1] = lds128(sl + 512 + lane * 16);
-          sw[j] = lds32(sl + Slot::kScaleOffset + lane * 4);
-        }
-        uint32_t bf[4][2];
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {  // chunks 4h .. 4h + 3: k16 steps 2h, 2h + 1
-          uint32_t q[4];
-          ldmatrix_x4(slot + Slot::kTokenOffset + (ldsm_off ^ (h << 6)), q);
-          bf[2 * h][0] = q[0];
-          bf[2 * h][1] = q[1];
-          bf[2 * h + 1][0] = q[2];
-          bf[2 * h + 1][1] = q[3];
-        }
-        __syncwarp();  // every lane has read slot d; the slot read one k-tile before is free
-        // k-tile kt0 + d + DEPTH - 1 into the slot read one k-tile before.
-        fill(kt0, std::integral_constant<int, d + DEPTH - 1>{}, ring + ((d + DEPTH - 1) % DEPTH) * Slot::kBytes);
-#pragma unroll
-        for (int sj = 0; sj < SPW; ++sj) {
-          uint32_t af[2][16];
-          dequant_ktile<2>(codes[sj], sw[sj], af);
-#pragma unroll
-          for (int j = 0; j < 4; ++j)
-#pragma unroll
-            for (int b = 0; b < 2; ++b) {
-              const uint32_t fr[4] = {af[b][4 * j], af[b][4 * j + 1], af[b][4 * j + 2], af[b][4 * j + 3]};
-              mma_16816(acc[sj][b], fr, bf[j][0], bf[j][1]);
-            }
-        }
-      });
-      wcode += DEPTH * kUnitBytes;
-      wscale += DEPTH * kUnitBytes;
-#pragma unroll
-      for (int h = 0; h < 2; ++h) asrc[h] += DEPTH * kBlockK;
-    }
+    if constexpr (SPW == 1)
+      ws_piece_k_loop_rolled<DEPTH, SPW>(a, k, p, ring, lane, g, t, ldsm_off, wunit, slice0, row_base, tile_rows, acc);
+    else
+      ws_piece_k_loop_unrolled<DEPTH, SPW>(a, k, p, ring, lane, g, t, ldsm_off, wunit, slice0, row_base, tile_rows,
+                                           acc);
     cp_async_wait<0>();  // the empty groups past K (nothing in flight into a slot the next piece reuses)
 
     // ---------------------------------------------------------------- epilogue (the tile kernels' arithmetic)

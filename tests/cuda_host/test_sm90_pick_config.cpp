@@ -152,16 +152,37 @@ TEST(Sm90PickConfig, ChainedConfigsAreListedAndTakenWhereTheDocsSay) {
 // The warp-streaming decode kernel: taken at <= 2 rows per active expert with units and SMs known (measured
 // faster in the layer up to there: bench/results/5c91ef5-ws-ab/), never by the list rule, never at prefill.
 TEST(Sm90PickConfig, WarpStreamingAtDecodeOnly) {
-  auto pick = [](int64_t rows, int64_t experts, int units) { return sm90_pick_config(Sm90GemmLoad{rows, experts, units, kSms}); };
-  for (const auto& pt : {std::pair<int64_t, int64_t>{8, 128}, {16, 128}, {64, 128}, {128, 128}, {256, 128}, {9, 257},
-                         {144, 257}, {514, 257}, {1, 1}, {2, 1}}) {
-    const Sm90GemmConfig c = pick(pt.first, pt.second, 12);
-    EXPECT_TRUE(c.warp_stream) << pt.first << " rows, E " << pt.second << ": " << to_string(c);
-    EXPECT_EQ(to_string(c), "ws8_s6_w16");
+  auto pick = [](int64_t rows, int64_t experts, int units, int sms = kSms) {
+    return to_string(sm90_pick_config(Sm90GemmLoad{rows, experts, units, sms}));
+  };
+  struct Case {
+    int64_t rows, experts;
+    int units;
+    const char* why;
+  };
+  // One slice per piece: few rows per expert and too few two-slice pieces (active experts x units x 2 < 8 per SM).
+  for (const Case& c : {Case{8, 128, 12, "qwen3-30b T=1 GEMM1 (192 x2 pieces)"}, {8, 128, 16, "qwen3-30b T=1 GEMM2"},
+                        Case{32, 128, 12, "qwen3-30b T=4 GEMM1 (768)"}, {32, 128, 16, "qwen3-30b T=4 GEMM2 (1024)"},
+                        Case{24, 128, 15, "nemotron-nano T=4 GEMM1 (720)"}, {9, 257, 32, "deepseek-v3 T=1 GEMM1"},
+                        Case{8, 256, 56, "deepseek-v3 T=1 GEMM2 (896)"}, {8, 128, 24, "qwen3-235b T=1 GEMM1"},
+                        Case{1, 1, 56, "the shared expert at T=1"}, {2, 1, 12, "two rows of one expert"}})
+    EXPECT_EQ(pick(c.rows, c.experts, c.units), "ws8_s6_w16") << c.why;
+  // Two slices per piece: <= 4 rows per active expert and >= 8 x2 pieces per SM.
+  for (const Case& c : {Case{32, 256, 32, "deepseek-v3 T=4 GEMM1 (2048)"}, {32, 256, 56, "deepseek-v3 T=4 GEMM2"},
+                        Case{32, 128, 24, "qwen3-235b T=4 GEMM1 (1536)"}, {128, 128, 12, "qwen3-30b T=16 (3072)"},
+                        Case{512, 257, 32, "deepseek-v3 T=64 (2 rows)"}, {512, 128, 24, "qwen3-235b T=64 (4 rows)"},
+                        Case{576, 257, 32, "2.24 rows"}})
+    EXPECT_EQ(pick(c.rows, c.experts, c.units), "ws8_s4_w16_x2") << c.why;
+  EXPECT_EQ(pick(44, 44, 12), "ws8_s4_w16_x2");  // 44 x 12 x 2 = 1056 = 8 x 132: the bound itself
+  EXPECT_EQ(pick(43, 43, 12), "ws8_s6_w16");     // 1032
+  EXPECT_EQ(pick(32, 128, 24, 200), "ws8_s6_w16");  // 1536 < 8 x 200: the bound scales with the SMs
+  // The tile kernels: more than 4 rows per active expert, or 3..4 rows with too few pieces, or unknown units/SMs.
+  for (const Case& c : {Case{640, 128, 24, "5 rows"}, {1024, 128, 12, "8 rows"}, {2304, 257, 32, "9 rows"},
+                        Case{4096 * 8, 256, 32, "prefill"}, {3, 1, 12, "3 rows of one expert, 24 x2 pieces"},
+                        Case{64, 1, 12, "64 rows of one expert"}}) {
+    const Sm90GemmConfig cfg = sm90_pick_config(Sm90GemmLoad{c.rows, c.experts, c.units, kSms});
+    EXPECT_FALSE(cfg.warp_stream) << c.why << ": " << to_string(cfg);
   }
-  for (const auto& pt : {std::pair<int64_t, int64_t>{512, 128}, {576, 257}, {1024, 128}, {2304, 257}, {4096 * 8, 256},
-                         {3, 1}, {64, 1}})
-    EXPECT_FALSE(pick(pt.first, pt.second, 12).warp_stream) << pt.first << " rows, E " << pt.second;
   EXPECT_FALSE(sm90_pick_config(Sm90GemmLoad{8, 128, 0, 0}).warp_stream);  // list rule
   EXPECT_FALSE(sm90_pick_config(Sm90GemmLoad{8, 128, 12, 0}).warp_stream);
   int listed_ws = 0;
@@ -172,7 +193,7 @@ TEST(Sm90PickConfig, WarpStreamingAtDecodeOnly) {
     EXPECT_FALSE(sm90_chained_available(c)) << to_string(c);
     EXPECT_FALSE(sm90_gemm_mma_twin(c, true, nullptr)) << to_string(c);
   }
-  EXPECT_GE(listed_ws, 1);
+  EXPECT_EQ(listed_ws, 2);
   // Where the tile rule's decode picks go now: the tile rule itself is unchanged (tests above).
   EXPECT_EQ(to_string(sm90_pick_tile_config(Sm90GemmLoad{8, 128, 12, kSms})), "bt16_s14_wg2_half");
 }
