@@ -37,14 +37,16 @@ cudaError_t fail(const std::string& msg) {
   X(128, 8, 2, 1, 0)  /* prefill: > 64 rows per expert */
 
 // The warp-streaming decode configs (sm90_nvfp4_warp_stream_gemm.cuh): X(warps per CTA, k-tile slots per warp,
-// warp slices per piece), each for every epilogue; shared memory = warps x slots x slot bytes (one CTA per SM).
-// ws8_s6_w16: one 32-row slice per piece, the most pieces (T = 1); ws8_s4_w16_x2: two slices per piece sharing
+// warp slices per piece, k-loop unrolled by the slots), each for every epilogue; shared memory = warps x slots x slot bytes (one CTA per SM).
+// ws8_s6_w16: one 32-row slice per piece, the most pieces (T = 1), rolled k-loop; ws8_s6_w16_u: the same
+// unrolled, where the pieces share the schedulers (deepseek-v3 T = 1: -3.4%); ws8_s4_w16_x2 (unrolled): two slices per piece sharing
 // one token tile (fewer instructions per weight byte) where the pieces fill the grid's warps (T >= 4 on the
 // large models: -4..-10% in the layer, bench/results/5c66c7a-ws-unroll-ab/). Measured and removed (docs/gemm.md):
 // 12 warps x 8 slots (891b1bc), 20 x 5 and warp pairs (7b9bd1c), 8 x 12 and 4 x 24 (5c66c7a: 4 x 24 2-3x slower).
 #define NVFP4MOE_SM90_WARP_STREAM_CONFIGS(X) \
-  X(16, 6, 1)                                \
-  X(16, 4, 2)
+  X(16, 6, 1, 0)                             \
+  X(16, 6, 1, 1)                             \
+  X(16, 4, 2, 1)
 
 // The configs with a chained kernel (GEMM1 -> GEMM2 in one launch, sm90_nvfp4_chained_gemms), each for the
 // SwiGLU and relu^2 GEMM1: the decode tiles that the heuristic picks for both GEMMs of one layer (the half tile:
@@ -127,25 +129,25 @@ cudaError_t launch_chained(const CUtensorMap& map1, const CUtensorMap& map2, con
   return launch_pdl(kernel, dim3(grid), dim3(Tr::kThreads), Tr::kSmemBytes, stream, map1, map2, p1, p2, chain);
 }
 
-template <int WARPS, int DEPTH, int SPW, sm90::Epilogue EPI>
+template <int WARPS, int DEPTH, int SPW, bool UNROLLED, sm90::Epilogue EPI>
 cudaError_t launch_warp_stream(const Sm90GemmArgs& args, const sm90::GemmParams& p, int grid, cudaStream_t stream) {
-  using Tr = sm90::WarpStreamTraits<WARPS, DEPTH, SPW, EPI>;
-  auto kernel = sm90::sm90_nvfp4_warp_stream_gemm_kernel<WARPS, DEPTH, SPW, EPI>;
+  using Tr = sm90::WarpStreamTraits<WARPS, DEPTH, SPW, UNROLLED, EPI>;
+  auto kernel = sm90::sm90_nvfp4_warp_stream_gemm_kernel<WARPS, DEPTH, SPW, UNROLLED, EPI>;
   int fit = 0;
   if (const cudaError_t e = kernel_ready<Tr>(kernel, &fit); e != cudaSuccess) return e;
   return launch_pdl(kernel, dim3(grid), dim3(Tr::kThreads), Tr::kSmemBytes, stream, args.a, args.shape.k, p);
 }
 
-template <int WARPS, int DEPTH, int SPW>
+template <int WARPS, int DEPTH, int SPW, bool UNROLLED>
 cudaError_t launch_warp_stream_epi(const Sm90GemmArgs& args, const sm90::GemmParams& p, int grid,
                                    cudaStream_t stream) {
   switch (args.epilogue) {
     case Sm90GemmEpilogue::kF32:
-      return launch_warp_stream<WARPS, DEPTH, SPW, sm90::Epilogue::kF32>(args, p, grid, stream);
+      return launch_warp_stream<WARPS, DEPTH, SPW, UNROLLED, sm90::Epilogue::kF32>(args, p, grid, stream);
     case Sm90GemmEpilogue::kSwiGLU:
-      return launch_warp_stream<WARPS, DEPTH, SPW, sm90::Epilogue::kSwiGLU>(args, p, grid, stream);
+      return launch_warp_stream<WARPS, DEPTH, SPW, UNROLLED, sm90::Epilogue::kSwiGLU>(args, p, grid, stream);
     case Sm90GemmEpilogue::kRelu2:
-      return launch_warp_stream<WARPS, DEPTH, SPW, sm90::Epilogue::kRelu2>(args, p, grid, stream);
+      return launch_warp_stream<WARPS, DEPTH, SPW, UNROLLED, sm90::Epilogue::kRelu2>(args, p, grid, stream);
   }
   return fail("sm90_nvfp4_grouped_gemm: unknown epilogue");
 }
@@ -199,7 +201,8 @@ const std::vector<Sm90GemmConfig>& sm90_gemm_configs() {
 #define NVFP4MOE_X(bt, st, wgs, wpu, sync) Sm90GemmConfig{bt, st, wgs, wpu, sync != 0},
       NVFP4MOE_SM90_GEMM_CONFIGS(NVFP4MOE_X)
 #undef NVFP4MOE_X
-#define NVFP4MOE_X(warps, depth, spw) Sm90GemmConfig{sm90::kWsTokens, depth, warps / 4, 1, false, true, spw},
+#define NVFP4MOE_X(warps, depth, spw, unrolled) \
+  Sm90GemmConfig{sm90::kWsTokens, depth, warps / 4, 1, false, true, spw, unrolled != 0},
       NVFP4MOE_SM90_WARP_STREAM_CONFIGS(NVFP4MOE_X)
 #undef NVFP4MOE_X
   };
@@ -208,8 +211,11 @@ const std::vector<Sm90GemmConfig>& sm90_gemm_configs() {
 
 std::string to_string(const Sm90GemmConfig& c) {
   if (c.warp_stream)
+    // (one slice: rolled unless "_u"; several: unrolled unless "_r")
     return "ws" + std::to_string(c.block_t) + "_s" + std::to_string(c.stages) + "_w" +
-           std::to_string(4 * c.consumer_warpgroups) + (c.slices_per_warp > 1 ? "_x" + std::to_string(c.slices_per_warp) : "");
+           std::to_string(4 * c.consumer_warpgroups) +
+           (c.slices_per_warp > 1 ? "_x" + std::to_string(c.slices_per_warp) + (c.ws_unrolled ? "" : "_r")
+                                  : (c.ws_unrolled ? "_u" : ""));
   return "bt" + std::to_string(c.block_t) + "_s" + std::to_string(c.stages) + "_wg" +
          std::to_string(c.consumer_warpgroups) + (c.warpgroups_per_unit == 2 ? "_half" : "") +
          (c.mma_sync ? "_sync" : "");
@@ -234,16 +240,17 @@ bool sm90_gemm_mma_twin(const Sm90GemmConfig& c, bool mma_sync, Sm90GemmConfig* 
 namespace {
 
 // The warp-streaming configs the heuristic takes at decode, found once (sm90_pick_config runs in every forward,
-// where no strings are built): one slice per piece (ws8_s6_w16) and two (ws8_s4_w16_x2).
-const Sm90GemmConfig* find_warp_stream_config(int slices_per_warp) {
+// where no strings are built): one slice per piece (ws8_s6_w16, rolled; ws8_s6_w16_u) and two (ws8_s4_w16_x2).
+const Sm90GemmConfig* find_warp_stream_config(int slices_per_warp, bool unrolled) {
   for (const auto& c : sm90_gemm_configs())
-    if (c.warp_stream && c.slices_per_warp == slices_per_warp) return &c;
+    if (c.warp_stream && c.slices_per_warp == slices_per_warp && c.ws_unrolled == unrolled) return &c;
   return nullptr;
 }
-const Sm90GemmConfig* warp_stream_config(int slices_per_warp) {
-  static const Sm90GemmConfig* const one = find_warp_stream_config(1);
-  static const Sm90GemmConfig* const two = find_warp_stream_config(2);
-  return slices_per_warp == 2 ? two : one;
+const Sm90GemmConfig* warp_stream_config(int slices_per_warp, bool unrolled) {
+  static const Sm90GemmConfig* const one = find_warp_stream_config(1, false);
+  static const Sm90GemmConfig* const one_unrolled = find_warp_stream_config(1, true);
+  static const Sm90GemmConfig* const two = find_warp_stream_config(2, true);
+  return slices_per_warp == 2 ? two : unrolled ? one_unrolled : one;
 }
 // Upper bound of the experts with rows (min(E, rows)) and the mean rows of those: host numbers only.
 int64_t active_experts(const Sm90GemmLoad& load) {
@@ -263,6 +270,11 @@ constexpr double kWarpStreamMaxRowsPerExpert = 2.0;
 // nemotron-nano T = 4: 720 / 1008), +10..44% at T = 1.
 constexpr double kWarpStreamX2MaxRowsPerExpert = 4.0;
 constexpr int64_t kWarpStreamX2MinPiecesPerSm = 8;
+// One slice, the k-loop unrolled (5c66c7a-ws-unroll-ab, both GEMMs): deepseek-v3 T = 1 -3.4% (1152 / 2016
+// pieces: 2-4 warps per scheduler), qwen3-235b T = 1 +0.2% (768 / 1024), but +3..6% where every warp streams
+// alone (qwen3-30b, nemotron-nano T = 1: <= 512 pieces; gpt-oss-120b: 720 / 368), where the rolled loop's
+// smaller code wins. Taken from 8 pieces per SM up.
+constexpr int64_t kWarpStreamUnrolledMinPiecesPerSm = 8;
 
 }  // namespace
 
@@ -276,9 +288,11 @@ Sm90GemmConfig sm90_pick_config(const Sm90GemmLoad& load) {
     const double rows = rows_per_active_expert(load);
     const int64_t x2_pieces = active_experts(load) * load.units * 2;
     if (rows <= kWarpStreamX2MaxRowsPerExpert && x2_pieces >= kWarpStreamX2MinPiecesPerSm * load.num_sms &&
-        warp_stream_config(2) != nullptr)
-      return *warp_stream_config(2);
-    if (rows <= kWarpStreamMaxRowsPerExpert && warp_stream_config(1) != nullptr) return *warp_stream_config(1);
+        warp_stream_config(2, true) != nullptr)
+      return *warp_stream_config(2, true);
+    const bool unrolled = 2 * x2_pieces >= kWarpStreamUnrolledMinPiecesPerSm * load.num_sms;
+    if (rows <= kWarpStreamMaxRowsPerExpert && warp_stream_config(1, unrolled) != nullptr)
+      return *warp_stream_config(1, unrolled);
   }
   return sm90_pick_tile_config(load);
 }
@@ -426,10 +440,11 @@ cudaError_t sm90_nvfp4_grouped_gemm(const Sm90GemmArgs& args, const Sm90GemmConf
     const sm90::GemmParams p = make_params(args);
     if (num_sms <= 0)
       if (const cudaError_t e = device_sm_count(&num_sms); e != cudaSuccess) return e;
-#define NVFP4MOE_X(warps, depth, spw)                                                              \
+#define NVFP4MOE_X(warps, depth, spw, unrolled)                                                    \
     if (config.block_t == sm90::kWsTokens && config.stages == depth &&                               \
-        4 * config.consumer_warpgroups == warps && config.slices_per_warp == spw)                    \
-      return launch_warp_stream_epi<warps, depth, spw>(args, p, num_sms, stream);
+        4 * config.consumer_warpgroups == warps && config.slices_per_warp == spw &&                  \
+        config.ws_unrolled == (unrolled != 0))                                                       \
+      return launch_warp_stream_epi<warps, depth, spw, unrolled != 0>(args, p, num_sms, stream);
     NVFP4MOE_SM90_WARP_STREAM_CONFIGS(NVFP4MOE_X)
 #undef NVFP4MOE_X
     return fail(who + ": config " + to_string(config) + " is not in the instantiated list");

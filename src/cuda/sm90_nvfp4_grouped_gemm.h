@@ -57,8 +57,10 @@ struct Sm90GemmConfig {
   // The same bits as the tile configs.
   bool warp_stream = false;
   // Warp streaming only: warp slices per piece (2, "_x2": two adjacent 32-row slices of a unit per warp, one
-  // token tile for both; only in the experiment-11 build).
+  // token tile for both), and the k-loop unrolled by the ring depth (one slice: "_u"; the x2 config is
+  // unrolled, its name says nothing).
   int slices_per_warp = 1;
+  bool ws_unrolled = false;
   int units_per_tile() const { return consumer_warpgroups / warpgroups_per_unit; }
   bool operator==(const Sm90GemmConfig&) const = default;
 };
@@ -85,7 +87,8 @@ struct Sm90GemmLoad {
 // warpgroups where an expert tile holds at most 4 rows (measured faster there in the whole layer), else wgmma.
 // Before all of that, with units and SMs known (decode, measured in the layer: docs/gemm.md): the
 // warp-streaming config with two slices per piece, ws8_s4_w16_x2, at <= 4 rows per active expert when its
-// pieces (active experts x units x 2) number >= 8 per SM; else ws8_s6_w16 at <= 2 rows per active expert.
+// pieces (active experts x units x 2) number >= 8 per SM; else at <= 2 rows per active expert ws8_s6_w16, its
+// k-loop unrolled (ws8_s6_w16_u) when its pieces (x 4) number >= 8 per SM.
 Sm90GemmConfig sm90_pick_config(const Sm90GemmLoad& load);
 // The tile kernels' rule alone (what sm90_pick_config returns where it does not take the warp-streaming kernel).
 Sm90GemmConfig sm90_pick_tile_config(const Sm90GemmLoad& load);

@@ -15,8 +15,7 @@
 // Each warp runs its pieces alone: no producer warp, no CTA barrier, no mbarrier. A ring of DEPTH k-tile slots
 // per warp in shared memory is filled by the warp's own cp.async (each lane copies its 2 x 16 code bytes and
 // its scale word, and 2 of the token tile's 64 16-byte chunks, zero-filled past the tile's rows and past K),
-// DEPTH - 1 k-tiles ahead of the MMA (the k-loop rolled for one slice per piece, unrolled by DEPTH for two:
-// ws_piece_k_loop_*). Per k-tile: wait for the oldest group, read the slot (the lane's own
+// DEPTH - 1 k-tiles ahead of the MMA (the k-loop rolled, or unrolled by DEPTH: ws_piece_k_loop_*). Per k-tile: wait for the oldest group, read the slot (the lane's own
 // codes and scale word, the token tile by ldmatrix), refill the slot read one k-tile before, dequantize
 // (dequant_ktile<2>: the same conversion as every other config), 8 mma.sync m16n8k16 (two accumulator chains,
 // the gate / up or the two 64-row blocks), each accumulator summing the k16 steps in order from zero: the
@@ -30,6 +29,7 @@
 
 namespace nvfp4moe::cuda::sm90 {
 
+// UNROLLED: the k-loop unrolled by DEPTH (ws_piece_k_loop_unrolled) or rolled.
 // SPW: warp slices per piece (1: the piece is one warp slice; 2: two adjacent slices of the same unit, whose
 // token tile is copied and read once: fewer instructions per weight byte, half as many pieces).
 // One warp's k-tile slot: per slice, the codes of the two blocks (32 lanes x 16 B each) and the lanes' scale
@@ -45,8 +45,8 @@ struct WarpStreamSlot {
   static constexpr int kPiecesPerUnit = 4 / SPW;
 };
 
-template <int WARPS, int DEPTH, int SPW, Epilogue EPI>
-struct WarpStreamTraits {  // (EPI only so that each kernel gets its own one-time launch check, kernel_ready)
+template <int WARPS, int DEPTH, int SPW, bool UNROLLED, Epilogue EPI>
+struct WarpStreamTraits {  // (UNROLLED, EPI only so that each kernel gets its own one-time launch check, kernel_ready)
   static_assert(DEPTH >= 2, "a ring of at least two k-tile slots");
   static_assert(SPW == 1 || SPW == 2, "one or two warp slices per piece");
   static constexpr int kThreads = WARPS * 32;
@@ -79,8 +79,8 @@ __device__ __forceinline__ void static_for(F&& f) {
 
 // The k-loop of one piece: acc (zeroed here) receives the piece's k16 steps in order, the ring of DEPTH slots at
 // `ring`. Two forms with the same groups, waits and arithmetic (the same bits). Rolled: the slot indices and the
-// sources are counters (measured faster at T = 1, where each warp streams one piece alone: the unrolled loop's
-// code is DEPTH times larger; bench/results/5c66c7a-ws-unroll-ab/).
+// sources are counters (measured faster where each warp streams one piece alone, qwen3-30b / nemotron-nano /
+// gpt-oss-120b T = 1: the unrolled loop's code is DEPTH times larger; bench/results/5c66c7a-ws-unroll-ab/).
 template <int DEPTH, int SPW>
 __device__ __forceinline__ void ws_piece_k_loop_rolled(const uint16_t* __restrict__ a, const int k, const GemmParams& p,
     const uint32_t ring, const int lane, const int g, const int t, const uint32_t ldsm_off, const uint8_t* wunit,
@@ -183,7 +183,8 @@ __device__ __forceinline__ void ws_piece_k_loop_rolled(const uint16_t* __restric
 
 // Unrolled by DEPTH: every slot address is the ring's base plus a constant, the sources advance once per DEPTH
 // k-tiles, the token tile's row zero-fill is a src-size set once per piece and the K tail has its own branch
-// (~13% fewer executed SASS per k-tile; measured faster with two slices per warp, 5c66c7a-ws-unroll-ab).
+// (~13% fewer executed SASS per k-tile; measured faster with two slices per warp, and with one where the warps
+// share their schedulers: deepseek-v3 T = 1, 5c66c7a-ws-unroll-ab).
 template <int DEPTH, int SPW>
 __device__ __forceinline__ void ws_piece_k_loop_unrolled(const uint16_t* __restrict__ a, const int k,
     const GemmParams& p, const uint32_t ring, const int lane, const int g, const int t, const uint32_t ldsm_off, const uint8_t* wunit,
@@ -292,7 +293,7 @@ __device__ __forceinline__ void ws_piece_k_loop_unrolled(const uint16_t* __restr
 }
 
 // a: bf16 [rows, k] (the rows of p.offsets); k: the element count of a row (K % 16 == 0).
-template <int WARPS, int DEPTH, int SPW, Epilogue EPI>
+template <int WARPS, int DEPTH, int SPW, bool UNROLLED, Epilogue EPI>
 __global__ void __launch_bounds__(WARPS * 32, 1)
     sm90_nvfp4_warp_stream_gemm_kernel(const uint16_t* __restrict__ a, const int k, const GemmParams p) {
   using Slot = WarpStreamSlot<SPW>;
@@ -315,7 +316,7 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
     const int64_t row_base = cur.row_begin + tok0;
     const uint8_t* wunit = p.w + (static_cast<size_t>(cur.e) * p.units + unit) * p.k_tiles * kUnitBytes;
     float acc[SPW][2][4];
-    if constexpr (SPW == 1)
+    if constexpr (!UNROLLED)
       ws_piece_k_loop_rolled<DEPTH, SPW>(a, k, p, ring, lane, g, t, ldsm_off, wunit, slice0, row_base, tile_rows, acc);
     else
       ws_piece_k_loop_unrolled<DEPTH, SPW>(a, k, p, ring, lane, g, t, ldsm_off, wunit, slice0, row_base, tile_rows,

@@ -160,13 +160,20 @@ TEST(Sm90PickConfig, WarpStreamingAtDecodeOnly) {
     int units;
     const char* why;
   };
-  // One slice per piece: few rows per expert and too few two-slice pieces (active experts x units x 2 < 8 per SM).
-  for (const Case& c : {Case{8, 128, 12, "qwen3-30b T=1 GEMM1 (192 x2 pieces)"}, {8, 128, 16, "qwen3-30b T=1 GEMM2"},
-                        Case{32, 128, 12, "qwen3-30b T=4 GEMM1 (768)"}, {32, 128, 16, "qwen3-30b T=4 GEMM2 (1024)"},
-                        Case{24, 128, 15, "nemotron-nano T=4 GEMM1 (720)"}, {9, 257, 32, "deepseek-v3 T=1 GEMM1"},
-                        Case{8, 256, 56, "deepseek-v3 T=1 GEMM2 (896)"}, {8, 128, 24, "qwen3-235b T=1 GEMM1"},
+  // One slice per piece: few rows per expert and too few two-slice pieces (active experts x units x 2 < 8 per SM);
+  // the rolled k-loop where the one-slice pieces (x 4) are < 8 per SM (each warp streams alone), else unrolled.
+  for (const Case& c : {Case{8, 128, 12, "qwen3-30b T=1 GEMM1 (384 pieces)"}, {8, 128, 16, "qwen3-30b T=1 GEMM2"},
+                        Case{8, 128, 24, "qwen3-235b T=1 GEMM1 (768)"}, {4, 128, 45, "gpt-oss-120b T=1 GEMM1 (720)"},
                         Case{1, 1, 56, "the shared expert at T=1"}, {2, 1, 12, "two rows of one expert"}})
     EXPECT_EQ(pick(c.rows, c.experts, c.units), "ws8_s6_w16") << c.why;
+  for (const Case& c : {Case{32, 128, 12, "qwen3-30b T=4 GEMM1 (768 x2 pieces, 1536)"},
+                        Case{32, 128, 16, "qwen3-30b T=4 GEMM2 (1024 x2 pieces)"},
+                        Case{24, 128, 15, "nemotron-nano T=4 GEMM1 (720 x2 pieces)"},
+                        Case{9, 257, 32, "deepseek-v3 T=1 GEMM1 (1152 pieces)"},
+                        Case{8, 256, 56, "deepseek-v3 T=1 GEMM2 (896 x2 pieces)"}})
+    EXPECT_EQ(pick(c.rows, c.experts, c.units), "ws8_s6_w16_u") << c.why;
+  EXPECT_EQ(pick(11, 128, 12), "ws8_s6_w16");    // 528 pieces: < 8 per SM
+  EXPECT_EQ(pick(22, 128, 12), "ws8_s6_w16_u");  // 1056: the bound itself
   // Two slices per piece: <= 4 rows per active expert and >= 8 x2 pieces per SM.
   for (const Case& c : {Case{32, 256, 32, "deepseek-v3 T=4 GEMM1 (2048)"}, {32, 256, 56, "deepseek-v3 T=4 GEMM2"},
                         Case{32, 128, 24, "qwen3-235b T=4 GEMM1 (1536)"}, {128, 128, 12, "qwen3-30b T=16 (3072)"},
@@ -174,8 +181,8 @@ TEST(Sm90PickConfig, WarpStreamingAtDecodeOnly) {
                         Case{576, 257, 32, "2.24 rows"}})
     EXPECT_EQ(pick(c.rows, c.experts, c.units), "ws8_s4_w16_x2") << c.why;
   EXPECT_EQ(pick(44, 44, 12), "ws8_s4_w16_x2");  // 44 x 12 x 2 = 1056 = 8 x 132: the bound itself
-  EXPECT_EQ(pick(43, 43, 12), "ws8_s6_w16");     // 1032
-  EXPECT_EQ(pick(32, 128, 24, 200), "ws8_s6_w16");  // 1536 < 8 x 200: the bound scales with the SMs
+  EXPECT_EQ(pick(43, 43, 12), "ws8_s6_w16_u");   // 1032
+  EXPECT_EQ(pick(32, 128, 24, 200), "ws8_s6_w16_u");  // 1536 < 8 x 200: the bound scales with the SMs
   // The tile kernels: more than 4 rows per active expert, or 3..4 rows with too few pieces, or unknown units/SMs.
   for (const Case& c : {Case{640, 128, 24, "5 rows"}, {1024, 128, 12, "8 rows"}, {2304, 257, 32, "9 rows"},
                         Case{4096 * 8, 256, 32, "prefill"}, {3, 1, 12, "3 rows of one expert, 24 x2 pieces"},
@@ -193,7 +200,7 @@ TEST(Sm90PickConfig, WarpStreamingAtDecodeOnly) {
     EXPECT_FALSE(sm90_chained_available(c)) << to_string(c);
     EXPECT_FALSE(sm90_gemm_mma_twin(c, true, nullptr)) << to_string(c);
   }
-  EXPECT_EQ(listed_ws, 2);
+  EXPECT_EQ(listed_ws, 3);
   // Where the tile rule's decode picks go now: the tile rule itself is unchanged (tests above).
   EXPECT_EQ(to_string(sm90_pick_tile_config(Sm90GemmLoad{8, 128, 12, kSms})), "bt16_s14_wg2_half");
 }
