@@ -77,6 +77,53 @@ __device__ __forceinline__ void static_for(F&& f) {
   static_for_impl<N>(f, std::make_integer_sequence<int, N>{});
 }
 
+// What a lane reads from one k-tile slot: its codes and scale word of each slice, and the token tile's B
+// fragments (ldmatrix.x4 per pair of k16 steps).
+template <int SPW>
+struct WsSlotRegs {
+  uint4 codes[SPW][2];
+  uint32_t sw[SPW];
+  uint32_t bf[4][2];
+};
+template <int SPW>
+__device__ __forceinline__ void ws_read_slot(const uint32_t slot, const int lane, const uint32_t ldsm_off,
+                                             WsSlotRegs<SPW>& r) {
+  using Slot = WarpStreamSlot<SPW>;
+#pragma unroll
+  for (int j = 0; j < SPW; ++j) {
+    const uint32_t sl = slot + j * Slot::kSliceBytes;
+    r.codes[j][0] = lds128(sl + lane * 16);
+    r.codes[j][1] = lds128(sl + 512 + lane * 16);
+    r.sw[j] = lds32(sl + Slot::kScaleOffset + lane * 4);
+  }
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {  // chunks 4h .. 4h + 3: k16 steps 2h, 2h + 1
+    uint32_t q[4];
+    ldmatrix_x4(slot + Slot::kTokenOffset + (ldsm_off ^ (h << 6)), q);
+    r.bf[2 * h][0] = q[0];
+    r.bf[2 * h][1] = q[1];
+    r.bf[2 * h + 1][0] = q[2];
+    r.bf[2 * h + 1][1] = q[3];
+  }
+}
+// The k-tile's 4 k16 steps of each slice: dequant_ktile<2> (the conversion every config uses), then 8 mma.sync
+// in step order into the two accumulator chains (block b).
+template <int SPW>
+__device__ __forceinline__ void ws_mma_slot(const WsSlotRegs<SPW>& r, float (&acc)[SPW][2][4]) {
+#pragma unroll
+  for (int sj = 0; sj < SPW; ++sj) {
+    uint32_t af[2][16];
+    dequant_ktile<2>(r.codes[sj], r.sw[sj], af);
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+#pragma unroll
+      for (int b = 0; b < 2; ++b) {
+        const uint32_t fr[4] = {af[b][4 * j], af[b][4 * j + 1], af[b][4 * j + 2], af[b][4 * j + 3]};
+        mma_16816(acc[sj][b], fr, r.bf[j][0], r.bf[j][1]);
+      }
+  }
+}
+
 // The k-loop of one piece: acc (zeroed here) receives the piece's k16 steps in order, the ring of DEPTH slots at
 // `ring`. Two forms with the same groups, waits and arithmetic (the same bits). Rolled: the slot indices and the
 // sources are counters (measured faster where each warp streams one piece alone, qwen3-30b / nemotron-nano /
@@ -143,41 +190,13 @@ __device__ __forceinline__ void ws_piece_k_loop_rolled(const uint16_t* __restric
     cp_async_wait<DEPTH - 2>();  // this lane's copies of k-tile kt are in
     __syncwarp();                // and every lane's (the token tile is read across lanes)
     const uint32_t slot = slot_of(s_read);
-    uint4 codes[SPW][2];
-    uint32_t sw[SPW];
-#pragma unroll
-    for (int j = 0; j < SPW; ++j) {
-      const uint32_t sl = slot + j * Slot::kSliceBytes;
-      codes[j][0] = lds128(sl + lane * 16);
-      codes[j][1] = lds128(sl + 512 + lane * 16);
-      sw[j] = lds32(sl + Slot::kScaleOffset + lane * 4);
-    }
-    uint32_t bf[4][2];
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {  // chunks 4h .. 4h + 3: k16 steps 2h, 2h + 1
-      uint32_t q[4];
-      ldmatrix_x4(slot + Slot::kTokenOffset + (ldsm_off ^ (h << 6)), q);
-      bf[2 * h][0] = q[0];
-      bf[2 * h][1] = q[1];
-      bf[2 * h + 1][0] = q[2];
-      bf[2 * h + 1][1] = q[3];
-    }
+    WsSlotRegs<SPW> r;
+    ws_read_slot<SPW>(slot, lane, ldsm_off, r);
     __syncwarp();  // every lane has read slot kt - 1's successor; the slot read last k-tile is free
     issue(slot_of(s_fill));  // k-tile kt + DEPTH - 1
     if (++s_read == DEPTH) s_read = 0;
     if (++s_fill == DEPTH) s_fill = 0;
-#pragma unroll
-    for (int sj = 0; sj < SPW; ++sj) {
-      uint32_t af[2][16];
-      dequant_ktile<2>(codes[sj], sw[sj], af);
-#pragma unroll
-      for (int j = 0; j < 4; ++j)
-#pragma unroll
-        for (int b = 0; b < 2; ++b) {
-          const uint32_t fr[4] = {af[b][4 * j], af[b][4 * j + 1], af[b][4 * j + 2], af[b][4 * j + 3]};
-          mma_16816(acc[sj][b], fr, bf[j][0], bf[j][1]);
-        }
-    }
+    ws_mma_slot<SPW>(r, acc);
   }
 }
 
@@ -250,40 +269,12 @@ __device__ __forceinline__ void ws_piece_k_loop_unrolled(const uint16_t* __restr
       cp_async_wait<DEPTH - 2>();  // this lane's copies of k-tile kt0 + d are in
       __syncwarp();                // and every lane's (the token tile is read across lanes)
       const uint32_t slot = ring + d * Slot::kBytes;
-      uint4 codes[SPW][2];
-      uint32_t sw[SPW];
-#pragma unroll
-      for (int j = 0; j < SPW; ++j) {
-        const uint32_t sl = slot + j * Slot::kSliceBytes;
-        codes[j][0] = lds128(sl + lane * 16);
-        codes[j][1] = lds128(sl + 512 + lane * 16);
-        sw[j] = lds32(sl + Slot::kScaleOffset + lane * 4);
-      }
-      uint32_t bf[4][2];
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {  // chunks 4h .. 4h + 3: k16 steps 2h, 2h + 1
-        uint32_t q[4];
-        ldmatrix_x4(slot + Slot::kTokenOffset + (ldsm_off ^ (h << 6)), q);
-        bf[2 * h][0] = q[0];
-        bf[2 * h][1] = q[1];
-        bf[2 * h + 1][0] = q[2];
-        bf[2 * h + 1][1] = q[3];
-      }
+      WsSlotRegs<SPW> r;
+      ws_read_slot<SPW>(slot, lane, ldsm_off, r);
       __syncwarp();  // every lane has read slot d; the slot read one k-tile before is free
       // k-tile kt0 + d + DEPTH - 1 into the slot read one k-tile before.
       fill(kt0, std::integral_constant<int, d + DEPTH - 1>{}, ring + ((d + DEPTH - 1) % DEPTH) * Slot::kBytes);
-#pragma unroll
-      for (int sj = 0; sj < SPW; ++sj) {
-        uint32_t af[2][16];
-        dequant_ktile<2>(codes[sj], sw[sj], af);
-#pragma unroll
-        for (int j = 0; j < 4; ++j)
-#pragma unroll
-          for (int b = 0; b < 2; ++b) {
-            const uint32_t fr[4] = {af[b][4 * j], af[b][4 * j + 1], af[b][4 * j + 2], af[b][4 * j + 3]};
-            mma_16816(acc[sj][b], fr, bf[j][0], bf[j][1]);
-          }
-      }
+      ws_mma_slot<SPW>(r, acc);
     });
     wcode += DEPTH * kUnitBytes;
     wscale += DEPTH * kUnitBytes;
