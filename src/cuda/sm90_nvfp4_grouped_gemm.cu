@@ -37,11 +37,12 @@ cudaError_t fail(const std::string& msg) {
   X(128, 8, 2, 1, 0)  /* prefill: > 64 rows per expert */
 
 // The warp-streaming decode configs (sm90_nvfp4_warp_stream_gemm.cuh): X(warps per CTA, k-tile slots per warp,
-// warp slices per piece, k-loop unrolled by the slots), each for every epilogue; shared memory = warps x slots x slot bytes (one CTA per SM).
-// ws8_s6_w16: one 32-row slice per piece, the most pieces (T = 1), rolled k-loop; ws8_s6_w16_u: the same
-// unrolled, where the pieces share the schedulers (deepseek-v3 T = 1: -3.4%); ws8_s4_w16_x2 (unrolled): two slices per piece sharing
-// one token tile (fewer instructions per weight byte) where the pieces fill the grid's warps (T >= 4 on the
-// large models: -4..-10% in the layer, bench/results/5c66c7a-ws-unroll-ab/). Measured and removed (docs/gemm.md):
+// warp slices per piece, k-loop unrolled by the slots), each for every epilogue; shared memory = warps x slots x
+// slot bytes (one CTA per SM). ws8_s6_w16: one 32-row slice per piece, the most pieces (T = 1), rolled k-loop;
+// ws8_s6_w16_u: the same unrolled, where the pieces share the schedulers (deepseek-v3 T = 1: -3.4%);
+// ws8_s4_w16_x2 (unrolled): two slices per piece sharing one token tile (fewer instructions per weight byte)
+// where the pieces fill the grid's warps (T >= 4 on the large models: -4..-10% in the layer,
+// bench/results/5c66c7a-ws-unroll-ab/). Measured and removed (docs/gemm.md):
 // 12 warps x 8 slots (891b1bc), 20 x 5 and warp pairs (7b9bd1c), 8 x 12 and 4 x 24 (5c66c7a: 4 x 24 2-3x slower).
 // Experiment 12 (an A/B build, CMake NVFP4MOE_SM90_EXPERIMENT=12; not run yet) adds the deep rings with the
 // rolled k-loop, 8 x 12 and 4 x 24 slots: whether a warp that streams its piece alone is bound by the memory
@@ -298,11 +299,11 @@ Sm90GemmConfig sm90_pick_config(const Sm90GemmLoad& load) {
   // where those pieces are many, one slice otherwise.
   if (load.units > 0 && load.num_sms > 0 && load.max_rows > 0) {
     const double rows = rows_per_active_expert(load);
-    const int64_t x2_pieces = active_experts(load) * load.units * 2;
-    if (rows <= kWarpStreamX2MaxRowsPerExpert && x2_pieces >= kWarpStreamX2MinPiecesPerSm * load.num_sms &&
+    const int64_t slices = active_experts(load) * load.units * 4;  // one-slice pieces (upper bound)
+    if (rows <= kWarpStreamX2MaxRowsPerExpert && slices / 2 >= kWarpStreamX2MinPiecesPerSm * load.num_sms &&
         warp_stream_config(2, true) != nullptr)
       return *warp_stream_config(2, true);
-    const bool unrolled = 2 * x2_pieces >= kWarpStreamUnrolledMinPiecesPerSm * load.num_sms;
+    const bool unrolled = slices >= kWarpStreamUnrolledMinPiecesPerSm * load.num_sms;
     if (rows <= kWarpStreamMaxRowsPerExpert && warp_stream_config(1, unrolled) != nullptr)
       return *warp_stream_config(1, unrolled);
   }

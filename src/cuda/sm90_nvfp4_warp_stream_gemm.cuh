@@ -15,9 +15,10 @@
 // Each warp runs its pieces alone: no producer warp, no CTA barrier, no mbarrier. A ring of DEPTH k-tile slots
 // per warp in shared memory is filled by the warp's own cp.async (each lane copies its 2 x 16 code bytes and
 // its scale word, and 2 of the token tile's 64 16-byte chunks, zero-filled past the tile's rows and past K),
-// DEPTH - 1 k-tiles ahead of the MMA (the k-loop rolled, or unrolled by DEPTH: ws_piece_k_loop_*). Per k-tile: wait for the oldest group, read the slot (the lane's own
-// codes and scale word, the token tile by ldmatrix), refill the slot read one k-tile before, dequantize
-// (dequant_ktile<2>: the same conversion as every other config), 8 mma.sync m16n8k16 (two accumulator chains,
+// DEPTH - 1 k-tiles ahead of the MMA (the k-loop rolled, or unrolled by DEPTH: ws_piece_k_loop_*). Per
+// k-tile: wait for the oldest group, read the slot (the lane's own codes and scale word, the token tile by
+// ldmatrix), refill the slot read one k-tile before, dequantize (dequant_ktile<2>: the same conversion as every
+// other config), 8 mma.sync m16n8k16 (two accumulator chains,
 // the gate / up or the two 64-row blocks), each accumulator summing the k16 steps in order from zero: the
 // same bits as the tile kernels (tested bitwise against them, and batch invariance over every config).
 #pragma once
@@ -206,8 +207,8 @@ __device__ __forceinline__ void ws_piece_k_loop_rolled(const uint16_t* __restric
 // share their schedulers: deepseek-v3 T = 1, 5c66c7a-ws-unroll-ab).
 template <int DEPTH, int SPW>
 __device__ __forceinline__ void ws_piece_k_loop_unrolled(const uint16_t* __restrict__ a, const int k,
-    const GemmParams& p, const uint32_t ring, const int lane, const int g, const int t, const uint32_t ldsm_off, const uint8_t* wunit,
-    const int slice0, const int64_t row_base, const int tile_rows, float (&acc)[SPW][2][4]) {
+    const GemmParams& p, const uint32_t ring, const int lane, const int g, const int t, const uint32_t ldsm_off,
+    const uint8_t* wunit, const int slice0, const int64_t row_base, const int tile_rows, float (&acc)[SPW][2][4]) {
   using Slot = WarpStreamSlot<SPW>;
   // Sources of k-tile kt0 + d (kt0: the first k-tile of the current group of DEPTH; d < 2 DEPTH - 1, a compile-
   // time offset once the loop below is unrolled): this lane's code bytes of both blocks, its scale word, and its
