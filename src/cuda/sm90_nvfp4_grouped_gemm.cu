@@ -44,22 +44,12 @@ cudaError_t fail(const std::string& msg) {
 // where the pieces fill the grid's warps (T >= 4 on the large models: -4..-10% in the layer,
 // bench/results/5c66c7a-ws-unroll-ab/). Measured and removed (docs/gemm.md):
 // 12 warps x 8 slots (891b1bc), 20 x 5 and warp pairs (7b9bd1c), 8 x 12 and 4 x 24 (5c66c7a: 4 x 24 2-3x slower).
-// Experiment 12 (an A/B build, CMake NVFP4MOE_SM90_EXPERIMENT=12; not run yet) adds the deep rings with the
-// rolled k-loop, 8 x 12 and 4 x 24 slots: whether a warp that streams its piece alone is bound by the memory
-// latency over its ring (5c66c7a's 4 x 24 was unrolled 24x, ~70 KB of code, and did not answer that).
-#if NVFP4MOE_SM90_DEQUANT_EXPERIMENT == 12
-#define NVFP4MOE_SM90_WARP_STREAM_CONFIGS(X) \
-  X(16, 6, 1, 0)                             \
-  X(16, 6, 1, 1)                             \
-  X(16, 4, 2, 1)                             \
-  X(8, 12, 1, 0)                             \
-  X(4, 24, 1, 0)
-#else
+// Experiment 12 (58fd2b7, 8 x 12 and 4 x 24 slots with the rolled loop): no faster where every warp streams
+// alone, slower elsewhere (bench/results/58fd2b7-x12-ab/); removed.
 #define NVFP4MOE_SM90_WARP_STREAM_CONFIGS(X) \
   X(16, 6, 1, 0)                             \
   X(16, 6, 1, 1)                             \
   X(16, 4, 2, 1)
-#endif
 
 // The configs with a chained kernel (GEMM1 -> GEMM2 in one launch, sm90_nvfp4_chained_gemms), each for the
 // SwiGLU and relu^2 GEMM1: the decode tiles that the heuristic picks for both GEMMs of one layer (the half tile:
