@@ -774,6 +774,98 @@ TEST(CudaLayer, ChainedGemmsBitIdenticalToTwoLaunches) {
   EXPECT_GE(chained_points, 8) << "the chained path was hardly taken: the test checks nothing";
 }
 
+// The combine folded into the warp-streaming GEMM2 (T <= 64, no separate shared-expert group) writes the same
+// bits as the combine kernel: by logits and by caller ids (masked slots, a fully masked token, a duplicated id),
+// f32 and bf16 outputs, a poisoned workspace, repeated forwards and graph replays (its counters must come back
+// to zero after every launch, or the next forward's sums would never be written: the output is poisoned first).
+TEST(CudaLayer, FusedCombineBitIdenticalToCombineKernel) {
+  LayerDims merged = kSmallSigmoid;
+  merged.name = "sigmoid-grouped+shared(I) E32 k6 (merged)";
+  merged.shared_I = merged.I;
+  LayerDims relu2{"relu2 E24 k4", 256, 128, 24, 4, Activation::Relu2};
+  const LayerDims dims[] = {kSmallSoftmax, merged, relu2, {"E128 softmax k8", 1024, 128, 128, 8}, kSmallSigmoid};
+  int fused_points = 0;
+  for (const LayerDims& d : dims)
+    for (Mode mode : {Mode::W4A16, Mode::W4A4}) {
+      SCOPED_TRACE(std::string(d.name) + " " + mode_name(mode));
+      ASSERT_EQ(setenv("NVFP4MOE_FUSED_COMBINE", "0", 1), 0);
+      Harness two(d, mode, 80, 23);
+      ASSERT_EQ(unsetenv("NVFP4MOE_FUSED_COMBINE"), 0);
+      Harness one(d, mode, 80, 23);
+      const int64_t H = one.H(), E = one.spec().num_experts, K = d.k;
+      const bool separate_shared = d.shared_I != 0 && !one.cuda->shared_in_routed();
+      for (int64_t T : {1, 2, 3, 5, 8, 17, 64, 65}) {
+        SCOPED_TRACE("T=" + std::to_string(T));
+        const auto launches = one.cuda->sm90_launches(T);
+        ASSERT_GE(launches.size(), 2u);
+        const bool fused = launches[1].fused_combine;
+        EXPECT_EQ(fused, T <= 64 && launches[1].config.warp_stream && !separate_shared);
+        for (const auto& l : two.cuda->sm90_launches(T)) EXPECT_FALSE(l.fused_combine);
+        fused_points += fused;
+        const auto hidden = random_hidden(T, H, 500 + T);
+        const auto logits = random_logits(T, E, 600 + T);
+        std::vector<int32_t> ids(T * K);
+        std::vector<float> ws(T * K);
+        Rng r(700 + T);
+        for (int64_t i = 0; i < T * K; ++i) {
+          const int64_t t = i / K;
+          ids[i] = (t == 0 || r.next() % 4 == 0) ? -1 : static_cast<int32_t>(r.next() % E);  // token 0: all masked
+          ws[i] = r.uniform();
+        }
+        if (T > 2) ids[2 * K + 1] = ids[2 * K] = static_cast<int32_t>(E - 1);  // the same expert twice
+        for (Harness* h : {&two, &one}) {
+          h->hidden.put(hidden);
+          h->logits.put(logits);
+          h->ids.put(ids);
+          h->weights.put(ws);
+        }
+        for (bool by_ids : {false, true})
+          for (DType dt : {DType::F32, DType::BF16}) {
+            SCOPED_TRACE(std::string(by_ids ? "ids" : "logits") + (dt == DType::BF16 ? " bf16" : " f32"));
+            const size_t bytes = static_cast<size_t>(T * H) * (dt == DType::BF16 ? 2 : 4);
+            CUDA_OK(cudaMemset(two.out.p, 0x7F, two.out.n * 4));
+            if (by_ids) two.forward_ids(T, two.out.p, dt);
+            else two.forward_logits(T, two.out.p, dt);
+            CUDA_OK(cudaDeviceSynchronize());
+            const auto ref = two.out.get(T * H);
+            for (int poison : {-1, 0xD5, 0xFF}) {
+              if (poison >= 0) CUDA_OK(cudaMemset(one.cuda->workspace(), poison, one.layer->workspace_bytes()));
+              CUDA_OK(cudaMemset(one.out.p, 0x7F, one.out.n * 4));
+              if (by_ids) one.forward_ids(T, one.out.p, dt);
+              else one.forward_logits(T, one.out.p, dt);
+              CUDA_OK(cudaDeviceSynchronize());
+              ASSERT_EQ(std::memcmp(one.out.get(T * H).data(), ref.data(), bytes), 0)
+                  << "fused: " << fused << ", poison " << poison;
+            }
+          }
+        if (T == 2 || T == 64) {  // a captured graph, replayed 3 times
+          cudaStream_t s;
+          CUDA_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+          CUDA_OK(cudaMemset(two.out.p, 0x7F, two.out.n * 4));
+          two.forward_logits(T, two.out.p, DType::F32);
+          CUDA_OK(cudaDeviceSynchronize());
+          const auto ref = two.out.get(T * H);
+          cudaGraph_t g;
+          cudaGraphExec_t ge;
+          CUDA_OK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+          one.forward_logits(T, one.out.p, DType::F32, s);
+          CUDA_OK(cudaStreamEndCapture(s, &g));
+          CUDA_OK(cudaGraphInstantiate(&ge, g, 0));
+          for (int rep = 0; rep < 3; ++rep) {
+            CUDA_OK(cudaMemset(one.out.p, 0x7F, one.out.n * 4));
+            CUDA_OK(cudaGraphLaunch(ge, s));
+            CUDA_OK(cudaStreamSynchronize(s));
+            ASSERT_EQ(std::memcmp(one.out.get(T * H).data(), ref.data(), ref.size() * 4), 0) << "replay " << rep;
+          }
+          CUDA_OK(cudaGraphExecDestroy(ge));
+          CUDA_OK(cudaGraphDestroy(g));
+          CUDA_OK(cudaStreamDestroy(s));
+        }
+      }
+    }
+  EXPECT_GE(fused_points, 30) << "the fused combine was hardly taken: the test checks little";
+}
+
 // A token's row is bitwise the same alone and among 6 or 299 other tokens.
 TEST(CudaLayer, BatchInvariance) {
   for (GemmPath gemm : kBothPaths)

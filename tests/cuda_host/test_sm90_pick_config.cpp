@@ -255,5 +255,62 @@ TEST(Sm90ConfigOverride, BadValuesAreRefusedNamingTheChoices) {
   }
 }
 
+// The fused combine's argument checks run on the host before anything is launched (so here, without a GPU):
+// each refusal returns cudaErrorInvalidValue and a message naming the argument and what it got.
+TEST(Sm90FusedCombineArgs, RefusedNamingTheArgument) {
+  alignas(16) static uint16_t a[64];
+  alignas(16) static uint8_t w[64];
+  static int32_t offsets[2], perm[8], inv[8], counters[8];
+  static float alpha[2], tw[8], y[64], out[64];
+  const Sm90PreparedShape shape = sm90_prepared_shape(1, 128, 64, false);
+  Sm90GemmArgs g;
+  g.a = a;
+  g.a_rows_capacity = 8;
+  g.w = w;
+  g.shape = shape;
+  g.offsets = offsets;
+  g.alpha0 = alpha;
+  g.out = y;
+  g.epilogue = Sm90GemmEpilogue::kF32;
+  g.combine.out = out;
+  g.combine.perm = perm;
+  g.combine.inv = inv;
+  g.combine.topk_weights = tw;
+  g.combine.counters = counters;
+  g.combine.tokens = 1;
+  g.combine.top_k = 8;
+  Sm90GemmConfig ws, tile;
+  ASSERT_TRUE(sm90_gemm_config_by_name("ws8_s6_w16", &ws));
+  ASSERT_TRUE(sm90_gemm_config_by_name("bt16_s9_wg4", &tile));
+  auto refused = [&](const Sm90GemmArgs& args, const Sm90GemmConfig& c, const char* needle) {
+    EXPECT_EQ(sm90_nvfp4_grouped_gemm(args, c, nullptr, kSms), cudaErrorInvalidValue) << needle;
+    const std::string m = sm90_gemm_last_error_message();
+    EXPECT_NE(m.find(needle), std::string::npos) << m;
+  };
+  refused(g, tile, "needs a warp-streaming config, got bt16_s9_wg4");
+  Sm90GemmArgs b = g;
+  b.combine.counters = nullptr;
+  refused(b, ws, "null pointer among perm, inv, topk_weights, counters");
+  b = g;
+  b.combine.tokens = 0;
+  refused(b, ws, "tokens and top_k must be >= 1, got 0, 8");
+  b = g;
+  b.combine.shared_expert = 1;
+  refused(b, ws, "shared_expert must be -1 or in [0, 1), got 1");
+  b = g;
+  b.epilogue = Sm90GemmEpilogue::kRelu2;
+  refused(b, ws, "combine (fused) needs the kF32 epilogue");
+  Sm90GemmArgs g1 = g;
+  g1.combine = Sm90FusedCombine{};
+  g1.epilogue = Sm90GemmEpilogue::kRelu2;
+  g1.out = a;
+  Sm90GemmArgs g2 = g;
+  g2.a = a;
+  g2.shape = sm90_prepared_shape(1, 64, 128, false);
+  EXPECT_EQ(sm90_nvfp4_chained_gemms(g1, g2, tile, counters, nullptr, kSms), cudaErrorInvalidValue);
+  EXPECT_NE(std::string(sm90_gemm_last_error_message()).find("not in a chained launch"), std::string::npos)
+      << sm90_gemm_last_error_message();
+}
+
 }  // namespace
 }  // namespace nvfp4moe::cuda
