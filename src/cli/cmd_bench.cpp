@@ -577,8 +577,7 @@ void run_on_device(const BenchOpts& o, const BenchPlan& p, json& doc) {
             json cfgs = json::object();
             // "... chained": that GEMM1 and the next GEMM2 ran as one launch (sm90_nvfp4_chained_gemms).
             for (const auto& launch : cl->sm90_launches(T))
-              cfgs[launch.name] = cuda::to_string(launch.config) + (launch.chained ? " chained" : "") +
-                                  (launch.fused_combine ? " +combine" : "");
+              cfgs[launch.name] = cuda::to_string(launch.config) + (launch.chained ? " chained" : "");
             row["sm90_configs"] = cfgs;
           }
           const double med = percentile(us, 0.5);

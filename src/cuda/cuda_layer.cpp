@@ -261,14 +261,6 @@ CudaMoeLayer::CudaMoeLayer(MoeWeights w, const MoeLayerOptions& options, GemmPat
       check_cuda(cudaMalloc(&chain_counters_, n * sizeof(int32_t)), "cudaMalloc (chain counters)");
       check_cuda(cudaMemset(chain_counters_, 0, n * sizeof(int32_t)), "cudaMemset (chain counters)");
       shared_chain_counters_ = chain_counters_ + routed_n;
-      const char* fc = std::getenv("NVFP4MOE_FUSED_COMBINE");  // A/B switch: "0" = the combine kernel always
-      fused_combine_enabled_ = fc == nullptr || fc[0] == '\0' || std::strcmp(fc, "0") != 0;
-      const size_t combine_n = sm90_fused_combine_counter_count(
-          std::min<int64_t>(options_.max_tokens, kFusedCombineMaxTokens), static_cast<int>(spec_.hidden));
-      if (combine_n > 0) {
-        check_cuda(cudaMalloc(&combine_counters_, combine_n * sizeof(int32_t)), "cudaMalloc (combine counters)");
-        check_cuda(cudaMemset(combine_counters_, 0, combine_n * sizeof(int32_t)), "cudaMemset (combine counters)");
-      }
       warm_up_sm90();
     }
   } catch (...) {
@@ -276,7 +268,6 @@ CudaMoeLayer::CudaMoeLayer(MoeWeights w, const MoeLayerOptions& options, GemmPat
     if (calib_) cudaFree(calib_);
     if (workspace_) cudaFree(workspace_);
     if (chain_counters_) cudaFree(chain_counters_);
-    if (combine_counters_) cudaFree(combine_counters_);
     throw;
   }
 }
@@ -289,7 +280,6 @@ CudaMoeLayer::~CudaMoeLayer() {
   if (calib_) cudaFree(calib_);
   if (workspace_) cudaFree(workspace_);
   if (chain_counters_) cudaFree(chain_counters_);
-  if (combine_counters_) cudaFree(combine_counters_);
   cudaSetDevice(prev);
 }
 
@@ -727,9 +717,7 @@ void CudaMoeLayer::forward(const TensorRef& hidden, const RoutingArgs& routing, 
     check_launch(launch_plan(pl, stream), "plan");
   }
 
-  // Returns where GEMM2 wrote its f32 rows (y, or chain_y for a chained launch); sets combined when the routed
-  // GEMM2 also wrote the layer's output (the fused combine).
-  bool combined = false;
+  // Returns where GEMM2 wrote its f32 rows (y, or chain_y for a chained launch).
   auto run_group = [&](const DeviceExperts& d, int experts, const int32_t* perm, const int32_t* offsets,
                        const int32_t* tiles, int max_rows, int64_t capacity, uint16_t* a1, uint16_t* act, float* y,
                        float* chain_y, int32_t* chain_counters, const char* what) -> float* {
@@ -766,22 +754,7 @@ void CudaMoeLayer::forward(const TensorRef& hidden, const RoutingArgs& routing, 
       s2.out = y;
       s2.epilogue = Sm90GemmEpilogue::kF32;
       // Calibration measures GEMM1's output between the two GEMMs: never chained then.
-      const bool chain = !calibrating_ && chained(c1, c2, T, d.gated);
-      if (routed && fuse_combine(c2, chain, T)) {
-        Sm90FusedCombine& fc = s2.combine;
-        fc.out = out.data;
-        fc.out_bf16 = out.dtype == DType::BF16;
-        fc.perm = perm_;
-        fc.inv = inv_;
-        fc.topk_weights = topk_weights_;
-        fc.shared_gate = shared_gate_weight_ ? sgate_ : nullptr;
-        fc.shared_expert = merged ? static_cast<int>(E) : -1;
-        fc.tokens = static_cast<int>(T);
-        fc.top_k = static_cast<int>(K);
-        fc.counters = combine_counters_;
-        combined = true;
-      }
-      if (chain) {
+      if (!calibrating_ && chained(c1, c2, T, d.gated)) {
         s2.out = chain_y;
         check_sm90(sm90_nvfp4_chained_gemms(s1, s2, c1, chain_counters, stream, device_sm_count()),
                    routed ? "sm90 chained gemm1 + gemm2 (routed)" : "sm90 chained gemm1 + gemm2 (shared)");
@@ -855,8 +828,7 @@ void CudaMoeLayer::forward(const TensorRef& hidden, const RoutingArgs& routing, 
                            chain_sy_, shared_chain_counters_, "shared");
   }
 
-  // 6. combine (unless the routed GEMM2 did it)
-  if (combined) return;
+  // 6. combine
   CombineArgs c;
   c.y = routed_y;
   c.inv = inv_;
@@ -914,16 +886,7 @@ std::vector<CudaMoeLayer::Sm90Launch> CudaMoeLayer::sm90_launches(int64_t T) con
   }
   for (size_t i = 0; i + 1 < out.size(); i += 2)
     out[i].chained = chained(out[i].config, out[i + 1].config, T, (i == 0 ? routed_ : shared_).gated);
-  out[1].fused_combine = fuse_combine(out[1].config, out[0].chained, T);
   return out;
-}
-
-bool CudaMoeLayer::fuse_combine(const Sm90GemmConfig& gemm2, bool chained_group, int64_t T) const {
-  // Only where the routed launch holds every contribution to the output (a separate shared-expert group runs
-  // after it), and within the tokens the counters were allocated for.
-  return fused_combine_enabled_ && combine_counters_ != nullptr && gemm2.warp_stream && !chained_group &&
-         T <= std::min<int64_t>(options_.max_tokens, kFusedCombineMaxTokens) &&
-         (shared_.num_experts == 0 || shared_in_routed_);
 }
 
 Sm90PreparedShape CudaMoeLayer::routed_launch_shape(const Sm90PreparedShape& routed) const {

@@ -124,7 +124,6 @@ class CudaMoeLayer final : public MoeLayer {
     std::string name;  // "gemm1 routed+shared", "gemm2 routed", "gemm1 shared", ...
     Sm90GemmConfig config;
     bool chained = false;  // this GEMM1 and the next GEMM2 run as one launch (sm90_nvfp4_chained_gemms)
-    bool fused_combine = false;  // (a GEMM2) the layer's combine runs inside it: no combine launch
   };
   std::vector<Sm90Launch> sm90_launches(int64_t T) const;
 
@@ -193,15 +192,6 @@ class CudaMoeLayer final : public MoeLayer {
   int32_t* shared_chain_counters_ = nullptr;
   float* chain_y_ = nullptr;    // [min(max_tokens, kChainMaxTokens) * (k + 1 if merged), H]
   float* chain_sy_ = nullptr;   // [min(max_tokens, kChainMaxTokens), H] (separate shared expert)
-
-  // The combine folded into the routed group's warp-streaming GEMM2 (Sm90FusedCombine) at T <= kFusedCombineMaxTokens
-  // when that group holds every expert of the layer (no shared expert, or the shared expert merged into it):
-  // one launch less at decode. combine_counters_: its (token, 32-column group) counters, zeroed once, left zero by
-  // every launch. NVFP4MOE_FUSED_COMBINE=0 (read at creation): the combine kernel always, for A/B.
-  static constexpr int64_t kFusedCombineMaxTokens = 64;
-  bool fused_combine_enabled_ = true;
-  int32_t* combine_counters_ = nullptr;  // [sm90_fused_combine_counter_count(min(max_tokens, 64), H)]
-  bool fuse_combine(const Sm90GemmConfig& gemm2, bool chained_group, int64_t T) const;
 };
 
 }  // namespace nvfp4moe::cuda

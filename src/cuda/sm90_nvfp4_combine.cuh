@@ -7,7 +7,6 @@
 
 #include <cstdint>
 
-#include "cuda/combine_sum.cuh"
 #include "cuda/launch_pdl.cuh"
 #include "cuda/moe_kernels.h"
 #include "format/nvfp4.h"
@@ -48,18 +47,18 @@ __global__ void __launch_bounds__(kCombineThreads) combine_kernel(CombineArgs a)
 #pragma unroll
     for (int i = 0; i < kCombineBatch; ++i) {
       if (row[i] < 0) continue;
-      acc.x = combine_fma(w[i], y[i].x, acc.x);
-      acc.y = combine_fma(w[i], y[i].y, acc.y);
-      acc.z = combine_fma(w[i], y[i].z, acc.z);
-      acc.w = combine_fma(w[i], y[i].w, acc.w);
+      acc.x += w[i] * y[i].x;
+      acc.y += w[i] * y[i].y;
+      acc.z += w[i] * y[i].z;
+      acc.w += w[i] * y[i].w;
     }
   }
   if (a.shared_y) {
     const float4 y = *reinterpret_cast<const float4*>(a.shared_y + srow * H + c);
-    acc.x = combine_fma(sg, y.x, acc.x);
-    acc.y = combine_fma(sg, y.y, acc.y);
-    acc.z = combine_fma(sg, y.z, acc.z);
-    acc.w = combine_fma(sg, y.w, acc.w);
+    acc.x += sg * y.x;
+    acc.y += sg * y.y;
+    acc.z += sg * y.z;
+    acc.w += sg * y.w;
   }
   if (a.out_bf16) {
     uint16_t* o = static_cast<uint16_t*>(a.out) + static_cast<size_t>(t) * H + c;

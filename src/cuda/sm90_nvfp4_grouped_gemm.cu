@@ -138,10 +138,7 @@ cudaError_t launch_warp_stream(const Sm90GemmArgs& args, const sm90::GemmParams&
   auto kernel = sm90::sm90_nvfp4_warp_stream_gemm_kernel<WARPS, DEPTH, SPW, UNROLLED, EPI>;
   int fit = 0;
   if (const cudaError_t e = kernel_ready<Tr>(kernel, &fit); e != cudaSuccess) return e;
-  const Sm90FusedCombine& fc = args.combine;
-  const sm90::WsCombineParams c{fc.out, fc.perm, fc.inv, fc.topk_weights, fc.shared_gate, fc.counters,
-                                fc.tokens, fc.top_k, fc.shared_expert, fc.out_bf16 ? 1 : 0};
-  return launch_pdl(kernel, dim3(grid), dim3(Tr::kThreads), Tr::kSmemBytes, stream, args.a, args.shape.k, p, c);
+  return launch_pdl(kernel, dim3(grid), dim3(Tr::kThreads), Tr::kSmemBytes, stream, args.a, args.shape.k, p);
 }
 
 template <int WARPS, int DEPTH, int SPW, bool UNROLLED>
@@ -394,20 +391,6 @@ std::string check_args(const Sm90GemmArgs& args, const std::string& who) {
     return who + ": a_rows_capacity must be in [1, 2^31); got " + std::to_string(args.a_rows_capacity);
   if ((reinterpret_cast<uintptr_t>(args.a) & 15) != 0 || (reinterpret_cast<uintptr_t>(args.w) & 15) != 0)
     return who + ": a and w must be 16-byte aligned";
-  const Sm90FusedCombine& c = args.combine;
-  if (c.out != nullptr) {
-    if (args.epilogue != Sm90GemmEpilogue::kF32)
-      return who + ": combine (fused) needs the kF32 epilogue (GEMM2), got " +
-             std::to_string(static_cast<int>(args.epilogue));
-    if (c.perm == nullptr || c.inv == nullptr || c.topk_weights == nullptr || c.counters == nullptr)
-      return who + ": combine (fused): null pointer among perm, inv, topk_weights, counters";
-    if (c.tokens < 1 || c.top_k < 1)
-      return who + ": combine (fused): tokens and top_k must be >= 1, got " + std::to_string(c.tokens) + ", " +
-             std::to_string(c.top_k);
-    if (c.shared_expert < -1 || c.shared_expert >= s.num_experts)
-      return who + ": combine (fused): shared_expert must be -1 or in [0, " + std::to_string(s.num_experts) +
-             "), got " + std::to_string(c.shared_expert);
-  }
   return "";
 }
 
@@ -469,8 +452,6 @@ cudaError_t sm90_nvfp4_grouped_gemm(const Sm90GemmArgs& args, const Sm90GemmConf
 #undef NVFP4MOE_X
     return fail(who + ": config " + to_string(config) + " is not in the instantiated list");
   }
-  if (args.combine.out != nullptr)
-    return fail(who + ": combine (fused) needs a warp-streaming config, got " + to_string(config));
   CUtensorMap map;
   if (std::string m = make_a_map(args, config.block_t, &map, who); !m.empty()) return fail(m);
   const sm90::GemmParams p = make_params(args);
@@ -508,8 +489,6 @@ cudaError_t sm90_nvfp4_chained_gemms(const Sm90GemmArgs& gemm1, const Sm90GemmAr
   if (std::string m = check_args(gemm2, who + " (gemm2)"); !m.empty()) return fail(m);
   if (gemm1.epilogue == Sm90GemmEpilogue::kF32 || gemm2.epilogue != Sm90GemmEpilogue::kF32)
     return fail(who + ": gemm1 needs an activation epilogue (SwiGLU or relu^2) and gemm2 the f32 one");
-  if (gemm1.combine.out != nullptr || gemm2.combine.out != nullptr)
-    return fail(who + ": combine (fused) exists with the warp-streaming GEMM2 only, not in a chained launch");
   if (gemm1.offsets != gemm2.offsets || gemm1.shape.num_experts != gemm2.shape.num_experts)
     return fail(who + ": gemm1 and gemm2 must share the offsets and the expert count (got E = " +
                 std::to_string(gemm1.shape.num_experts) + " and " + std::to_string(gemm2.shape.num_experts) + ")");

@@ -93,27 +93,6 @@ Sm90GemmConfig sm90_pick_config(const Sm90GemmLoad& load);
 // The tile kernels' rule alone (what sm90_pick_config returns where it does not take the warp-streaming kernel).
 Sm90GemmConfig sm90_pick_tile_config(const Sm90GemmLoad& load);
 
-// The layer's combine folded into a warp-streaming f32 GEMM (GEMM2): out[t] = sum over the token's slots j in
-// slot order of topk_weights[t, j] * y[inv[t, j]] (masked slots, inv -1, skipped) + shared_gate[t] (or 1) *
-// y[offsets[shared_expert] + t], y = the GEMM's own output rows: the same bits as launch_combine on the same
-// arguments (sm90_nvfp4_warp_stream_gemm.cuh: the warp that completes a (token, 32-column group) sums it).
-struct Sm90FusedCombine {
-  void* out = nullptr;                  // [tokens, N] f32 or bf16 bits; nullptr: no fused combine
-  bool out_bf16 = false;
-  const int32_t* perm = nullptr;        // [routed rows] row -> pair t * top_k + j
-  const int32_t* inv = nullptr;         // [tokens * top_k] pair -> row, -1 for a masked slot
-  const float* topk_weights = nullptr;  // [tokens * top_k]
-  const float* shared_gate = nullptr;   // [tokens] or nullptr (1); used with shared_expert only
-  int shared_expert = -1;  // the launch's expert whose rows are the shared expert's (token t at offsets[e] + t), -1
-  int tokens = 0, top_k = 0;
-  // int32 [sm90_fused_combine_counter_count(tokens, N)] in device memory, zero before the first launch; every
-  // launch that completes leaves them zero (graph-safe). One buffer per stream of launches.
-  int32_t* counters = nullptr;
-};
-inline size_t sm90_fused_combine_counter_count(int64_t tokens, int n) {
-  return static_cast<size_t>(tokens > 0 ? tokens : 0) * static_cast<size_t>((n + 127) / 128) * 4;
-}
-
 struct Sm90GemmArgs {
   const uint16_t* a = nullptr;     // bf16 bits [a_rows_capacity, K] row-major, rows in expert order
   int64_t a_rows_capacity = 0;     // rows allocated in a (>= offsets[E]); bounds the TMA reads
@@ -125,7 +104,6 @@ struct Sm90GemmArgs {
   const float* gs = nullptr;       // [E] device or nullptr: NVFP4-quantize the bf16 output (operand values)
   void* out = nullptr;             // f32 [capacity, N] (kF32) / bf16 [capacity, N or N/2]
   Sm90GemmEpilogue epilogue = Sm90GemmEpilogue::kF32;
-  Sm90FusedCombine combine;        // kF32 with a warp-streaming config only (combine.out == nullptr: none)
 };
 
 // Launches the persistent grouped GEMM with config (one of sm90_gemm_configs()). Rows of out past offsets[E]

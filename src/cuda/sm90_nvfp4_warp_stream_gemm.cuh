@@ -26,7 +26,6 @@
 #include <type_traits>
 #include <utility>
 
-#include "cuda/combine_sum.cuh"
 #include "cuda/sm90_nvfp4_grouped_gemm.cuh"
 
 namespace nvfp4moe::cuda::sm90 {
@@ -285,118 +284,10 @@ __device__ __forceinline__ void ws_piece_k_loop_unrolled(const uint16_t* __restr
   }
 }
 
-// The combine folded into the f32 GEMM (GEMM2) of a layer (c.out != nullptr): out[t] = sum over the token's
-// slots j in order of w[t, j] * y[inv[t, j]] (masked slots skipped), + shared_gate[t] * y[shared row of t]; the
-// expression and order of combine_kernel (combine_sum.cuh), so the same bits.
-// Who sums: a piece's rows are (token, slot) pairs; after storing its y columns (one 32-column group per slice:
-// 16 columns of each 64-row block) the warp counts one finished contribution per row on the counter of (token,
-// group); the warp whose count completes the token's contributions (its valid slots + the shared row) reads
-// the k + 1 rows of that group and writes the output, then sets the counter back to 0 (zero before the first
-// launch, zero after every launch: nothing to reset per forward, graph-safe). Release / acquire: stores,
-// __syncwarp, fence, count; count, fence, __syncwarp, loads (L2 only, ld.global.cg: a line of y may sit stale in
-// this SM's L1 from summing the neighbouring group).
-struct WsCombineParams {
-  void* out;                    // [tokens, n_out] f32 or bf16 bits; nullptr: no fused combine
-  const int32_t* perm;          // [rows] routed row -> pair t * top_k + j
-  const int32_t* inv;           // [tokens * top_k] pair -> row, -1: masked slot
-  const float* topk_weights;    // [tokens * top_k]
-  const float* shared_gate;     // [tokens] or nullptr (1)
-  int32_t* counters;            // [tokens][units * 4]
-  int tokens, top_k;
-  int shared_expert;            // the launch's expert of the shared expert (token t: row offsets[e] + t), or -1
-  int out_bf16;
-};
-
-// Sums group `group` (columns unit * 128 + b * 64 + 16 slice + 0..15, b = 0, 1; lane = 16 b + column) of token
-// t over its contributions and writes the output.
-__device__ __forceinline__ void ws_combine_group(const GemmParams& p, const WsCombineParams& c, int t, int unit,
-                                                 int slice, int lane) {
-  const int col = unit * 128 + (lane >> 4) * 64 + 16 * slice + (lane & 15);
-  if (col >= p.n_out) return;
-  const float* y = static_cast<const float*>(p.out);
-  const int K = c.top_k;
-  constexpr int kBatch = 8;  // slots whose loads are in flight at once (combine_kernel's kCombineBatch)
-  float acc = 0.0f;
-  for (int j0 = 0; j0 < K; j0 += kBatch) {
-    int row[kBatch];
-    float w[kBatch], v[kBatch];
-#pragma unroll
-    for (int i = 0; i < kBatch; ++i) {
-      const int j = j0 + i;
-      row[i] = j < K ? __ldg(c.inv + static_cast<int64_t>(t) * K + j) : -1;
-      w[i] = j < K ? __ldg(c.topk_weights + static_cast<int64_t>(t) * K + j) : 0.0f;
-    }
-#pragma unroll
-    for (int i = 0; i < kBatch; ++i)
-      v[i] = row[i] >= 0 ? __ldcg(y + static_cast<int64_t>(row[i]) * p.n_out + col) : 0.0f;
-#pragma unroll
-    for (int i = 0; i < kBatch; ++i)
-      if (row[i] >= 0) acc = combine_fma(w[i], v[i], acc);
-  }
-  if (c.shared_expert >= 0) {
-    const float sg = c.shared_gate ? __ldg(c.shared_gate + t) : 1.0f;
-    const int64_t srow = static_cast<int64_t>(__ldg(p.offsets + c.shared_expert)) + t;
-    acc = combine_fma(sg, __ldcg(y + srow * p.n_out + col), acc);
-  }
-  const int64_t o = static_cast<int64_t>(t) * p.n_out + col;
-  if (c.out_bf16) static_cast<uint16_t*>(c.out)[o] = fmt::bf16_from_float(acc);
-  else static_cast<float*>(c.out)[o] = acc;
-}
-
-// After a piece's y stores (tile_rows rows from row_base, token tile tok0 of expert e; slices slice0 ..
-// slice0 + SPW - 1 of `unit`): count, and sum the groups this warp completes.
-template <int SPW>
-__device__ __forceinline__ void ws_fused_combine(const GemmParams& p, const WsCombineParams& c, int e, int unit,
-                                                 int slice0, int64_t row_base, int tok0, int tile_rows, int lane) {
-  const int K = c.top_k, groups = p.units * 4;
-  __syncwarp();      // every lane's y stores ...
-  __threadfence();   // ... ordered before this warp's counts (release)
-  int t = 0, expected = 0;
-  if (lane < tile_rows) {
-    t = e == c.shared_expert ? tok0 + lane : __ldg(c.perm + row_base + lane) / K;
-    expected = c.shared_expert >= 0 ? 1 : 0;
-    for (int j = 0; j < K; ++j) expected += __ldg(c.inv + static_cast<int64_t>(t) * K + j) >= 0 ? 1 : 0;
-  }
-#pragma unroll
-  for (int sj = 0; sj < SPW; ++sj) {
-    const int group = unit * 4 + slice0 + sj;
-    bool last = false;
-    if (lane < tile_rows) last = atomicAdd(c.counters + static_cast<int64_t>(t) * groups + group, 1) == expected - 1;
-    for (unsigned m = __ballot_sync(0xFFFFFFFFu, last); m != 0; m &= m - 1) {
-      const int tt = __shfl_sync(0xFFFFFFFFu, t, __ffs(m) - 1);
-      __threadfence();  // acquire: every contribution to (tt, group) is visible ...
-      __syncwarp();     // ... to every lane
-      ws_combine_group(p, c, tt, unit, slice0 + sj, lane);
-      if (lane == 0) c.counters[static_cast<int64_t>(tt) * groups + group] = 0;
-    }
-  }
-}
-
-// Without a shared expert a token whose slots are all masked gets no contribution: the warps write its zeros
-// (what combine_kernel writes for it) after their pieces.
-template <int WARPS>
-__device__ __forceinline__ void ws_combine_empty_tokens(const GemmParams& p, const WsCombineParams& c, int warp,
-                                                        int lane) {
-  if (c.shared_expert >= 0) return;
-  const int K = c.top_k;
-  for (int t = warp * static_cast<int>(gridDim.x) + static_cast<int>(blockIdx.x); t < c.tokens;
-       t += WARPS * static_cast<int>(gridDim.x)) {
-    bool any = false;
-    for (int j = lane; j < K; j += 32) any = any || __ldg(c.inv + static_cast<int64_t>(t) * K + j) >= 0;
-    if (__any_sync(0xFFFFFFFFu, any)) continue;
-    for (int col = lane; col < p.n_out; col += 32) {
-      const int64_t o = static_cast<int64_t>(t) * p.n_out + col;
-      if (c.out_bf16) static_cast<uint16_t*>(c.out)[o] = 0;
-      else static_cast<float*>(c.out)[o] = 0.0f;
-    }
-  }
-}
-
 // a: bf16 [rows, k] (the rows of p.offsets); k: the element count of a row (K % 16 == 0).
 template <int WARPS, int DEPTH, int SPW, bool UNROLLED, Epilogue EPI>
 __global__ void __launch_bounds__(WARPS * 32, 1)
-    sm90_nvfp4_warp_stream_gemm_kernel(const uint16_t* __restrict__ a, const int k, const GemmParams p,
-                                       const WsCombineParams combine) {
+    sm90_nvfp4_warp_stream_gemm_kernel(const uint16_t* __restrict__ a, const int k, const GemmParams p) {
   using Slot = WarpStreamSlot<SPW>;
   extern __shared__ __align__(128) uint8_t ws_smem[];
   const int warp = static_cast<int>(threadIdx.x) >> 5, lane = static_cast<int>(threadIdx.x) & 31;
@@ -473,12 +364,7 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
         }
       }
     }  // slices of the piece
-    if constexpr (EPI == Epilogue::kF32)
-      if (combine.out != nullptr)
-        ws_fused_combine<SPW>(p, combine, e, unit, slice0, row_base, tok0, tile_rows, lane);
   }
-  if constexpr (EPI == Epilogue::kF32)
-    if (combine.out != nullptr) ws_combine_empty_tokens<WARPS>(p, combine, warp, lane);
 }
 
 }  // namespace nvfp4moe::cuda::sm90
