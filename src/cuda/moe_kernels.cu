@@ -166,9 +166,32 @@ namespace kernels {
 // that would otherwise be a launch and a dependency each); block 0 alone writes the routing and the plan to
 // global memory, for the GEMMs and the combine. Then each block gathers its share of the rows, from the plan
 // in its shared memory. The same routing, plan and rows as route_plan_small_kernel + gather_kernel.
+// One token (T = 1): every row of the gather is token 0's, so a warp's first item (fixed by the grid) has its
+// 16 columns per lane known before the routing: route_plan_gather_small_kernel loads them first and this
+// finishes the item from them (gather_item's arithmetic and stores, without the Qwen2 gate, which never fuses).
+// Only the 8 bf16 pairs stay live across the routing (the values are exactly those bf16 numbers, f32 input
+// included: load_block16 rounds it first).
+__device__ __forceinline__ void gather_item_loaded(const GatherArgs& g, int r, int e, int col, uint32_t (&bits)[8],
+                                                   int lane) {
+  float amax = 0.0f;
+  if (col < g.hidden_size) {
+    float x[16];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      x[2 * i] = fmt::bits_float(bits[i] << 16);
+      x[2 * i + 1] = fmt::bits_float(bits[i] & 0xFFFF0000u);
+    }
+    amax = block16_absmax(x, amax);
+    if (g.gs) quant_block16_operand(x, g.gs[e], bits);
+    store_block16(g.out + static_cast<size_t>(r) * g.hidden_size + col, bits);
+  }
+  if (g.amax) warp_amax_to(amax, g.amax + e, lane);
+}
+
 template <bool F32>
 __global__ void __launch_bounds__(kScanThreads) route_plan_gather_small_kernel(RouteArgs r, PlanArgs a, GatherArgs g,
-                                                                               int pairs, bool block_route) {
+                                                                               int pairs, bool block_route,
+                                                                               int gs_smem_offset) {
   pdl_wait_then_allow_next();
   extern __shared__ __align__(16) uint8_t route_smem[];
   __shared__ int32_t routed_ids[kSmallPlanPairs];
@@ -176,15 +199,32 @@ __global__ void __launch_bounds__(kScanThreads) route_plan_gather_small_kernel(R
   __shared__ int32_t plan_rows;
   const bool leader = blockIdx.x == 0;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int H = g.hidden_size, warps = blockDim.x >> 5;
+  const int chunks = (H + kGatherChunkCols - 1) / kGatherChunkCols;
+  // Loads that do not depend on the routing go out first, with the routing's own: (1) w4a4: the experts'
+  // activation scales into shared memory (gs_smem_offset > 0; read per row once its expert is known: a
+  // dependent global load otherwise), visible after route_small's barriers; (2) T = 1: this warp's first item.
+  if (g.gs && gs_smem_offset > 0) {
+    float* gs_smem = reinterpret_cast<float*>(route_smem + gs_smem_offset);
+    const int n = g.experts + (g.append_shared ? 1 : 0);
+    for (int i = threadIdx.x; i < n; i += blockDim.x) gs_smem[i] = __ldg(g.gs + i);
+    g.gs = gs_smem;
+  }
+  const int item0 = blockIdx.x * warps + warp;
+  const bool loaded = g.tokens == 1 && item0 < g.max_rows * chunks;
+  const int col_loaded = (item0 % chunks) * kGatherChunkCols + lane * 16;
+  uint32_t bits[8];
+  if (loaded && col_loaded < H) {
+    float x[16];
+    load_block16<F32>(g.hidden, col_loaded, x, bits);
+  }
   route_small(r, block_route, route_smem, routed_ids, leader);
   plan_small_block(a, pairs, routed_ids, leader, plan_perm, &plan_rows);
   __syncthreads();  // plan_perm and plan_rows
   const int routed_rows = plan_rows;
   const int rows = routed_rows + (g.append_shared ? g.tokens : 0);
-  const int H = g.hidden_size, warps = blockDim.x >> 5;
-  const int chunks = (H + kGatherChunkCols - 1) / kGatherChunkCols;
   const int items = rows * chunks;
-  for (int item = blockIdx.x * warps + warp; item < items; item += gridDim.x * warps) {
+  for (int item = item0; item < items; item += gridDim.x * warps) {
     const int row = item / chunks, col0 = (item % chunks) * kGatherChunkCols;
     int t, e;
     if (row < routed_rows) {
@@ -195,7 +235,8 @@ __global__ void __launch_bounds__(kScanThreads) route_plan_gather_small_kernel(R
       t = row - routed_rows;
       e = g.experts;  // the shared expert as expert E
     }
-    gather_item<F32>(g, row, t, e, col0, min(H, col0 + kGatherChunkCols), lane);
+    if (loaded && item == item0) gather_item_loaded(g, row, e, col_loaded, bits, lane);
+    else gather_item<F32>(g, row, t, e, col0, min(H, col0 + kGatherChunkCols), lane);
   }
 }
 }  // namespace kernels
@@ -231,10 +272,21 @@ cudaError_t launch_route_plan_gather(const RouteArgs& r, const PlanArgs& a, cons
   if (!g.hidden || !g.out || g.hidden_size % 16 != 0) return cudaErrorInvalidValue;
   const int pairs = a.tokens * a.top_k;
   const int grid = route_plan_gather_blocks(g, sh.threads);
+  // w4a4: the experts' activation scales after the routing's shared memory, where they fit.
+  size_t smem = sh.smem;
+  int gs_offset = 0;
+  if (g.gs) {
+    const size_t off = std::max<size_t>(16, (sh.smem + 15) / 16 * 16);
+    const size_t end = off + static_cast<size_t>(g.experts + (g.append_shared ? 1 : 0)) * sizeof(float);
+    if (end <= kernels::kFusedRouteSmemBytes) {
+      gs_offset = static_cast<int>(off);
+      smem = end;
+    }
+  }
   return g.hidden_f32 ? launch_pdl(kernels::route_plan_gather_small_kernel<true>, dim3(grid), dim3(sh.threads),
-                                   sh.smem, stream, r, a, g, pairs, sh.block_route)
+                                   smem, stream, r, a, g, pairs, sh.block_route, gs_offset)
                       : launch_pdl(kernels::route_plan_gather_small_kernel<false>, dim3(grid), dim3(sh.threads),
-                                   sh.smem, stream, r, a, g, pairs, sh.block_route);
+                                   smem, stream, r, a, g, pairs, sh.block_route, gs_offset);
 }
 
 cudaError_t launch_gather(const GatherArgs& a, cudaStream_t stream) {

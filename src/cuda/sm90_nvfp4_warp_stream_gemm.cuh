@@ -307,6 +307,12 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
     const int tok0 = t_idx * kWsTokens, tile_rows = min(kWsTokens, cur.rows - tok0);
     const int64_t row_base = cur.row_begin + tok0;
     const uint8_t* wunit = p.w + (static_cast<size_t>(cur.e) * p.units + unit) * p.k_tiles * kUnitBytes;
+    // The expert's epilogue factors, loaded before the k-loop: issued after it, their L2 round trip was one more
+    // step in series at the end of every piece (the same values either way).
+    const int e = cur.e;
+    const float al0 = __ldg(p.alpha0 + e) * kWeightUnscale;
+    const float al1 = EPI == Epilogue::kSwiGLU ? __ldg(p.alpha1 + e) * kWeightUnscale : 0.0f;
+    const float gsv = EPI != Epilogue::kF32 && p.gs != nullptr ? __ldg(p.gs + e) : 0.0f;
     float acc[SPW][2][4];
     if constexpr (!UNROLLED)
       ws_piece_k_loop_rolled<DEPTH, SPW>(a, k, p, ring, lane, g, t, ldsm_off, wunit, slice0, row_base, tile_rows, acc);
@@ -318,13 +324,12 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
     // ---------------------------------------------------------------- epilogue (the tile kernels' arithmetic)
     // acc[sj][b][i]: weight row 16 slice + g + 8 ((i >> 1) & 1) of block b, slice = slice0 + sj, token
     // tok0 + 2t + (i & 1).
-    const int e = cur.e;
 #pragma unroll
     for (int sj = 0; sj < SPW; ++sj) {
       const int slice = slice0 + sj;
       const float (&acc_s)[2][4] = acc[sj];
       if constexpr (EPI == Epilogue::kF32) {
-        const float al = __ldg(p.alpha0 + e) * kWeightUnscale;
+        const float al = al0;
         float* out = static_cast<float*>(p.out);
 #pragma unroll
         for (int b = 0; b < 2; ++b)
@@ -336,9 +341,6 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
           }
       } else {
         uint16_t* out = static_cast<uint16_t*>(p.out);
-        const float al0 = __ldg(p.alpha0 + e) * kWeightUnscale;
-        const float al1 = EPI == Epilogue::kSwiGLU ? __ldg(p.alpha1 + e) * kWeightUnscale : 0.0f;
-        const float gsv = p.gs != nullptr ? __ldg(p.gs + e) : 0.0f;
         // Quantization groups of this thread (16 output columns of one token): q -> block b = q / 2 (relu^2; SwiGLU
         // has one output block), token 2t + q % 2, rows r0 (i = q % 2) and r0 + 8 (i + 2).
         constexpr int kGroups = EPI == Epilogue::kSwiGLU ? 2 : 4;
