@@ -255,6 +255,8 @@ CudaMoeLayer::CudaMoeLayer(MoeWeights w, const MoeLayerOptions& options, GemmPat
       chain_enabled_ = v == nullptr || v[0] == '\0' || std::strcmp(v, "0") != 0;
       const char* ws = std::getenv("NVFP4MOE_WARP_STREAM");  // A/B switch: "0" = the tile rule at decode too
       warp_stream_enabled_ = ws == nullptr || ws[0] == '\0' || std::strcmp(ws, "0") != 0;
+      const char* early = std::getenv("NVFP4MOE_EARLY_GEMM2");  // A/B switch: "0" = GEMM2 waits first
+      early_gemm2_enabled_ = early == nullptr || early[0] == '\0' || std::strcmp(early, "0") != 0;
       // Zero once; every chained launch leaves the counters zero (sm90_nvfp4_chained_gemms).
       const size_t routed_n = sm90_chain_counter_count(static_cast<int>(spec_.num_experts) + 1);
       const size_t n = routed_n + sm90_chain_counter_count(1);
@@ -753,6 +755,9 @@ void CudaMoeLayer::forward(const TensorRef& hidden, const RoutingArgs& routing, 
       s2.alpha0 = d.alpha2;
       s2.out = y;
       s2.epilogue = Sm90GemmEpilogue::kF32;
+      // GEMM2's offsets are the plan's (two or more launches back: GEMM1, and act_amax when calibrating, ran
+      // since); only its operand rows come from the previous kernel. NVFP4MOE_EARLY_GEMM2=0: off, for A/B.
+      s2.prologue_before_pdl_wait = early_gemm2_enabled_;
       // Calibration measures GEMM1's output between the two GEMMs: never chained then.
       if (!calibrating_ && chained(c1, c2, T, d.gated)) {
         s2.out = chain_y;

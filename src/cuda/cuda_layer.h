@@ -188,6 +188,9 @@ class CudaMoeLayer final : public MoeLayer {
   bool chain_enabled_ = true;
   // NVFP4MOE_WARP_STREAM=0 (read at creation): the tile rule (sm90_pick_tile_config) at decode as well, for A/B.
   bool warp_stream_enabled_ = true;
+  // GEMM2 launched with prologue_before_pdl_wait (its seek and first weights during GEMM1's tail where the
+  // config allows it). NVFP4MOE_EARLY_GEMM2=0 (read at creation): off, for A/B.
+  bool early_gemm2_enabled_ = true;
   int32_t* chain_counters_ = nullptr;         // routed group [2 * (E + 1)], then the shared expert's [2]
   int32_t* shared_chain_counters_ = nullptr;
   float* chain_y_ = nullptr;    // [min(max_tokens, kChainMaxTokens) * (k + 1 if merged), H]

@@ -171,6 +171,9 @@ struct CombineArgs {
   void* out = nullptr;
   bool out_bf16 = false;
 };
+// inv, topk_weights, shared_gate and shared_row_base must have been complete before the previous launch of the
+// stream began (the layer's: the plan and the gathers, with the GEMMs since): the kernel reads them before its
+// PDL wait; y after it.
 cudaError_t launch_combine(const CombineArgs& a, cudaStream_t stream);
 
 // Device SM count (cached per device), used to size the persistent grids.

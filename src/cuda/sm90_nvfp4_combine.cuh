@@ -17,28 +17,35 @@ inline constexpr int kCombineThreads = 128;
 inline constexpr int kCombineCols = kCombineThreads * 4;
 inline constexpr int kCombineBatch = 8;  // slots whose rows are loaded at once
 
+// Its blocks fit beside the GEMM2 CTAs, so they start (PDL) while GEMM2 runs: everything but y (the slots' rows
+// and weights, the shared gate and row base: written two or more launches back, launch_combine's contract) is
+// loaded before the wait, and after it only y's rows (one dependent round trip instead of two at decode).
 __global__ void __launch_bounds__(kCombineThreads) combine_kernel(CombineArgs a) {
-  pdl_wait_then_allow_next();
   const int H = a.hidden_size, K = a.top_k;
   const int chunks = (H + kCombineCols - 1) / kCombineCols;
   const int t = static_cast<int>(blockIdx.x / chunks);
   const int c = static_cast<int>(blockIdx.x % chunks) * kCombineCols + threadIdx.x * 4;
-  if (c >= H) return;
   // Every load a step needs is issued before the first is used: the shared expert's gate and row base with
   // the first batch's slots, then kCombineBatch slots' rows at once (a loop that loads a slot's row and adds it
   // keeps one dependent pair of round trips per slot in flight: 2k round trips per token at decode).
   const float sg = a.shared_y ? (a.shared_gate ? a.shared_gate[t] : 1.0f) : 0.0f;
   const size_t srow = a.shared_y ? static_cast<size_t>(a.shared_row_base ? *a.shared_row_base : 0) + t : 0;
-  float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-  for (int j0 = 0; j0 < K; j0 += kCombineBatch) {
-    int row[kCombineBatch];
-    float w[kCombineBatch];
+  int row[kCombineBatch];
+  float w[kCombineBatch];
+  auto load_slots = [&](int j0) {
 #pragma unroll
     for (int i = 0; i < kCombineBatch; ++i) {
       const int j = j0 + i;
       row[i] = j < K ? a.inv[static_cast<size_t>(t) * K + j] : -1;
       w[i] = j < K ? a.topk_weights[static_cast<size_t>(t) * K + j] : 0.0f;
     }
+  };
+  load_slots(0);
+  pdl_wait_then_allow_next();
+  if (c >= H) return;
+  float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  for (int j0 = 0; j0 < K; j0 += kCombineBatch) {
+    if (j0 > 0) load_slots(j0);
     float4 y[kCombineBatch];
 #pragma unroll
     for (int i = 0; i < kCombineBatch; ++i)

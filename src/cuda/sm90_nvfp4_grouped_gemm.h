@@ -87,8 +87,9 @@ struct Sm90GemmLoad {
 // warpgroups where an expert tile holds at most 4 rows (measured faster there in the whole layer), else wgmma.
 // Before all of that, with units and SMs known (decode, measured in the layer: docs/gemm.md): the
 // warp-streaming config with two slices per piece, ws8_s4_w16_x2, at <= 4 rows per active expert when its
-// pieces (active experts x units x 2) number >= 8 per SM; else at <= 2 rows per active expert ws8_s6_w16, its
-// k-loop unrolled (ws8_s6_w16_u) when its pieces (x 4) number >= 8 per SM.
+// pieces (active experts x units x 2) number >= 8 per SM; else at <= 2 rows per active expert the one-slice
+// config: its k-loop unrolled (ws8_s6_w16_u) when its pieces (x 4) number >= 8 per SM, else rolled in 8-warp
+// CTAs (ws8_s6_w8: one piece per warp at most, half the shared memory of ws8_s6_w16).
 Sm90GemmConfig sm90_pick_config(const Sm90GemmLoad& load);
 // The tile kernels' rule alone (what sm90_pick_config returns where it does not take the warp-streaming kernel).
 Sm90GemmConfig sm90_pick_tile_config(const Sm90GemmLoad& load);
@@ -104,6 +105,11 @@ struct Sm90GemmArgs {
   const float* gs = nullptr;       // [E] device or nullptr: NVFP4-quantize the bf16 output (operand values)
   void* out = nullptr;             // f32 [capacity, N] (kF32) / bf16 [capacity, N or N/2]
   Sm90GemmEpilogue epilogue = Sm90GemmEpilogue::kF32;
+  // The caller's promise that the offsets (and w, alpha0/1, gs) were complete before the previous launch of the
+  // stream began, i.e. only `a` comes from the previous kernel (GEMM2 after GEMM1: the offsets are the plan's,
+  // two or more launches back). The warp-streaming configs may then read them, seek their first piece and
+  // start its weights before their PDL wait (the rolled k-loop); the other configs ignore it.
+  bool prologue_before_pdl_wait = false;
 };
 
 // Launches the persistent grouped GEMM with config (one of sm90_gemm_configs()). Rows of out past offsets[E]

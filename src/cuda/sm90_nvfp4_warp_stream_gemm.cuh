@@ -132,7 +132,7 @@ __device__ __forceinline__ void ws_mma_slot(const WsSlotRegs<SPW>& r, float (&ac
 template <int DEPTH, int SPW>
 __device__ __forceinline__ void ws_piece_k_loop_rolled(const uint16_t* __restrict__ a, const int k, const GemmParams& p,
     const uint32_t ring, const int lane, const int g, const int t, const uint32_t ldsm_off, const uint8_t* wunit,
-    const int slice0, const int64_t row_base, const int tile_rows, float (&acc)[SPW][2][4]) {
+    const int slice0, const int64_t row_base, const int tile_rows, bool& waited, float (&acc)[SPW][2][4]) {
   using Slot = WarpStreamSlot<SPW>;
   // Running sources of the next k-tile to fill (issue() is called for k-tiles 0, 1, 2, ... in order): this
   // lane's code bytes of both blocks, its scale word, and its two chunks of the token tile (chunk lane and
@@ -153,27 +153,40 @@ __device__ __forceinline__ void ws_piece_k_loop_rolled(const uint16_t* __restric
     adst[h] = static_cast<uint32_t>(Slot::kTokenOffset + r * 128 + ((c ^ r) << 4));
   }
   int kt_fill = 0;
+  // The copies of k-tile kt_fill + ahead into `slot`: the weights (constant), then the token tile.
+  auto copy_weights = [&](uint32_t slot, int ahead) {
+#pragma unroll
+    for (int j = 0; j < SPW; ++j) {
+      const uint32_t sl = slot + j * Slot::kSliceBytes;
+      cp_async16(sl + lane * 16, wcode + ahead * kUnitBytes + j * 512, 16);
+      cp_async16(sl + 512 + lane * 16, wcode + ahead * kUnitBytes + j * 512 + kChunkBytes, 16);
+      cp_async4(sl + Slot::kScaleOffset + lane * 4, wscale + ahead * kUnitBytes + j * 64);
+    }
+  };
+  auto copy_tokens = [&](uint32_t slot, int ahead) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const bool ok = arow_ok[h] && acol[h] + ahead * kBlockK < k;
+      cp_async16(slot + adst[h], ok ? asrc[h] + ahead * kBlockK : a, ok ? 16u : 0u);
+    }
+  };
+  auto advance = [&](int n) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      asrc[h] += n * kBlockK;
+      acol[h] += n * kBlockK;
+    }
+    wcode += n * kUnitBytes;
+    wscale += n * kUnitBytes;
+    kt_fill += n;
+  };
   // Fills the next k-tile's slot (if any k-tile is left) and closes one cp.async group either way, so that
   // "all but the newest DEPTH - 2 groups done" always means "k-tile kt done" in the loop below.
   auto issue = [&](uint32_t slot) {
     if (kt_fill < p.k_tiles) {
-#pragma unroll
-      for (int j = 0; j < SPW; ++j) {
-        const uint32_t sl = slot + j * Slot::kSliceBytes;
-        cp_async16(sl + lane * 16, wcode + j * 512, 16);
-        cp_async16(sl + 512 + lane * 16, wcode + j * 512 + kChunkBytes, 16);
-        cp_async4(sl + Slot::kScaleOffset + lane * 4, wscale + j * 64);
-      }
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const bool ok = arow_ok[h] && acol[h] < k;
-        cp_async16(slot + adst[h], ok ? asrc[h] : a, ok ? 16u : 0u);
-        asrc[h] += kBlockK;
-        acol[h] += kBlockK;
-      }
-      wcode += kUnitBytes;
-      wscale += kUnitBytes;
-      ++kt_fill;
+      copy_weights(slot, 0);
+      copy_tokens(slot, 0);
+      advance(1);
     }
     cp_async_commit();
   };
@@ -184,8 +197,26 @@ __device__ __forceinline__ void ws_piece_k_loop_rolled(const uint16_t* __restric
 #pragma unroll
       for (int i = 0; i < 4; ++i) acc[j][b][i] = 0.0f;
   auto slot_of = [&](int s) { return ring + static_cast<uint32_t>(s * Slot::kBytes); };
+  if (waited) {
 #pragma unroll
-  for (int d = 0; d < DEPTH - 1; ++d) issue(slot_of(d));
+    for (int d = 0; d < DEPTH - 1; ++d) issue(slot_of(d));
+  } else {
+    // Before the PDL wait (the launch allows it: only the token rows come from the previous kernel): the
+    // weights of the first DEPTH - 1 k-tiles stream in while the previous kernel finishes; their token tiles
+    // follow the wait. Group 0 then holds all those weights and every group one token tile: "group kt done"
+    // still means "k-tile kt done".
+#pragma unroll
+    for (int d = 0; d < DEPTH - 1; ++d)
+      if (d < p.k_tiles) copy_weights(slot_of(d), d);
+    kernels::pdl_wait_then_allow_next();
+    waited = true;
+#pragma unroll
+    for (int d = 0; d < DEPTH - 1; ++d) {
+      if (d < p.k_tiles) copy_tokens(slot_of(d), d);
+      cp_async_commit();
+    }
+    advance(min(DEPTH - 1, p.k_tiles));
+  }
   int s_read = 0, s_fill = DEPTH - 1;
   for (int kt = 0; kt < p.k_tiles; ++kt) {
     cp_async_wait<DEPTH - 2>();  // this lane's copies of k-tile kt are in
@@ -208,8 +239,13 @@ __device__ __forceinline__ void ws_piece_k_loop_rolled(const uint16_t* __restric
 template <int DEPTH, int SPW>
 __device__ __forceinline__ void ws_piece_k_loop_unrolled(const uint16_t* __restrict__ a, const int k,
     const GemmParams& p, const uint32_t ring, const int lane, const int g, const int t, const uint32_t ldsm_off,
-    const uint8_t* wunit, const int slice0, const int64_t row_base, const int tile_rows, float (&acc)[SPW][2][4]) {
+    const uint8_t* wunit, const int slice0, const int64_t row_base, const int tile_rows, bool& waited,
+    float (&acc)[SPW][2][4]) {
   using Slot = WarpStreamSlot<SPW>;
+  if (!waited) {  // (no early weights in this form: the PDL wait before its first copy)
+    kernels::pdl_wait_then_allow_next();
+    waited = true;
+  }
   // Sources of k-tile kt0 + d (kt0: the first k-tile of the current group of DEPTH; d < 2 DEPTH - 1, a compile-
   // time offset once the loop below is unrolled): this lane's code bytes of both blocks, its scale word, and its
   // two chunks of the token tile (chunk lane and lane + 32: row r = chunk / 8, 16-byte column c = chunk % 8),
@@ -287,14 +323,20 @@ __device__ __forceinline__ void ws_piece_k_loop_unrolled(const uint16_t* __restr
 // a: bf16 [rows, k] (the rows of p.offsets); k: the element count of a row (K % 16 == 0).
 template <int WARPS, int DEPTH, int SPW, bool UNROLLED, Epilogue EPI>
 __global__ void __launch_bounds__(WARPS * 32, 1)
-    sm90_nvfp4_warp_stream_gemm_kernel(const uint16_t* __restrict__ a, const int k, const GemmParams p) {
+    sm90_nvfp4_warp_stream_gemm_kernel(const uint16_t* __restrict__ a, const int k, const GemmParams p,
+                                       const bool before_wait) {
   using Slot = WarpStreamSlot<SPW>;
   extern __shared__ __align__(128) uint8_t ws_smem[];
   const int warp = static_cast<int>(threadIdx.x) >> 5, lane = static_cast<int>(threadIdx.x) & 31;
   const int g = lane >> 2, t = lane & 3;
   const uint32_t ring = smem_u32(ws_smem) + static_cast<uint32_t>(warp * DEPTH * Slot::kBytes);
-  // Nothing above touched global memory: from here on after the previous kernel of the stream (PDL).
-  kernels::pdl_wait_then_allow_next();
+  // PDL: by default every global access follows the wait for the previous kernel of the stream. With
+  // before_wait (the launcher's promise: the offsets were written two or more launches back, so only the token
+  // rows `a` come from the previous kernel) the first piece's seek, factors and ring weights go before it (the
+  // rolled loop waits after its weight copies, the unrolled one at its start; a warp without a piece exits
+  // without reading anything the previous kernel writes). Its epilogue's stores follow the wait either way.
+  bool waited = !before_wait;
+  if (waited) kernels::pdl_wait_then_allow_next();
   const int n_pieces = p.units * Slot::kPiecesPerUnit;  // per expert and token tile
   // ldmatrix.x4 lane l addresses token row l % 8, 16-byte chunk 4h + l / 8 of the slot's token tile.
   const uint32_t ldsm_off = (lane & 7) * 128 + (((lane >> 3) ^ (lane & 7)) << 4);
@@ -315,10 +357,11 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
     const float gsv = EPI != Epilogue::kF32 && p.gs != nullptr ? __ldg(p.gs + e) : 0.0f;
     float acc[SPW][2][4];
     if constexpr (!UNROLLED)
-      ws_piece_k_loop_rolled<DEPTH, SPW>(a, k, p, ring, lane, g, t, ldsm_off, wunit, slice0, row_base, tile_rows, acc);
+      ws_piece_k_loop_rolled<DEPTH, SPW>(a, k, p, ring, lane, g, t, ldsm_off, wunit, slice0, row_base, tile_rows,
+                                         waited, acc);
     else
       ws_piece_k_loop_unrolled<DEPTH, SPW>(a, k, p, ring, lane, g, t, ldsm_off, wunit, slice0, row_base, tile_rows,
-                                           acc);
+                                           waited, acc);
     cp_async_wait<0>();  // the empty groups past K (nothing in flight into a slot the next piece reuses)
 
     // ---------------------------------------------------------------- epilogue (the tile kernels' arithmetic)

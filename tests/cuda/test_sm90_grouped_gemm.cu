@@ -158,7 +158,7 @@ struct GpuRun {
 
 // Prepares the weights and runs one config; out poisoned with 0xFF bytes first.
 void run_gpu(const Problem& p, Sm90GemmEpilogue epi, bool quant, const Sm90GemmConfig& cfg, GpuRun& res,
-             int repeats = 1) {
+             int repeats = 1, bool before_pdl_wait = false) {
   const Sm90PreparedShape shape = sm90_prepared_shape(p.E, p.N, p.K, p.gated);
   DevBuf<uint8_t> packed(p.packed), scales(p.scales), w(shape.bytes);
   DevBuf<uint16_t> a(p.a);
@@ -181,6 +181,7 @@ void run_gpu(const Problem& p, Sm90GemmEpilogue epi, bool quant, const Sm90GemmC
   args.gs = quant ? gs.p : nullptr;
   args.out = out.p;
   args.epilogue = epi;
+  args.prologue_before_pdl_wait = before_pdl_wait;
   std::vector<uint8_t> first;
   for (int rep = 0; rep < repeats; ++rep) {
     CUDA_GEMM_OK(cudaMemset(out.p, 0xFF, out.n));
@@ -478,6 +479,40 @@ TEST(Sm90GroupedGemm, SyncMmaBitIdenticalToWgmma) {
       }
   }
   EXPECT_GE(pairs, 3 * 5);  // every sync and warp-streaming config, three epilogues
+}
+
+// prologue_before_pdl_wait (the layer's GEMM2): the warp-streaming kernels seek their first piece and start its
+// weights before the PDL wait (the rolled loop), or wait at the loop's start (unrolled); the same bits as
+// without it, every output written once, for K of 2 k-tiles (fewer than the ring's prologue), a ragged K tail
+// and 7 k-tiles, with empty experts and with no rows at all (warps that exit without waiting).
+TEST(Sm90GroupedGemm, WarpStreamPrologueBeforePdlWaitBitIdentical) {
+  int runs = 0;
+  for (const std::vector<int>& counts : {std::vector<int>{3, 0, 9, 1, 17}, std::vector<int>{0, 0, 0, 0, 0}})
+    for (const int K : {128, 208, 448})
+      for (const bool gated : {false, true}) {
+        Problem p = make_problem(5, gated ? 2 * 208 : 320, K, gated, counts, 500 + K + gated);
+        const std::vector<Sm90GemmEpilogue> epis =
+            gated ? std::vector<Sm90GemmEpilogue>{Sm90GemmEpilogue::kSwiGLU}
+                  : std::vector<Sm90GemmEpilogue>{Sm90GemmEpilogue::kF32, Sm90GemmEpilogue::kRelu2};
+        for (const Sm90GemmEpilogue epi : epis)
+          for (const auto& cfg : sm90_gemm_configs()) {
+            if (!cfg.warp_stream) continue;
+            SCOPED_TRACE(::testing::Message() << to_string(cfg) << " epi=" << epi_name(epi) << " K=" << K
+                                              << " rows=" << p.offsets[5]);
+            for (const bool quant : {false, true}) {
+              if (quant && epi == Sm90GemmEpilogue::kF32) continue;
+              GpuRun a, b;
+              run_gpu(p, epi, quant, cfg, a, 1, false);
+              run_gpu(p, epi, quant, cfg, b, 2, true);
+              if (HasFatalFailure()) return;
+              EXPECT_EQ(b.unwritten, 0);
+              EXPECT_EQ(b.overwritten, 0);
+              ASSERT_EQ(a.bits, b.bits);
+              ++runs;
+            }
+          }
+      }
+  EXPECT_GE(runs, 2 * 3 * 5 * 4);
 }
 
 // GEMM1 -> GEMM2 in one launch (sm90_nvfp4_chained_gemms) against the two launches, bitwise: GEMM1's
