@@ -46,14 +46,12 @@ cudaError_t fail(const std::string& msg) {
 // 12 warps x 8 slots (891b1bc), 20 x 5 and warp pairs (7b9bd1c), 8 x 12 and 4 x 24 (5c66c7a: 4 x 24 2-3x slower).
 // Experiment 12 (58fd2b7, 8 x 12 and 4 x 24 slots with the rolled loop): no faster where every warp streams
 // alone, slower elsewhere (bench/results/58fd2b7-x12-ab/); removed.
-// ws8_s6_w8 (rolled): one slice per piece in 8-warp CTAs (half the shared memory, 104 KB), taken where every
-// piece has a warp of its own in them (<= 8 pieces per SM): the next GEMM's CTA then fits on the SM beside it
-// and runs its prologue (and, for GEMM2, its seek and first weights: prologue_before_pdl_wait) during this one.
+// ws8_s6_w8 (45024a5: 8-warp CTAs of 104 KB, so that GEMM2's CTA would fit beside GEMM1's) lost 12-40% at
+// T = 1: two CTAs of one launch share an SM while others idle (bench/results/45024a5-ab/); removed.
 #define NVFP4MOE_SM90_WARP_STREAM_CONFIGS(X) \
   X(16, 6, 1, 0)                             \
   X(16, 6, 1, 1)                             \
-  X(16, 4, 2, 1)                             \
-  X(8, 6, 1, 0)
+  X(16, 4, 2, 1)
 
 // The configs with a chained kernel (GEMM1 -> GEMM2 in one launch, sm90_nvfp4_chained_gemms), each for the
 // SwiGLU and relu^2 GEMM1: the decode tiles that the heuristic picks for both GEMMs of one layer (the half tile:
@@ -249,21 +247,16 @@ namespace {
 
 // The warp-streaming configs the heuristic takes at decode, found once (sm90_pick_config runs in every forward,
 // where no strings are built): one slice per piece (ws8_s6_w16, rolled; ws8_s6_w16_u) and two (ws8_s4_w16_x2).
-const Sm90GemmConfig* find_warp_stream_config(int slices_per_warp, bool unrolled, int warps) {
+const Sm90GemmConfig* find_warp_stream_config(int slices_per_warp, bool unrolled) {
   for (const auto& c : sm90_gemm_configs())
-    if (c.warp_stream && c.slices_per_warp == slices_per_warp && c.ws_unrolled == unrolled &&
-        4 * c.consumer_warpgroups == warps)
-      return &c;
+    if (c.warp_stream && c.slices_per_warp == slices_per_warp && c.ws_unrolled == unrolled) return &c;
   return nullptr;
 }
-// warps: 16, or 8 for the narrow rolled one-slice config (ws8_s6_w8).
-const Sm90GemmConfig* warp_stream_config(int slices_per_warp, bool unrolled, int warps = 16) {
-  static const Sm90GemmConfig* const one = find_warp_stream_config(1, false, 16);
-  static const Sm90GemmConfig* const one_narrow = find_warp_stream_config(1, false, 8);
-  static const Sm90GemmConfig* const one_unrolled = find_warp_stream_config(1, true, 16);
-  static const Sm90GemmConfig* const two = find_warp_stream_config(2, true, 16);
-  if (slices_per_warp == 2) return two;
-  return unrolled ? one_unrolled : warps == 8 ? one_narrow : one;
+const Sm90GemmConfig* warp_stream_config(int slices_per_warp, bool unrolled) {
+  static const Sm90GemmConfig* const one = find_warp_stream_config(1, false);
+  static const Sm90GemmConfig* const one_unrolled = find_warp_stream_config(1, true);
+  static const Sm90GemmConfig* const two = find_warp_stream_config(2, true);
+  return slices_per_warp == 2 ? two : unrolled ? one_unrolled : one;
 }
 // Upper bound of the experts with rows (min(E, rows)) and the mean rows of those: host numbers only.
 int64_t active_experts(const Sm90GemmLoad& load) {
@@ -288,10 +281,6 @@ constexpr int64_t kWarpStreamX2MinPiecesPerSm = 8;
 // alone (qwen3-30b, nemotron-nano T = 1: <= 512 pieces; gpt-oss-120b: 720 / 368), where the rolled loop's
 // smaller code wins. Taken from 8 pieces per SM up.
 constexpr int64_t kWarpStreamUnrolledMinPiecesPerSm = 8;
-// The narrow rolled config (8 warps per CTA) where its warps hold every piece at once: the same lone warps as
-// 16 (experiment 12's 8 x 12 slots measured within 1% of 16 x 6 there, 58fd2b7-x12-ab), half the shared
-// memory, so the next GEMM's CTAs fit beside its CTAs and start during it (prediction: docs/gemm.md).
-constexpr int64_t kWarpStreamNarrowMaxPiecesPerSm = 8;
 
 }  // namespace
 
@@ -308,10 +297,8 @@ Sm90GemmConfig sm90_pick_config(const Sm90GemmLoad& load) {
         warp_stream_config(2, true) != nullptr)
       return *warp_stream_config(2, true);
     const bool unrolled = slices >= kWarpStreamUnrolledMinPiecesPerSm * load.num_sms;
-    const bool narrow = !unrolled && slices <= kWarpStreamNarrowMaxPiecesPerSm * load.num_sms &&
-                        warp_stream_config(1, false, 8) != nullptr;
-    if (rows <= kWarpStreamMaxRowsPerExpert && warp_stream_config(1, unrolled, narrow ? 8 : 16) != nullptr)
-      return *warp_stream_config(1, unrolled, narrow ? 8 : 16);
+    if (rows <= kWarpStreamMaxRowsPerExpert && warp_stream_config(1, unrolled) != nullptr)
+      return *warp_stream_config(1, unrolled);
   }
   return sm90_pick_tile_config(load);
 }

@@ -87,9 +87,8 @@ struct Sm90GemmLoad {
 // warpgroups where an expert tile holds at most 4 rows (measured faster there in the whole layer), else wgmma.
 // Before all of that, with units and SMs known (decode, measured in the layer: docs/gemm.md): the
 // warp-streaming config with two slices per piece, ws8_s4_w16_x2, at <= 4 rows per active expert when its
-// pieces (active experts x units x 2) number >= 8 per SM; else at <= 2 rows per active expert the one-slice
-// config: its k-loop unrolled (ws8_s6_w16_u) when its pieces (x 4) number >= 8 per SM, else rolled in 8-warp
-// CTAs (ws8_s6_w8: one piece per warp at most, half the shared memory of ws8_s6_w16).
+// pieces (active experts x units x 2) number >= 8 per SM; else at <= 2 rows per active expert ws8_s6_w16, its
+// k-loop unrolled (ws8_s6_w16_u) when its pieces (x 4) number >= 8 per SM.
 Sm90GemmConfig sm90_pick_config(const Sm90GemmLoad& load);
 // The tile kernels' rule alone (what sm90_pick_config returns where it does not take the warp-streaming kernel).
 Sm90GemmConfig sm90_pick_tile_config(const Sm90GemmLoad& load);
