@@ -4,7 +4,10 @@
 // previous kernel drains, instead of after it has completed and the launch latency has passed. The wait blocks
 // until the previous kernel has completed and its memory is visible, and every kernel calls it before its
 // first global memory access, so no read or write can overlap the previous kernel (graph capture turns the
-// attribute into a programmatic graph edge with the same meaning). Without the attribute (NVFP4MOE_PDL=0) the
+// attribute into a programmatic graph edge with the same meaning). Exceptions, each stated where it happens:
+// reads of data complete before the previous launch began (constants, and what a kernel two or more launches
+// back wrote: it completed before the previous kernel passed its own wait, which is before that kernel let
+// this one start): the warp-streaming GEMM2's prologue (prologue_before_pdl_wait) and combine_kernel's slots. Without the attribute (NVFP4MOE_PDL=0) the
 // wait and the trigger are no-ops.
 #pragma once
 
