@@ -107,6 +107,21 @@ __device__ __forceinline__ void ws_read_slot(const uint32_t slot, const int lane
     r.bf[2 * h + 1][1] = q[3];
   }
 }
+// A lane's weight copies of one k-tile into `slot`, `ahead` k-tiles past the sources wcode / wscale (this lane's
+// code bytes and scale word of the piece's first slice): its 16 code bytes of both blocks and its scale word of
+// each slice. Both k-loops issue them through this.
+template <int SPW>
+__device__ __forceinline__ void ws_copy_weights(const uint32_t slot, const uint8_t* wcode, const uint8_t* wscale,
+                                                const int ahead, const int lane) {
+  using Slot = WarpStreamSlot<SPW>;
+#pragma unroll
+  for (int j = 0; j < SPW; ++j) {
+    const uint32_t sl = slot + j * Slot::kSliceBytes;
+    cp_async16(sl + lane * 16, wcode + ahead * kUnitBytes + j * 512, 16);
+    cp_async16(sl + 512 + lane * 16, wcode + ahead * kUnitBytes + j * 512 + kChunkBytes, 16);
+    cp_async4(sl + Slot::kScaleOffset + lane * 4, wscale + ahead * kUnitBytes + j * 64);
+  }
+}
 // The k-tile's 4 k16 steps of each slice: dequant_ktile<2> (the conversion every config uses), then 8 mma.sync
 // in step order into the two accumulator chains (block b).
 template <int SPW>
@@ -154,15 +169,7 @@ __device__ __forceinline__ void ws_piece_k_loop_rolled(const uint16_t* __restric
   }
   int kt_fill = 0;
   // The copies of k-tile kt_fill + ahead into `slot`: the weights (constant), then the token tile.
-  auto copy_weights = [&](uint32_t slot, int ahead) {
-#pragma unroll
-    for (int j = 0; j < SPW; ++j) {
-      const uint32_t sl = slot + j * Slot::kSliceBytes;
-      cp_async16(sl + lane * 16, wcode + ahead * kUnitBytes + j * 512, 16);
-      cp_async16(sl + 512 + lane * 16, wcode + ahead * kUnitBytes + j * 512 + kChunkBytes, 16);
-      cp_async4(sl + Slot::kScaleOffset + lane * 4, wscale + ahead * kUnitBytes + j * 64);
-    }
-  };
+  auto copy_weights = [&](uint32_t slot, int ahead) { ws_copy_weights<SPW>(slot, wcode, wscale, ahead, lane); };
   auto copy_tokens = [&](uint32_t slot, int ahead) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -273,13 +280,7 @@ __device__ __forceinline__ void ws_piece_k_loop_unrolled(const uint16_t* __restr
   auto fill = [&](const int kt0, auto d_const, const uint32_t slot) {
     constexpr int D = decltype(d_const)::value;
     if (kt0 + D < k_tiles) {
-#pragma unroll
-      for (int j = 0; j < SPW; ++j) {
-        const uint32_t sl = slot + j * Slot::kSliceBytes;
-        cp_async16(sl + lane * 16, wcode + D * kUnitBytes + j * 512, 16);
-        cp_async16(sl + 512 + lane * 16, wcode + D * kUnitBytes + j * 512 + kChunkBytes, 16);
-        cp_async4(sl + Slot::kScaleOffset + lane * 4, wscale + D * kUnitBytes + j * 64);
-      }
+      ws_copy_weights<SPW>(slot, wcode, wscale, D, lane);
       if (kt0 + D != ragged_kt) {
 #pragma unroll
         for (int h = 0; h < 2; ++h) cp_async16(slot + adst[h], asrc[h] + D * kBlockK, abytes[h]);
