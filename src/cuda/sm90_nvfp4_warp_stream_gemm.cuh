@@ -107,6 +107,16 @@ __device__ __forceinline__ void ws_read_slot(const uint32_t slot, const int lane
     r.bf[2 * h + 1][1] = q[3];
   }
 }
+// Every accumulator of a piece from zero (each k-loop starts its piece with it).
+template <int SPW>
+__device__ __forceinline__ void ws_zero_acc(float (&acc)[SPW][2][4]) {
+#pragma unroll
+  for (int j = 0; j < SPW; ++j)
+#pragma unroll
+    for (int b = 0; b < 2; ++b)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc[j][b][i] = 0.0f;
+}
 // A lane's weight copies of one k-tile into `slot`, `ahead` k-tiles past the sources wcode / wscale (this lane's
 // code bytes and scale word of the piece's first slice): its 16 code bytes of both blocks and its scale word of
 // each slice. Both k-loops issue them through this.
@@ -197,12 +207,7 @@ __device__ __forceinline__ void ws_piece_k_loop_rolled(const uint16_t* __restric
     }
     cp_async_commit();
   };
-#pragma unroll
-  for (int j = 0; j < SPW; ++j)
-#pragma unroll
-    for (int b = 0; b < 2; ++b)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) acc[j][b][i] = 0.0f;
+  ws_zero_acc<SPW>(acc);
   auto slot_of = [&](int s) { return ring + static_cast<uint32_t>(s * Slot::kBytes); };
   if (waited) {
 #pragma unroll
@@ -291,12 +296,7 @@ __device__ __forceinline__ void ws_piece_k_loop_unrolled(const uint16_t* __restr
     }
     cp_async_commit();
   };
-#pragma unroll
-  for (int j = 0; j < SPW; ++j)
-#pragma unroll
-    for (int b = 0; b < 2; ++b)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) acc[j][b][i] = 0.0f;
+  ws_zero_acc<SPW>(acc);
   // Slot d holds k-tiles d, d + DEPTH, d + 2 DEPTH, ...: unrolled by DEPTH, every slot address is the ring's
   // base plus a constant, and the sources advance once per DEPTH k-tiles.
   static_for<DEPTH - 1>([&](auto d) { fill(0, d, ring + decltype(d)::value * Slot::kBytes); });
