@@ -166,12 +166,8 @@ namespace kernels {
 // that would otherwise be a launch and a dependency each); block 0 alone writes the routing and the plan to
 // global memory, for the GEMMs and the combine. Then each block gathers its share of the rows, from the plan
 // in its shared memory. The same routing, plan and rows as route_plan_small_kernel + gather_kernel.
-// The T = 1 preload and the w4a4 scales in shared memory (acc9cd6, measured slower at T = 1 together with the
-// GEMM epilogue's factor hoist): experiment 14 (an A/B build, NVFP4MOE_SM90_EXPERIMENT=14) turns both off.
-#ifndef NVFP4MOE_SM90_DEQUANT_EXPERIMENT
-#define NVFP4MOE_SM90_DEQUANT_EXPERIMENT 0
-#endif
-inline constexpr bool kGatherPreload = NVFP4MOE_SM90_DEQUANT_EXPERIMENT != 14;
+// The T = 1 preload and the w4a4 scales in shared memory: turning both off measured -0.3..+0.75 us per layer
+// at T = 1 (+0.75 on qwen3-235b, +0.4 on nemotron-nano; experiment 14, bench/results/deb21f8-x13-x14-ab).
 
 // One token (T = 1): every row of the gather is token 0's, so a warp's first item (fixed by the grid) has its
 // 16 columns per lane known before the routing: route_plan_gather_small_kernel loads them first and this
@@ -218,7 +214,7 @@ __global__ void __launch_bounds__(kScanThreads) route_plan_gather_small_kernel(R
     g.gs = gs_smem;
   }
   const int item0 = blockIdx.x * warps + warp;
-  const bool loaded = kGatherPreload && g.tokens == 1 && item0 < g.max_rows * chunks;
+  const bool loaded = g.tokens == 1 && item0 < g.max_rows * chunks;
   const int col_loaded = (item0 % chunks) * kGatherChunkCols + lane * 16;
   uint32_t bits[8];
   if (loaded && col_loaded < H) {
@@ -282,7 +278,7 @@ cudaError_t launch_route_plan_gather(const RouteArgs& r, const PlanArgs& a, cons
   // w4a4: the experts' activation scales after the routing's shared memory, where they fit.
   size_t smem = sh.smem;
   int gs_offset = 0;
-  if (g.gs && kernels::kGatherPreload) {
+  if (g.gs) {
     const size_t off = std::max<size_t>(16, (sh.smem + 15) / 16 * 16);
     const size_t end = off + static_cast<size_t>(g.experts + (g.append_shared ? 1 : 0)) * sizeof(float);
     if (end <= kernels::kFusedRouteSmemBytes) {

@@ -351,14 +351,12 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
     const int64_t row_base = cur.row_begin + tok0;
     const uint8_t* wunit = p.w + (static_cast<size_t>(cur.e) * p.units + unit) * p.k_tiles * kUnitBytes;
     // The expert's epilogue factors, loaded before the k-loop: issued after it, their L2 round trip was one more
-    // step in series at the end of every piece (the same values either way). acc9cd6 measured slower at T = 1
-    // together with the gather preload; experiment 13 (an A/B build) loads them after the k-loop again.
+    // step in series at the end of every piece (the same values either way). Loading them after the k-loop again
+    // measured +0.05..1.0 us per layer at T = 1 / 4 (experiment 13, bench/results/deb21f8-x13-x14-ab).
     const int e = cur.e;
-#if NVFP4MOE_SM90_DEQUANT_EXPERIMENT != 13
     const float al0 = __ldg(p.alpha0 + e) * kWeightUnscale;
     const float al1 = EPI == Epilogue::kSwiGLU ? __ldg(p.alpha1 + e) * kWeightUnscale : 0.0f;
     const float gsv = EPI != Epilogue::kF32 && p.gs != nullptr ? __ldg(p.gs + e) : 0.0f;
-#endif
     float acc[SPW][2][4];
     if constexpr (!UNROLLED)
       ws_piece_k_loop_rolled<DEPTH, SPW>(a, k, p, ring, lane, g, t, ldsm_off, wunit, slice0, row_base, tile_rows,
@@ -367,11 +365,6 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
       ws_piece_k_loop_unrolled<DEPTH, SPW>(a, k, p, ring, lane, g, t, ldsm_off, wunit, slice0, row_base, tile_rows,
                                            waited, acc);
     cp_async_wait<0>();  // the empty groups past K (nothing in flight into a slot the next piece reuses)
-#if NVFP4MOE_SM90_DEQUANT_EXPERIMENT == 13
-    const float al0 = __ldg(p.alpha0 + e) * kWeightUnscale;
-    const float al1 = EPI == Epilogue::kSwiGLU ? __ldg(p.alpha1 + e) * kWeightUnscale : 0.0f;
-    const float gsv = EPI != Epilogue::kF32 && p.gs != nullptr ? __ldg(p.gs + e) : 0.0f;
-#endif
 
     // ---------------------------------------------------------------- epilogue (the tile kernels' arithmetic)
     // acc[sj][b][i]: weight row 16 slice + g + 8 ((i >> 1) & 1) of block b, slice = slice0 + sj, token
