@@ -51,14 +51,7 @@ struct WarpStreamTraits {  // (UNROLLED, EPI only so that each kernel gets its o
   static_assert(DEPTH >= 2, "a ring of at least two k-tile slots");
   static_assert(SPW == 1 || SPW == 2, "one or two warp slices per piece");
   static constexpr int kThreads = WARPS * 32;
-  // Experiment 15 (an A/B build that measures the K split of docs/gemm.md "Next at T = 1"; its bits differ from
-  // every other config, so batch invariance does NOT hold in that build): in the rolled one-slice config, warps
-  // w and w + WARPS / 2 run the same piece, K split in two segments of whole k-tiles (the first ceil(k_tiles / 2)
-  // and the rest); the second hands its 8 accumulators per lane to the first through shared memory (two
-  // buffers per pair, one named barrier per piece), which adds them (acc0 + acc1) and runs the epilogue.
-  static constexpr bool kKSplit = NVFP4MOE_SM90_DEQUANT_EXPERIMENT == 15 && !UNROLLED && SPW == 1;
-  static constexpr int kHandoffBytes = kKSplit ? WARPS / 2 * 2 * 32 * 8 * 4 : 0;
-  static constexpr int kSmemBytes = WARPS * DEPTH * WarpStreamSlot<SPW>::kBytes + kHandoffBytes;
+  static constexpr int kSmemBytes = WARPS * DEPTH * WarpStreamSlot<SPW>::kBytes;
   static constexpr int kRegsNeeded = 0;  // no setmaxnreg: the launch's own register count is what it needs
   static_assert(kSmemBytes <= 232448, "shared memory per block");
 };
@@ -164,16 +157,14 @@ __device__ __forceinline__ void ws_mma_slot(const WsSlotRegs<SPW>& r, float (&ac
 template <int DEPTH, int SPW>
 __device__ __forceinline__ void ws_piece_k_loop_rolled(const uint16_t* __restrict__ a, const int k, const GemmParams& p,
     const uint32_t ring, const int lane, const int g, const int t, const uint32_t ldsm_off, const uint8_t* wunit,
-    const int slice0, const int64_t row_base, const int tile_rows, const int kt_begin, const int kt_count,
-    bool& waited, float (&acc)[SPW][2][4]) {
+    const int slice0, const int64_t row_base, const int tile_rows, bool& waited, float (&acc)[SPW][2][4]) {
   using Slot = WarpStreamSlot<SPW>;
   // Running sources of the next k-tile to fill (issue() is called for k-tiles 0, 1, 2, ... in order): this
   // lane's code bytes of both blocks, its scale word, and its two chunks of the token tile (chunk lane and
   // lane + 32: row r = chunk / 8, 16-byte column c = chunk % 8), zero-filled past the tile's rows and past K.
   // (slice j of the piece: + j * 512 code bytes, + j * 64 scale bytes)
-  // (k-tiles kt_begin .. kt_begin + kt_count - 1: the whole K but in experiment 15)
-  const uint8_t* wcode = wunit + static_cast<size_t>(kt_begin) * kUnitBytes + slice0 * 512 + lane * 16;
-  const uint8_t* wscale = wunit + static_cast<size_t>(kt_begin) * kUnitBytes + scale_word_offset<2>(slice0, g, t);
+  const uint8_t* wcode = wunit + slice0 * 512 + lane * 16;
+  const uint8_t* wscale = wunit + scale_word_offset<2>(slice0, g, t);
   const uint16_t* asrc[2];
   uint32_t adst[2];
   bool arow_ok[2];
@@ -182,8 +173,8 @@ __device__ __forceinline__ void ws_piece_k_loop_rolled(const uint16_t* __restric
   for (int h = 0; h < 2; ++h) {
     const int chunk = lane + 32 * h, r = chunk >> 3, c = chunk & 7;
     arow_ok[h] = r < tile_rows;
-    acol[h] = 8 * c + kt_begin * kBlockK;
-    asrc[h] = a + (row_base + (arow_ok[h] ? r : 0)) * static_cast<int64_t>(k) + 8 * c + kt_begin * kBlockK;
+    acol[h] = 8 * c;
+    asrc[h] = a + (row_base + (arow_ok[h] ? r : 0)) * static_cast<int64_t>(k) + 8 * c;
     adst[h] = static_cast<uint32_t>(Slot::kTokenOffset + r * 128 + ((c ^ r) << 4));
   }
   int kt_fill = 0;
@@ -209,7 +200,7 @@ __device__ __forceinline__ void ws_piece_k_loop_rolled(const uint16_t* __restric
   // Fills the next k-tile's slot (if any k-tile is left) and closes one cp.async group either way, so that
   // "all but the newest DEPTH - 2 groups done" always means "k-tile kt done" in the loop below.
   auto issue = [&](uint32_t slot) {
-    if (kt_fill < kt_count) {
+    if (kt_fill < p.k_tiles) {
       copy_weights(slot, 0);
       copy_tokens(slot, 0);
       advance(1);
@@ -228,18 +219,18 @@ __device__ __forceinline__ void ws_piece_k_loop_rolled(const uint16_t* __restric
     // still means "k-tile kt done".
 #pragma unroll
     for (int d = 0; d < DEPTH - 1; ++d)
-      if (d < kt_count) copy_weights(slot_of(d), d);
+      if (d < p.k_tiles) copy_weights(slot_of(d), d);
     kernels::pdl_wait_then_allow_next();
     waited = true;
 #pragma unroll
     for (int d = 0; d < DEPTH - 1; ++d) {
-      if (d < kt_count) copy_tokens(slot_of(d), d);
+      if (d < p.k_tiles) copy_tokens(slot_of(d), d);
       cp_async_commit();
     }
-    advance(min(DEPTH - 1, kt_count));
+    advance(min(DEPTH - 1, p.k_tiles));
   }
   int s_read = 0, s_fill = DEPTH - 1;
-  for (int kt = 0; kt < kt_count; ++kt) {
+  for (int kt = 0; kt < p.k_tiles; ++kt) {
     cp_async_wait<DEPTH - 2>();  // this lane's copies of k-tile kt are in
     __syncwarp();                // and every lane's (the token tile is read across lanes)
     const uint32_t slot = slot_of(s_read);
@@ -336,7 +327,6 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
     sm90_nvfp4_warp_stream_gemm_kernel(const uint16_t* __restrict__ a, const int k, const GemmParams p,
                                        const bool before_wait) {
   using Slot = WarpStreamSlot<SPW>;
-  using Tr = WarpStreamTraits<WARPS, DEPTH, SPW, UNROLLED, EPI>;
   extern __shared__ __align__(128) uint8_t ws_smem[];
   const int warp = static_cast<int>(threadIdx.x) >> 5, lane = static_cast<int>(threadIdx.x) & 31;
   const int g = lane >> 2, t = lane & 3;
@@ -352,12 +342,8 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
   // ldmatrix.x4 lane l addresses token row l % 8, 16-byte chunk 4h + l / 8 of the slot's token tile.
   const uint32_t ldsm_off = (lane & 7) * 128 + (((lane >> 3) ^ (lane & 7)) << 4);
   TileCursor<kWsTokens> cur;
-  // The warps that walk distinct pieces (experiment 15: the pairs w, w + WARPS / 2 walk the same ones).
-  constexpr int kWalkers = Tr::kKSplit ? WARPS / 2 : WARPS;
-  const int walker = Tr::kKSplit ? warp % kWalkers : warp, segment = Tr::kKSplit ? warp / kWalkers : 0;
-  int pieces_done = 0;  // (experiment 15: the handoff buffer's parity)
-  for (int idx = walker * static_cast<int>(gridDim.x) + static_cast<int>(blockIdx.x);
-       cur.template seek<kConsumerExpertsPerLane>(p, n_pieces, idx); idx += kWalkers * static_cast<int>(gridDim.x)) {
+  for (int idx = warp * static_cast<int>(gridDim.x) + static_cast<int>(blockIdx.x);
+       cur.template seek<kConsumerExpertsPerLane>(p, n_pieces, idx); idx += WARPS * static_cast<int>(gridDim.x)) {
     const int local = idx - cur.first;
     const int n_idx = local / cur.ttiles, t_idx = local - n_idx * cur.ttiles;
     const int unit = n_idx / Slot::kPiecesPerUnit, slice0 = n_idx % Slot::kPiecesPerUnit * SPW;
@@ -372,44 +358,13 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
     const float al1 = EPI == Epilogue::kSwiGLU ? __ldg(p.alpha1 + e) * kWeightUnscale : 0.0f;
     const float gsv = EPI != Epilogue::kF32 && p.gs != nullptr ? __ldg(p.gs + e) : 0.0f;
     float acc[SPW][2][4];
-    int kt_begin = 0, kt_count = p.k_tiles;
-    if constexpr (Tr::kKSplit) {
-      const int first = (p.k_tiles + 1) / 2;
-      kt_begin = segment == 0 ? 0 : first;
-      kt_count = segment == 0 ? first : p.k_tiles - first;
-    }
     if constexpr (!UNROLLED)
       ws_piece_k_loop_rolled<DEPTH, SPW>(a, k, p, ring, lane, g, t, ldsm_off, wunit, slice0, row_base, tile_rows,
-                                         kt_begin, kt_count, waited, acc);
+                                         waited, acc);
     else
       ws_piece_k_loop_unrolled<DEPTH, SPW>(a, k, p, ring, lane, g, t, ldsm_off, wunit, slice0, row_base, tile_rows,
                                            waited, acc);
     cp_async_wait<0>();  // the empty groups past K (nothing in flight into a slot the next piece reuses)
-    if constexpr (Tr::kKSplit) {
-      // Buffer (pair, parity): the second segment's warp writes it, then both meet at the pair's barrier, then
-      // the first reads it. The writer reuses a buffer two pieces later, after the barrier of the piece between,
-      // which the reader reaches only once it has read this one.
-      const uint32_t hand = smem_u32(ws_smem) + static_cast<uint32_t>(WARPS * DEPTH * Slot::kBytes) +
-                            static_cast<uint32_t>(((walker * 2 + (pieces_done & 1)) * 32 + lane) * 32);
-      ++pieces_done;
-      if (segment == 1) {
-        asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};" ::"r"(hand), "f"(acc[0][0][0]), "f"(acc[0][0][1]),
-                     "f"(acc[0][0][2]), "f"(acc[0][0][3]) : "memory");
-        asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};" ::"r"(hand + 16), "f"(acc[0][1][0]),
-                     "f"(acc[0][1][1]), "f"(acc[0][1][2]), "f"(acc[0][1][3]) : "memory");
-        named_bar_sync(1 + walker, 64);
-        continue;
-      }
-      named_bar_sync(1 + walker, 64);
-#pragma unroll
-      for (int b = 0; b < 2; ++b) {
-        const uint4 o = lds128(hand + 16 * b);
-        acc[0][b][0] = acc[0][b][0] + __uint_as_float(o.x);
-        acc[0][b][1] = acc[0][b][1] + __uint_as_float(o.y);
-        acc[0][b][2] = acc[0][b][2] + __uint_as_float(o.z);
-        acc[0][b][3] = acc[0][b][3] + __uint_as_float(o.w);
-      }
-    }
 
     // ---------------------------------------------------------------- epilogue (the tile kernels' arithmetic)
     // acc[sj][b][i]: weight row 16 slice + g + 8 ((i >> 1) & 1) of block b, slice = slice0 + sj, token
