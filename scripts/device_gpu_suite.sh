@@ -53,6 +53,18 @@ if has sanitizer; then
     summary "sanitizer $tool: exit $rc"
     [ "$rc" = 0 ] || status=1
   done
+  # The tile kernels with their stages reused across tiles (AdversarialOffsets: 4097 rows of one expert, many
+  # tiles per CTA). The f7947ec GEMM racecheck (SyncMmaBitIdenticalToWgmma) never wrapped a stage, and b9dfff3's
+  # chained-test racecheck showed the wgmma consumers' one-thread release (docs/gemm.md).
+  echo "=== compute-sanitizer --tool racecheck --kernel-name kns=sm90_nvfp4_grouped_gemm_kernel (AdversarialOffsets)" \
+    >> "$OUT/$SHA-cuda-sanitizer.log"
+  timeout 180 "$SAN" --tool racecheck --kernel-name kns=sm90_nvfp4_grouped_gemm_kernel --error-exitcode 9 \
+    "$CARRY/cuda_test_sm90_grouped_gemm" --gtest_color=no --gtest_brief=1 \
+    --gtest_filter='Sm90GroupedGemm.AdversarialOffsets' 2>&1 | tail -n 25 >> "$OUT/$SHA-cuda-sanitizer.log"
+  rc=${PIPESTATUS[0]}
+  echo "=== racecheck (tile kernels, stage reuse) exit $rc" >> "$OUT/$SHA-cuda-sanitizer.log"
+  summary "sanitizer racecheck (tile kernels, stage reuse): exit $rc"
+  [ "$rc" = 0 ] || status=1
   # The chained GEMM1 -> GEMM2 kernel (its own barriers and phases): every tool, instrumenting that kernel only.
   for tool in racecheck synccheck memcheck; do
     echo "=== compute-sanitizer --tool $tool --kernel-name kns=chained --gtest_filter=CudaLayer.ChainedGemms*" \
