@@ -251,12 +251,9 @@ CudaMoeLayer::CudaMoeLayer(MoeWeights w, const MoeLayerOptions& options, GemmPat
     upload(w);
     layout_workspace(true);
     if (gemm_ == GemmPath::kSm90Wgmma) {
-      const char* v = std::getenv("NVFP4MOE_CHAINED_GEMMS");  // A/B switch: "0" = two launches per group
-      chain_enabled_ = v == nullptr || v[0] == '\0' || std::strcmp(v, "0") != 0;
-      const char* ws = std::getenv("NVFP4MOE_WARP_STREAM");  // A/B switch: "0" = the tile rule at decode too
-      warp_stream_enabled_ = ws == nullptr || ws[0] == '\0' || std::strcmp(ws, "0") != 0;
-      const char* early = std::getenv("NVFP4MOE_EARLY_GEMM2");  // A/B switch: "0" = GEMM2 waits first
-      early_gemm2_enabled_ = early == nullptr || early[0] == '\0' || std::strcmp(early, "0") != 0;
+      chain_enabled_ = env_switch("NVFP4MOE_CHAINED_GEMMS");     // A/B: "0" = two launches per group
+      warp_stream_enabled_ = env_switch("NVFP4MOE_WARP_STREAM");  // A/B: "0" = the tile rule at decode too
+      early_gemm2_enabled_ = env_switch("NVFP4MOE_EARLY_GEMM2");  // A/B: "0" = GEMM2 waits first
       // Zero once; every chained launch leaves the counters zero (sm90_nvfp4_chained_gemms).
       const size_t routed_n = sm90_chain_counter_count(static_cast<int>(spec_.num_experts) + 1);
       const size_t n = routed_n + sm90_chain_counter_count(1);

@@ -15,14 +15,10 @@
 
 namespace nvfp4moe::cuda {
 
-namespace {
-// On/off switches of the forward's launches (A/B measurements), each read once by its caller: unset, empty or
-// anything but "0" on, "0" off.
 bool env_switch(const char* name) {
   const char* v = std::getenv(name);
   return v == nullptr || v[0] == '\0' || std::strcmp(v, "0") != 0;
 }
-}  // namespace
 
 bool pdl_enabled() {
   static const bool enabled = env_switch("NVFP4MOE_PDL");
@@ -161,14 +157,6 @@ cudaError_t launch_route_plan(const RouteArgs& r, const PlanArgs& a, cudaStream_
 }
 
 namespace kernels {
-// Routing + plan + gather at decode in one launch (no kernel boundary, and no round trip to memory, between
-// them). Every block routes all T tokens and plans them in its own shared memory (a few microseconds of work
-// that would otherwise be a launch and a dependency each); block 0 alone writes the routing and the plan to
-// global memory, for the GEMMs and the combine. Then each block gathers its share of the rows, from the plan
-// in its shared memory. The same routing, plan and rows as route_plan_small_kernel + gather_kernel.
-// The T = 1 preload and the w4a4 scales in shared memory: turning both off measured -0.3..+0.75 us per layer
-// at T = 1 (+0.75 on qwen3-235b, +0.4 on nemotron-nano; experiment 14, bench/results/deb21f8-x13-x14-ab).
-
 // One token (T = 1): every row of the gather is token 0's, so a warp's first item (fixed by the grid) has its
 // 16 columns per lane known before the routing: route_plan_gather_small_kernel loads them first and this
 // finishes the item from them (gather_item's arithmetic and stores, without the Qwen2 gate, which never fuses).
@@ -191,6 +179,13 @@ __device__ __forceinline__ void gather_item_loaded(const GatherArgs& g, int r, i
   if (g.amax) warp_amax_to(amax, g.amax + e, lane);
 }
 
+// Routing + plan + gather at decode in one launch (no kernel boundary, and no round trip to memory, between
+// them). Every block routes all T tokens and plans them in its own shared memory (a few microseconds of work
+// that would otherwise be a launch and a dependency each); block 0 alone writes the routing and the plan to
+// global memory, for the GEMMs and the combine. Then each block gathers its share of the rows, from the plan
+// in its shared memory. The same routing, plan and rows as route_plan_small_kernel + gather_kernel.
+// The T = 1 preload and the w4a4 scales in shared memory: turning both off measured -0.3..+0.75 us per layer
+// at T = 1 (+0.75 on qwen3-235b, +0.4 on nemotron-nano; experiment 14, bench/results/deb21f8-x13-x14-ab).
 template <bool F32>
 __global__ void __launch_bounds__(kScanThreads) route_plan_gather_small_kernel(RouteArgs r, PlanArgs a, GatherArgs g,
                                                                                int pairs, bool block_route,

@@ -375,8 +375,8 @@ __device__ __forceinline__ void dequant_ktile(const uint4 (&codes)[NB], uint32_t
 // wgmma): what the data movement alone costs; 8: as 7, and the producer arrives on the full barrier without
 // loading anything (launch, tile cursor, barrier round trips and epilogue alone). (9, GEMM1's idle CTAs
 // prefetching GEMM2's weights into L2, and 10, 9 plus an L2 evict_first hint on every weight load, measured
-// slower at 4df64cb and removed: docs/gemm.md.) (13 and 14, whole-layer A/B builds: the warp-streaming epilogue's
-// factors after the k-loop, sm90_nvfp4_warp_stream_gemm.cuh; no T = 1 gather preload, moe_kernels.cu.)
+// slower at 4df64cb and removed: docs/gemm.md.) (13, 14 and 15, whole-layer A/B builds of the
+// warp-streaming path, measured at deb21f8 / cde2f8d and removed: docs/gemm.md.)
 #if NVFP4MOE_SM90_DEQUANT_EXPERIMENT == 1 || NVFP4MOE_SM90_DEQUANT_EXPERIMENT == 2
 __device__ __forceinline__ void dequant_experiment(const uint4 (&codes)[2], const uint2 (&sc)[2],
                                                    uint32_t (&a)[2][16]) {

@@ -374,7 +374,6 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
       const int slice = slice0 + sj;
       const float (&acc_s)[2][4] = acc[sj];
       if constexpr (EPI == Epilogue::kF32) {
-        const float al = al0;
         float* out = static_cast<float*>(p.out);
 #pragma unroll
         for (int b = 0; b < 2; ++b)
@@ -382,7 +381,7 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
           for (int i = 0; i < 4; ++i) {
             const int col = unit * 128 + b * 64 + 16 * slice + g + 8 * ((i >> 1) & 1);
             const int tok = 2 * t + (i & 1);
-            if (tok < tile_rows && col < p.n_out) out[(row_base + tok) * p.n_out + col] = acc_s[b][i] * al;
+            if (tok < tile_rows && col < p.n_out) out[(row_base + tok) * p.n_out + col] = acc_s[b][i] * al0;
           }
       } else {
         uint16_t* out = static_cast<uint16_t*>(p.out);
