@@ -12,6 +12,8 @@ def funcs(o):
         m=re.search(r'Function : (\S+)',l)
         if m: cur=m.group(1); d[cur]=[]; continue
         if cur is None: continue
+        # the per-file header after a file's last function names the source path: not that function's code
+        if re.match(r'\s*(identifier|Fatbin|code for|arch =|code version|host =|compile_size|=+$)', l): continue
         l=re.sub(r'/\*[0-9a-f]{4}\*/','',l); l=re.sub(r'/\* 0x[0-9a-f]+ \*/','',l).rstrip()
         if l.strip(): d[cur].append(l)
     return d

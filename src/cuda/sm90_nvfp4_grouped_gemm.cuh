@@ -573,8 +573,11 @@ struct KernelTraits {
   static constexpr int kUnitsPerTile = WGS / WPU;
   static constexpr int kBlocksPerWarpgroup = 2 / WPU;  // 64-row weight blocks (accumulator chains) per thread
   static constexpr int kThreads = (WGS + 1) * 128;
-  // Arrivals that release a stage: one per consumer warpgroup after its wgmma wait, or one per consumer warp.
-  static constexpr int kEmptyArrivals = SYNC ? WGS * 4 : WGS;
+  // Arrivals that release a stage: one per consumer warp (lane 0 after a __syncwarp), in both consumers. The
+  // wgmma path once arrived from one thread per warpgroup after its wgmma wait: safe on the hardware (the
+  // other threads' loads fed that warpgroup-collective wgmma) but not ordered by anything the memory model
+  // (and racecheck) counts; see docs/gemm.md, "The wgmma consumers' stage release under racecheck".
+  static constexpr int kEmptyArrivals = WGS * 4;
   // Warpgroups that store a tile's output (the up block's warpgroup of a WPU = 2 SwiGLU tile hands its
   // accumulators over instead): a chained launch's done[e] gets one arrival from each per GEMM1 tile.
   static constexpr int kStoringWarpgroups = WPU == 2 && EPI == Epilogue::kSwiGLU ? kUnitsPerTile : WGS;
@@ -833,7 +836,8 @@ __device__ __forceinline__ int consume_tiles(const GemmParams& p, int idx, int& 
         for (int b = 0; b < NB; ++b)
 #pragma unroll
           for (int i = 0; i < BT / 2; ++i) reg_fence(acc[b][i]);
-        if (tid == 0) mbar_arrive(empty0 + 8 * s);
+        __syncwarp();  // every lane's loads of stage s (codes, scale word) happen before this warp's arrive
+        if (lane == 0) mbar_arrive(empty0 + 8 * s);
         s = s_next;
         phase = ph_next;
         ++kt;
