@@ -34,16 +34,6 @@ bool fused_gather_enabled() {
   static const bool on = env_switch("NVFP4MOE_FUSED_GATHER");
   return on;
 }
-// The block route's most threads per (token, expert) in the rank count (block_route_threads): 8 by default;
-// NVFP4MOE_ROUTE_RANK_SPLIT=1 gives the previous shape (one thread per expert), for A/B runs.
-int route_rank_split_max() {
-  static const int n = [] {
-    const char* v = std::getenv("NVFP4MOE_ROUTE_RANK_SPLIT");
-    const int x = v && v[0] ? std::atoi(v) : 8;
-    return x == 1 || x == 2 || x == 4 || x == 8 || x == 16 || x == 32 ? x : 8;
-  }();
-  return n;
-}
 }  // namespace
 
 int device_sm_count() {
@@ -139,7 +129,7 @@ SmallRouteShape small_route_shape(const RouteArgs& r, const PlanArgs& a) {
                   kernels::block_route_fits(r.tokens, r.experts);
   s.threads = kernels::plan_block_threads(a.experts, r.tokens);
   if (s.block_route) {
-    s.threads = std::max(s.threads, kernels::block_route_threads(r.tokens, r.experts, route_rank_split_max()));
+    s.threads = std::max(s.threads, r.tokens * kernels::block_route_stride(r.experts));
     s.smem = kernels::block_route_smem(r.tokens, r.experts, r.top_k);
   } else {
     s.smem = static_cast<size_t>(r.tokens) * kernels::route_smem_per_warp(r.experts);

@@ -226,24 +226,6 @@ __host__ __device__ inline size_t block_route_smem(int tokens, int experts, int 
   return (te * 13 + static_cast<size_t>(tokens) * top_k * 4 + static_cast<size_t>(tokens) * 8 + 15) / 16 * 16;
 }
 
-// Threads per (token, expert) in route_block's rank count: the largest power of two <= 32 with T * Ep * S <=
-// the block's threads (1 when the block has one thread per expert). The launcher sizes the block with
-// block_route_threads.
-__host__ __device__ inline int block_route_rank_split(int threads, int tokens, int experts) {
-  const int te = tokens * block_route_stride(experts);
-  int s = 1;
-  while (s < 32 && te * s * 2 <= threads) s *= 2;
-  return s;
-}
-// A block route's threads: T * Ep times the rank split, the largest power of two <= max_split that keeps the
-// block within 1024 threads.
-__host__ __device__ inline int block_route_threads(int tokens, int experts, int max_split) {
-  const int te = tokens * block_route_stride(experts);
-  int s = 1;
-  while (s < max_split && s < 32 && te * s * 2 <= 1024) s *= 2;
-  return te * s;
-}
-
 __device__ __forceinline__ void route_block(const RouteArgs& a, uint8_t* smem, int32_t* ids_mirror,
                                             bool write_global) {
   const int E = a.experts, K = a.top_k, T = a.tokens, Ep = block_route_stride(E);
@@ -306,32 +288,21 @@ __device__ __forceinline__ void route_block(const RouteArgs& a, uint8_t* smem, i
     if (real && !kept[t * Ep + e / gsize]) kt[e] = __int_as_float(0x7fffffff);  // not eligible: never ranked
   }
   __syncthreads();
-  {
-    // The ranks, each counted by S lanes (S = block_route_rank_split: the block's threads per (token, expert),
-    // a power of two <= 32): lane j of a group compares its expert's key with the float4 chunks j, j + S, ...
-    // of the token's keys, and a butterfly over the group adds the S partial counts (an integer: the same rank
-    // for every S). One lane per expert walking all Ep keys was a dependent chain of Ep compare-and-adds per
-    // thread with one warp per scheduler: 68% of the kernel's instructions and most of its ~10 us at T = 1
-    // (Nsight Compute, qwen3-30b; docs/gemm.md, experiment 16). T * Ep is a multiple of 32, so a warp's
-    // groups are all inside [0, T * Ep) or all outside it: the loop and the shuffles stay warp-uniform.
-    const int S = block_route_rank_split(blockDim.x, T, E), j = tid & (S - 1);
-    for (int pair = tid / S; pair < T * Ep; pair += blockDim.x / S) {
-      const int pt = pair / Ep, pe = pair - pt * Ep;
-      const float* pk = key + pt * Ep;
-      const float k = pk[pe];  // NaN for pads and experts out of the kept groups: never ranked
+  if (real) {
+    const float k = kt[e];
+    if (k == k) {
       int rank = 0;
-      const float4* k4 = reinterpret_cast<const float4*>(pk);
-      for (int q = j; q < Ep / 4; q += S) {
+      const float4* k4 = reinterpret_cast<const float4*>(kt);
+      for (int q = 0; q < Ep / 4; ++q) {
         const float4 u = k4[q];
         const float uv[4] = {u.x, u.y, u.z, u.w};
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
           const int ai = 4 * q + i;
-          rank += (uv[i] > k || (uv[i] == k && ai < pe)) ? 1 : 0;
+          rank += (uv[i] > k || (uv[i] == k && ai < e)) ? 1 : 0;
         }
       }
-      for (int off = S / 2; off > 0; off >>= 1) rank += __shfl_xor_sync(0xffffffffu, rank, off);
-      if (j == 0 && pe < E && k == k && rank < K) slot[pt * K + rank] = pe;
+      if (rank < K) slot[t * K + rank] = e;
     }
   }
   __syncthreads();
