@@ -7,13 +7,13 @@
 # <sha>-<suite>.log and, at the end, packed into $OUT/<sha>-gpu-logs.tgz next to $OUT/<sha>-summary.log.
 #
 #   NVFP4MOE_GIT_SHA=<sha> OUT=out bash scripts/device_gpu_suite.sh
-# Env: CARRY (.carry), STEPS (default "layer gemm quant stress sanitizer python cli").
+# Env: CARRY (.carry), STEPS (default "layer rankbf gemm quant stress sanitizer python cli").
 set -u -o pipefail
 OUT=${OUT:-out}
 mkdir -p "$OUT"
 CARRY=${CARRY:-.carry}
 SHA=${NVFP4MOE_GIT_SHA:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
-STEPS=${STEPS:-layer gemm quant stress sanitizer python cli}
+STEPS=${STEPS:-layer rankbf gemm quant stress sanitizer python cli}
 export LD_LIBRARY_PATH=$PWD/$CARRY:${LD_LIBRARY_PATH:-}
 export NVFP4MOE_TEST_DATA=$PWD/tests/data
 export NVFP4MOE_CLI=$PWD/$CARRY/nvfp4moe
@@ -35,6 +35,10 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,clocks.mem --
 summary "git $SHA on $(head -2 "$OUT/$SHA-gpu-info.log" | tail -1)"
 
 has layer && suite cuda-layer 240 "$CARRY/cuda_test_cuda_layer"
+# The block route's branch-free rank count (off by default until it has passed here): the routing tests and
+# the decode-heavy layer tests with it on (docs/gemm.md, "Route stops").
+has rankbf && NVFP4MOE_ROUTE_RANK=branchfree suite cuda-layer-rank-branchfree 240 "$CARRY/cuda_test_cuda_layer" \
+  --gtest_filter='CudaLayer.RoutingAdversarialLogitsBlockAndWarpPaths:CudaLayer.BatchInvariance:CudaLayer.GraphCaptureReplay:Modes/ModeTest.*'
 has gemm && suite sm90-gemm 150 "$CARRY/cuda_test_sm90_grouped_gemm"
 has quant && NVFP4MOE_QUANT_CPU_EXPERTS=${NVFP4MOE_QUANT_CPU_EXPERTS:-32} suite weight-quant 150 "$CARRY/cuda_test_weight_quant"
 has stress && suite cuda-stress 240 "$CARRY/cuda_test_cuda_stress"
@@ -53,14 +57,15 @@ if has sanitizer; then
     summary "sanitizer $tool: exit $rc"
     [ "$rc" = 0 ] || status=1
   done
-  # The tile kernels with their stages reused across tiles (AdversarialOffsets: 4097 rows of one expert, many
-  # tiles per CTA). The f7947ec GEMM racecheck (SyncMmaBitIdenticalToWgmma) never wrapped a stage, and b9dfff3's
-  # chained-test racecheck showed the wgmma consumers' one-thread release (docs/gemm.md).
-  echo "=== compute-sanitizer --tool racecheck --kernel-name kns=sm90_nvfp4_grouped_gemm_kernel (AdversarialOffsets)" \
+  # The tile kernels with their stages reused (RealShapesDeterministic: K = 7168, 112 k-tiles through 8-14
+  # stages; the first 3 tile launches, racecheck is slow). AdversarialOffsets never wraps the stages. Known to
+  # report WAR pairs (TMA weight copy vs the consumers' shared loads) with any arrival scheme tried so far:
+  # docs/gemm.md, "The wgmma consumers' stage release under racecheck".
+  echo "=== compute-sanitizer --tool racecheck --kernel-name kns=sm90_nvfp4_grouped_gemm_kernel (RealShapesDeterministic)" \
     >> "$OUT/$SHA-cuda-sanitizer.log"
-  timeout 180 "$SAN" --tool racecheck --kernel-name kns=sm90_nvfp4_grouped_gemm_kernel --error-exitcode 9 \
+  timeout 180 "$SAN" --tool racecheck --kernel-name kns=sm90_nvfp4_grouped_gemm_kernel --launch-count 3 --error-exitcode 9 \
     "$CARRY/cuda_test_sm90_grouped_gemm" --gtest_color=no --gtest_brief=1 \
-    --gtest_filter='Sm90GroupedGemm.AdversarialOffsets' 2>&1 | tail -n 25 >> "$OUT/$SHA-cuda-sanitizer.log"
+    --gtest_filter='Sm90GroupedGemm.RealShapesDeterministic' 2>&1 | tail -n 25 >> "$OUT/$SHA-cuda-sanitizer.log"
   rc=${PIPESTATUS[0]}
   echo "=== racecheck (tile kernels, stage reuse) exit $rc" >> "$OUT/$SHA-cuda-sanitizer.log"
   summary "sanitizer racecheck (tile kernels, stage reuse): exit $rc"

@@ -34,6 +34,15 @@ bool fused_gather_enabled() {
   static const bool on = env_switch("NVFP4MOE_FUSED_GATHER");
   return on;
 }
+// NVFP4MOE_ROUTE_RANK=branchfree: the block route counts ranks with rank_among_keys (route_rank.h). Off by default
+// until its layer tests and A/B have run on the H200 (docs/gemm.md, "Route stops").
+bool branch_free_rank_enabled() {
+  static const bool on = [] {
+    const char* v = std::getenv("NVFP4MOE_ROUTE_RANK");
+    return v != nullptr && std::strcmp(v, "branchfree") == 0;
+  }();
+  return on;
+}
 }  // namespace
 
 int device_sm_count() {
@@ -91,10 +100,11 @@ inline constexpr size_t kFusedRouteSmemBytes = 36 * 1024;
 
 // The routing of a one-block decode kernel: by the whole block (route_block) when block_route, else one warp
 // per token (route_token). Every thread calls it; routed_ids receives the ids. Ends with a barrier.
+template <bool BRANCH_FREE_RANK>
 __device__ __forceinline__ void route_small(const RouteArgs& r, bool block_route, uint8_t* route_smem,
                                             int32_t* routed_ids, bool write_global) {
   if (block_route) {
-    route_block(r, route_smem, routed_ids, write_global);
+    route_block<BRANCH_FREE_RANK>(r, route_smem, routed_ids, write_global);
   } else {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     if (warp < r.tokens)
@@ -104,12 +114,13 @@ __device__ __forceinline__ void route_small(const RouteArgs& r, bool block_route
   __syncthreads();  // the routing's ids are visible to the whole block from here on
 }
 
+template <bool BRANCH_FREE_RANK>
 __global__ void __launch_bounds__(kScanThreads) route_plan_small_kernel(RouteArgs r, PlanArgs a, int pairs,
                                                                         bool block_route) {
   pdl_wait_then_allow_next();
   extern __shared__ __align__(16) uint8_t route_smem[];
   __shared__ int32_t routed_ids[kSmallPlanPairs];  // the routing's ids, for the plan (also written to global)
-  route_small(r, block_route, route_smem, routed_ids, true);
+  route_small<BRANCH_FREE_RANK>(r, block_route, route_smem, routed_ids, true);
   plan_small_block(a, pairs, routed_ids);
 }
 }  // namespace kernels
@@ -152,8 +163,11 @@ cudaError_t launch_route_plan(const RouteArgs& r, const PlanArgs& a, cudaStream_
     return err != cudaSuccess ? err : launch_plan(a, stream);
   }
   if (!r.logits || !r.topk_weights || r.experts > kMaxExperts || r.top_k > r.experts) return cudaErrorInvalidValue;
-  return launch_pdl(kernels::route_plan_small_kernel, dim3(1), dim3(sh.threads), sh.smem, stream, r, a, pairs,
-                    sh.block_route);
+  return branch_free_rank_enabled()
+             ? launch_pdl(kernels::route_plan_small_kernel<true>, dim3(1), dim3(sh.threads), sh.smem, stream, r, a,
+                          pairs, sh.block_route)
+             : launch_pdl(kernels::route_plan_small_kernel<false>, dim3(1), dim3(sh.threads), sh.smem, stream, r, a,
+                          pairs, sh.block_route);
 }
 
 namespace kernels {
@@ -186,7 +200,7 @@ __device__ __forceinline__ void gather_item_loaded(const GatherArgs& g, int r, i
 // in its shared memory. The same routing, plan and rows as route_plan_small_kernel + gather_kernel.
 // The T = 1 preload and the w4a4 scales in shared memory: turning both off measured -0.3..+0.75 us per layer
 // at T = 1 (+0.75 on qwen3-235b, +0.4 on nemotron-nano; experiment 14, bench/results/deb21f8-x13-x14-ab).
-template <bool F32>
+template <bool F32, bool BRANCH_FREE_RANK>
 __global__ void __launch_bounds__(kScanThreads) route_plan_gather_small_kernel(RouteArgs r, PlanArgs a, GatherArgs g,
                                                                                int pairs, bool block_route,
                                                                                int gs_smem_offset) {
@@ -216,7 +230,7 @@ __global__ void __launch_bounds__(kScanThreads) route_plan_gather_small_kernel(R
     float x[16];
     load_block16<F32>(g.hidden, col_loaded, x, bits);
   }
-  route_small(r, block_route, route_smem, routed_ids, leader);
+  route_small<BRANCH_FREE_RANK>(r, block_route, route_smem, routed_ids, leader);
   plan_small_block(a, pairs, routed_ids, leader, plan_perm, &plan_rows);
   __syncthreads();  // plan_perm and plan_rows
   const int routed_rows = plan_rows;
@@ -281,10 +295,14 @@ cudaError_t launch_route_plan_gather(const RouteArgs& r, const PlanArgs& a, cons
       smem = end;
     }
   }
-  return g.hidden_f32 ? launch_pdl(kernels::route_plan_gather_small_kernel<true>, dim3(grid), dim3(sh.threads),
-                                   smem, stream, r, a, g, pairs, sh.block_route, gs_offset)
-                      : launch_pdl(kernels::route_plan_gather_small_kernel<false>, dim3(grid), dim3(sh.threads),
-                                   smem, stream, r, a, g, pairs, sh.block_route, gs_offset);
+  auto launch = [&](auto kernel) {
+    return launch_pdl(kernel, dim3(grid), dim3(sh.threads), smem, stream, r, a, g, pairs, sh.block_route, gs_offset);
+  };
+  if (branch_free_rank_enabled())
+    return g.hidden_f32 ? launch(kernels::route_plan_gather_small_kernel<true, true>)
+                        : launch(kernels::route_plan_gather_small_kernel<false, true>);
+  return g.hidden_f32 ? launch(kernels::route_plan_gather_small_kernel<true, false>)
+                      : launch(kernels::route_plan_gather_small_kernel<false, false>);
 }
 
 cudaError_t launch_gather(const GatherArgs& a, cudaStream_t stream) {

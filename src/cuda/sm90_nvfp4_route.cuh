@@ -11,6 +11,7 @@
 
 #include "cuda/launch_pdl.cuh"
 #include "cuda/moe_kernels.h"
+#include "cuda/route_rank.h"
 
 namespace nvfp4moe::cuda::kernels {
 
@@ -226,6 +227,10 @@ __host__ __device__ inline size_t block_route_smem(int tokens, int experts, int 
   return (te * 13 + static_cast<size_t>(tokens) * top_k * 4 + static_cast<size_t>(tokens) * 8 + 15) / 16 * 16;
 }
 
+// BRANCH_FREE_RANK: the rank counted by rank_among_keys (route_rank.h; the same integer) instead of the
+// short-circuit loop below, which nvcc compiles into a dependent chain through one register's bits. Taken only
+// with NVFP4MOE_ROUTE_RANK=branchfree until it has run on the H200 (docs/gemm.md, "Route stops").
+template <bool BRANCH_FREE_RANK = false>
 __device__ __forceinline__ void route_block(const RouteArgs& a, uint8_t* smem, int32_t* ids_mirror,
                                             bool write_global) {
   const int E = a.experts, K = a.top_k, T = a.tokens, Ep = block_route_stride(E);
@@ -292,14 +297,18 @@ __device__ __forceinline__ void route_block(const RouteArgs& a, uint8_t* smem, i
     const float k = kt[e];
     if (k == k) {
       int rank = 0;
-      const float4* k4 = reinterpret_cast<const float4*>(kt);
-      for (int q = 0; q < Ep / 4; ++q) {
-        const float4 u = k4[q];
-        const float uv[4] = {u.x, u.y, u.z, u.w};
+      if constexpr (BRANCH_FREE_RANK) {
+        rank = rank_among_keys(kt, Ep / 4, e, k);
+      } else {
+        const float4* k4 = reinterpret_cast<const float4*>(kt);
+        for (int q = 0; q < Ep / 4; ++q) {
+          const float4 u = k4[q];
+          const float uv[4] = {u.x, u.y, u.z, u.w};
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const int ai = 4 * q + i;
-          rank += (uv[i] > k || (uv[i] == k && ai < e)) ? 1 : 0;
+          for (int i = 0; i < 4; ++i) {
+            const int ai = 4 * q + i;
+            rank += (uv[i] > k || (uv[i] == k && ai < e)) ? 1 : 0;
+          }
         }
       }
       if (rank < K) slot[t * K + rank] = e;
