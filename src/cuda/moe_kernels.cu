@@ -34,14 +34,17 @@ bool fused_gather_enabled() {
   static const bool on = env_switch("NVFP4MOE_FUSED_GATHER");
   return on;
 }
-// NVFP4MOE_ROUTE_RANK=branchfree: the block route counts ranks with rank_among_keys (route_rank.h). Off by default
-// until its layer tests and A/B have run on the H200 (docs/gemm.md, "Route stops").
-bool branch_free_rank_enabled() {
-  static const bool on = [] {
-    const char* v = std::getenv("NVFP4MOE_ROUTE_RANK");
-    return v != nullptr && std::strcmp(v, "branchfree") == 0;
+// The decode routing kernels' variants, off by default until their layer tests and A/B have run on the H200
+// (docs/gemm.md, "Route stops"): bit 0 (NVFP4MOE_ROUTE_RANK=branchfree) the block route counts ranks with
+// rank_among_keys (route_rank.h); bit 1 (NVFP4MOE_ONE_TOKEN_PLAN=1) at T = 1 the plan is plan_one_token_block.
+unsigned decode_route_variant() {
+  static const unsigned v = [] {
+    const char* rank = std::getenv("NVFP4MOE_ROUTE_RANK");
+    const char* plan = std::getenv("NVFP4MOE_ONE_TOKEN_PLAN");
+    return (rank != nullptr && std::strcmp(rank, "branchfree") == 0 ? 1u : 0u) |
+           (plan != nullptr && std::strcmp(plan, "1") == 0 ? 2u : 0u);
   }();
-  return on;
+  return v;
 }
 }  // namespace
 
@@ -114,13 +117,20 @@ __device__ __forceinline__ void route_small(const RouteArgs& r, bool block_route
   __syncthreads();  // the routing's ids are visible to the whole block from here on
 }
 
-template <bool BRANCH_FREE_RANK>
+// V: decode_route_variant()'s bits (0: the default kernels).
+template <unsigned V>
 __global__ void __launch_bounds__(kScanThreads) route_plan_small_kernel(RouteArgs r, PlanArgs a, int pairs,
                                                                         bool block_route) {
   pdl_wait_then_allow_next();
   extern __shared__ __align__(16) uint8_t route_smem[];
   __shared__ int32_t routed_ids[kSmallPlanPairs];  // the routing's ids, for the plan (also written to global)
-  route_small<BRANCH_FREE_RANK>(r, block_route, route_smem, routed_ids, true);
+  route_small<(V & 1u) != 0>(r, block_route, route_smem, routed_ids, true);
+  if constexpr ((V & 2u) != 0) {
+    if (a.tokens == 1) {
+      plan_one_token_block(a, routed_ids, true, nullptr, nullptr);
+      return;
+    }
+  }
   plan_small_block(a, pairs, routed_ids);
 }
 }  // namespace kernels
@@ -163,11 +173,15 @@ cudaError_t launch_route_plan(const RouteArgs& r, const PlanArgs& a, cudaStream_
     return err != cudaSuccess ? err : launch_plan(a, stream);
   }
   if (!r.logits || !r.topk_weights || r.experts > kMaxExperts || r.top_k > r.experts) return cudaErrorInvalidValue;
-  return branch_free_rank_enabled()
-             ? launch_pdl(kernels::route_plan_small_kernel<true>, dim3(1), dim3(sh.threads), sh.smem, stream, r, a,
-                          pairs, sh.block_route)
-             : launch_pdl(kernels::route_plan_small_kernel<false>, dim3(1), dim3(sh.threads), sh.smem, stream, r, a,
-                          pairs, sh.block_route);
+  auto launch = [&](auto kernel) {
+    return launch_pdl(kernel, dim3(1), dim3(sh.threads), sh.smem, stream, r, a, pairs, sh.block_route);
+  };
+  switch (decode_route_variant()) {
+    case 1: return launch(kernels::route_plan_small_kernel<1>);
+    case 2: return launch(kernels::route_plan_small_kernel<2>);
+    case 3: return launch(kernels::route_plan_small_kernel<3>);
+    default: return launch(kernels::route_plan_small_kernel<0>);
+  }
 }
 
 namespace kernels {
@@ -200,7 +214,7 @@ __device__ __forceinline__ void gather_item_loaded(const GatherArgs& g, int r, i
 // in its shared memory. The same routing, plan and rows as route_plan_small_kernel + gather_kernel.
 // The T = 1 preload and the w4a4 scales in shared memory: turning both off measured -0.3..+0.75 us per layer
 // at T = 1 (+0.75 on qwen3-235b, +0.4 on nemotron-nano; experiment 14, bench/results/deb21f8-x13-x14-ab).
-template <bool F32, bool BRANCH_FREE_RANK>
+template <bool F32, unsigned V>
 __global__ void __launch_bounds__(kScanThreads) route_plan_gather_small_kernel(RouteArgs r, PlanArgs a, GatherArgs g,
                                                                                int pairs, bool block_route,
                                                                                int gs_smem_offset) {
@@ -230,8 +244,13 @@ __global__ void __launch_bounds__(kScanThreads) route_plan_gather_small_kernel(R
     float x[16];
     load_block16<F32>(g.hidden, col_loaded, x, bits);
   }
-  route_small<BRANCH_FREE_RANK>(r, block_route, route_smem, routed_ids, leader);
-  plan_small_block(a, pairs, routed_ids, leader, plan_perm, &plan_rows);
+  route_small<(V & 1u) != 0>(r, block_route, route_smem, routed_ids, leader);
+  if constexpr ((V & 2u) != 0) {
+    if (a.tokens == 1) plan_one_token_block(a, routed_ids, leader, plan_perm, &plan_rows);
+    else plan_small_block(a, pairs, routed_ids, leader, plan_perm, &plan_rows);
+  } else {
+    plan_small_block(a, pairs, routed_ids, leader, plan_perm, &plan_rows);
+  }
   __syncthreads();  // plan_perm and plan_rows
   const int routed_rows = plan_rows;
   const int rows = routed_rows + (g.append_shared ? g.tokens : 0);
@@ -298,11 +317,16 @@ cudaError_t launch_route_plan_gather(const RouteArgs& r, const PlanArgs& a, cons
   auto launch = [&](auto kernel) {
     return launch_pdl(kernel, dim3(grid), dim3(sh.threads), smem, stream, r, a, g, pairs, sh.block_route, gs_offset);
   };
-  if (branch_free_rank_enabled())
-    return g.hidden_f32 ? launch(kernels::route_plan_gather_small_kernel<true, true>)
-                        : launch(kernels::route_plan_gather_small_kernel<false, true>);
-  return g.hidden_f32 ? launch(kernels::route_plan_gather_small_kernel<true, false>)
-                      : launch(kernels::route_plan_gather_small_kernel<false, false>);
+  switch (decode_route_variant()) {
+    case 1: return g.hidden_f32 ? launch(kernels::route_plan_gather_small_kernel<true, 1>)
+                                : launch(kernels::route_plan_gather_small_kernel<false, 1>);
+    case 2: return g.hidden_f32 ? launch(kernels::route_plan_gather_small_kernel<true, 2>)
+                                : launch(kernels::route_plan_gather_small_kernel<false, 2>);
+    case 3: return g.hidden_f32 ? launch(kernels::route_plan_gather_small_kernel<true, 3>)
+                                : launch(kernels::route_plan_gather_small_kernel<false, 3>);
+    default: return g.hidden_f32 ? launch(kernels::route_plan_gather_small_kernel<true, 0>)
+                                 : launch(kernels::route_plan_gather_small_kernel<false, 0>);
+  }
 }
 
 cudaError_t launch_gather(const GatherArgs& a, cudaStream_t stream) {
