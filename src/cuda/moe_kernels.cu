@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <type_traits>
 
 #include "cuda/sm80_nvfp4_grouped_gemm_mma.cuh"
 #include "cuda/sm90_nvfp4_combine.cuh"
@@ -45,6 +46,16 @@ unsigned decode_route_variant() {
            (plan != nullptr && std::strcmp(plan, "1") == 0 ? 2u : 0u);
   }();
   return v;
+}
+// Calls f(std::integral_constant<unsigned, V>) with V = decode_route_variant(): one kernel instance per variant.
+template <typename F>
+cudaError_t with_decode_route_variant(F&& f) {
+  switch (decode_route_variant()) {
+    case 1: return f(std::integral_constant<unsigned, 1>{});
+    case 2: return f(std::integral_constant<unsigned, 2>{});
+    case 3: return f(std::integral_constant<unsigned, 3>{});
+    default: return f(std::integral_constant<unsigned, 0>{});
+  }
 }
 }  // namespace
 
@@ -176,12 +187,7 @@ cudaError_t launch_route_plan(const RouteArgs& r, const PlanArgs& a, cudaStream_
   auto launch = [&](auto kernel) {
     return launch_pdl(kernel, dim3(1), dim3(sh.threads), sh.smem, stream, r, a, pairs, sh.block_route);
   };
-  switch (decode_route_variant()) {
-    case 1: return launch(kernels::route_plan_small_kernel<1>);
-    case 2: return launch(kernels::route_plan_small_kernel<2>);
-    case 3: return launch(kernels::route_plan_small_kernel<3>);
-    default: return launch(kernels::route_plan_small_kernel<0>);
-  }
+  return with_decode_route_variant([&](auto v) { return launch(kernels::route_plan_small_kernel<decltype(v)::value>); });
 }
 
 namespace kernels {
@@ -317,16 +323,11 @@ cudaError_t launch_route_plan_gather(const RouteArgs& r, const PlanArgs& a, cons
   auto launch = [&](auto kernel) {
     return launch_pdl(kernel, dim3(grid), dim3(sh.threads), smem, stream, r, a, g, pairs, sh.block_route, gs_offset);
   };
-  switch (decode_route_variant()) {
-    case 1: return g.hidden_f32 ? launch(kernels::route_plan_gather_small_kernel<true, 1>)
-                                : launch(kernels::route_plan_gather_small_kernel<false, 1>);
-    case 2: return g.hidden_f32 ? launch(kernels::route_plan_gather_small_kernel<true, 2>)
-                                : launch(kernels::route_plan_gather_small_kernel<false, 2>);
-    case 3: return g.hidden_f32 ? launch(kernels::route_plan_gather_small_kernel<true, 3>)
-                                : launch(kernels::route_plan_gather_small_kernel<false, 3>);
-    default: return g.hidden_f32 ? launch(kernels::route_plan_gather_small_kernel<true, 0>)
-                                 : launch(kernels::route_plan_gather_small_kernel<false, 0>);
-  }
+  return with_decode_route_variant([&](auto v) {
+    constexpr unsigned V = decltype(v)::value;
+    return g.hidden_f32 ? launch(kernels::route_plan_gather_small_kernel<true, V>)
+                        : launch(kernels::route_plan_gather_small_kernel<false, V>);
+  });
 }
 
 cudaError_t launch_gather(const GatherArgs& a, cudaStream_t stream) {
