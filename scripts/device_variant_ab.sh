@@ -5,8 +5,9 @@
 # $OUT/<sha>-ab-<variant>-<preset>-<modes>-r<i>.{json,log} and prints one line per point.
 #   VARIANTS="base:.carry/nvfp4moe x6:.carry/x6/nvfp4moe" POINTS="qwen3-30b:1,4,64:w4a16,w4a4 deepseek-v3:1,64:w4a16" \
 #   REPEAT=2 NVFP4MOE_GIT_SHA=<sha> OUT=out bash scripts/device_variant_ab.sh
-# A variant may add environment settings after a second colon, e.g. one binary twice:
-#   VARIANTS="wgmma:.carry/nvfp4moe sync:.carry/nvfp4moe:NVFP4MOE_SM90_CONFIG=mma=sync" 
+# A variant may add environment settings after a second colon (several separated by ';'), e.g. one binary
+# three times:
+#   VARIANTS="wgmma:.carry/nvfp4moe sync:.carry/nvfp4moe:NVFP4MOE_SM90_CONFIG=mma=sync both:.carry/nvfp4moe:A=1;B=2"
 # Compare: python3 bench/merge_results.py --compare A.json B.json.
 set -u -o pipefail
 OUT=${OUT:-out}
@@ -20,8 +21,8 @@ for r in $(seq 1 "${REPEAT:-1}"); do
     for v in $VARIANTS; do
       IFS=: read -r name bin venv <<< "$v"
       base="$OUT/$SHA-ab-$name-$preset-${modes//,/_}-r$r"
-      # shellcheck disable=SC2086  # venv: space-separated NAME=VALUE words
-      timeout "${POINT_TIMEOUT_S:-120}" env $venv "$bin" bench --preset "$preset" --tokens "$tokens" --mode "$modes" \
+      IFS=';' read -r -a venvs <<< "$venv"
+      timeout "${POINT_TIMEOUT_S:-120}" env "${venvs[@]}" "$bin" bench --preset "$preset" --tokens "$tokens" --mode "$modes" \
         --json "$base.json" > "$base.log" 2>&1
       echo "ab $name $preset r$r: exit $?"
       grep -E "us/layer" "$base.log" | sed "s/^/  $name /"
