@@ -5,7 +5,8 @@
 //      chunk's base within its expert), then block scans over the experts (offsets, tile offsets).
 //   3. plan_scatter_kernel: one block per chunk; a pair's rank among the earlier pairs of its chunk with the
 //      same expert gives its row: offsets[e] + chunk base + rank. Token order within an expert, bit-stable.
-// plan_small_kernel does all three in one block when T * k <= kSmallPlanPairs (decode).
+// plan_small_kernel does all three in one block when T * k <= kSmallPlanPairs (decode). The block-level parts
+// (scans, the one-block plans) are in sm90_nvfp4_plan_block.cuh.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -14,18 +15,9 @@
 
 #include "cuda/launch_pdl.cuh"
 #include "cuda/moe_kernels.h"
+#include "cuda/sm90_nvfp4_plan_block.cuh"
 
 namespace nvfp4moe::cuda::kernels {
-
-inline constexpr int kScanThreads = 1024;  // >= kMaxExperts: the most threads a scan block has
-
-// Threads of a block that holds one expert per thread (and, fused with the routing, one warp per token):
-// E rounded up to whole warps, not always kScanThreads (qwen3-30b: 128 threads, not 1024, at every barrier).
-__host__ __device__ inline int plan_block_threads(int experts, int route_warps = 0) {
-  int n = (experts + 31) / 32 * 32;
-  if (n < 32 * route_warps) n = 32 * route_warps;
-  return n < 32 ? 32 : n > kScanThreads ? kScanThreads : n;
-}
 
 __global__ void __launch_bounds__(kPlanChunk) plan_count_kernel(const int32_t* __restrict__ ids, int pairs,
                                                                  int experts, int32_t* __restrict__ chunk_counts) {
@@ -41,76 +33,6 @@ __global__ void __launch_bounds__(kPlanChunk) plan_count_kernel(const int32_t* _
   __syncthreads();
   int32_t* out = chunk_counts + static_cast<int64_t>(blockIdx.x) * experts;
   for (int e = threadIdx.x; e < experts; e += blockDim.x) out[e] = hist[e];
-}
-
-// Exclusive scans of two values at once over the block (blockDim.x a multiple of 32, <= 1024): shuffles within
-// each warp, then one warp over the warp totals; 3 barriers (the Hillis-Steele scan over shared memory this
-// replaces took 20 per value, 40 per plan, with 1024 threads each). Integer sums: the same results in any order.
-// warp_tot: 32 entries of shared memory, reusable when it returns.
-__device__ __forceinline__ int2 block_exclusive_scan2(int32_t v0, int32_t v1, int2* warp_tot) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
-  int32_t a = v0, b = v1;
-#pragma unroll
-  for (int o = 1; o < 32; o <<= 1) {
-    const int32_t x = __shfl_up_sync(0xFFFFFFFFu, a, o), y = __shfl_up_sync(0xFFFFFFFFu, b, o);
-    if (lane >= o) { a += x; b += y; }
-  }
-  if (lane == 31) warp_tot[warp] = make_int2(a, b);
-  __syncthreads();
-  if (warp == 0) {
-    const int2 mine = lane < warps ? warp_tot[lane] : make_int2(0, 0);
-    int32_t ta = mine.x, tb = mine.y;
-#pragma unroll
-    for (int o = 1; o < 32; o <<= 1) {
-      const int32_t x = __shfl_up_sync(0xFFFFFFFFu, ta, o), y = __shfl_up_sync(0xFFFFFFFFu, tb, o);
-      if (lane >= o) { ta += x; tb += y; }
-    }
-    if (lane < warps) warp_tot[lane] = make_int2(ta - mine.x, tb - mine.y);  // each warp's exclusive base
-  }
-  __syncthreads();
-  const int2 base = warp_tot[warp];
-  __syncthreads();
-  return make_int2(base.x + a - v0, base.y + b - v1);
-}
-
-// offsets[E] / tile_offsets[E], and what follows from them: the shared expert as expert E (offsets[E + 1]) or
-// its own trivial plan {0, T}.
-__device__ __forceinline__ void write_plan_tail(const PlanArgs& a, int32_t routed_rows, int32_t routed_tiles) {
-  const int32_t shared_tiles = (a.tokens + kGemmBlockM - 1) / kGemmBlockM;
-  a.offsets[a.experts] = routed_rows;
-  a.tile_offsets[a.experts] = routed_tiles;
-  if (a.append_shared) {
-    a.offsets[a.experts + 1] = routed_rows + a.tokens;
-    a.tile_offsets[a.experts + 1] = routed_tiles + shared_tiles;
-  }
-  if (a.shared_offsets) {
-    a.shared_offsets[0] = 0;
-    a.shared_offsets[1] = a.tokens;
-    a.shared_tile_offsets[0] = 0;
-    a.shared_tile_offsets[1] = shared_tiles;
-  }
-}
-
-// Thread e of the block holds expert e's row count (0 past E; blockDim.x >= E): block scans give counts, offsets
-// and tile offsets, and the last expert's thread writes the tail. Every thread of the block calls it; returns
-// offsets[e]. write_global false: nothing is written to global memory; routed_rows (shared memory, or nullptr)
-// receives offsets[E] either way (visible after the caller's next barrier).
-__device__ __forceinline__ int32_t write_expert_offsets(const PlanArgs& a, int32_t total, int2* warp_tot,
-                                                        bool write_global = true, int32_t* routed_rows = nullptr) {
-  const int e = threadIdx.x;
-  const int32_t tiles = (total + kGemmBlockM - 1) / kGemmBlockM;
-  const int2 scanned = block_exclusive_scan2(total, tiles, warp_tot);
-  const int32_t off = scanned.x, toff = scanned.y;
-  if (write_global && e < a.experts) {
-    a.counts[e] = total;
-    a.offsets[e] = off;
-    a.tile_offsets[e] = toff;
-  }
-  if (e == a.experts - 1) {
-    if (write_global) write_plan_tail(a, off + total, toff + tiles);
-    if (routed_rows) *routed_rows = off + total;
-  }
-  return off;
 }
 
 __global__ void __launch_bounds__(kScanThreads) plan_scan_kernel(PlanArgs a, int chunks) {
@@ -151,92 +73,6 @@ __global__ void __launch_bounds__(kPlanChunk) plan_scatter_kernel(PlanArgs a, in
   const int row = a.offsets[e] + a.chunk_counts[static_cast<int64_t>(blockIdx.x) * a.experts + e] + rank;
   a.perm[row] = p;
   a.inv[p] = row;
-}
-
-// The whole plan in one block when the pairs fit in shared memory (decode: T * k <= kSmallPlanPairs): the same
-// counts, offsets, perm and inv as the three kernels above (a pair's row = offsets[e] + the number of earlier
-// pairs with expert e), in one launch instead of three. A block of plan_block_threads(E) or more threads (at
-// least one per expert), all of them calling. ids: the pairs' experts, a.topk_ids or (fused with the routing) a
-// shared-memory copy of them, which spares a round trip to read back what the block has just written.
-// write_global false: the plan stays in the block (the redundant blocks of the fused route + plan + gather);
-// perm_smem / routed_rows_smem (or nullptr): shared memory that receives perm and offsets[E] either way (read
-// them after a barrier).
-__device__ __forceinline__ void plan_small_block(const PlanArgs& a, int pairs, const int32_t* ids,
-                                                 bool write_global = true, int32_t* perm_smem = nullptr,
-                                                 int32_t* routed_rows_smem = nullptr) {
-  __shared__ int32_t hist[kMaxExperts];
-  __shared__ int2 warp_tot[32];
-  __shared__ int32_t sid[kSmallPlanPairs];
-  const int tid = threadIdx.x, threads = blockDim.x;
-  for (int e = tid; e < a.experts; e += threads) hist[e] = 0;
-  __syncthreads();
-  for (int p = tid; p < pairs; p += threads) {
-    int e = ids[p];
-    if (e < 0 || e >= a.experts) e = -1;
-    sid[p] = e;
-    if (e >= 0) atomicAdd(&hist[e], 1);
-  }
-  __syncthreads();
-  // hist[] is read above and written below: the scans' barriers lie between.
-  const int32_t off =
-      write_expert_offsets(a, tid < a.experts ? hist[tid] : 0, warp_tot, write_global, routed_rows_smem);
-  if (tid < a.experts) hist[tid] = off;  // from here on: the expert's first row
-  __syncthreads();
-  for (int p = tid; p < pairs; p += threads) {
-    const int e = sid[p];
-    if (e < 0) {
-      if (write_global) a.inv[p] = -1;
-      continue;
-    }
-    int rank = 0;
-    for (int i = 0; i < p; ++i) rank += (sid[i] == e) ? 1 : 0;
-    const int row = hist[e] + rank;
-    if (write_global) {
-      a.perm[row] = p;
-      a.inv[p] = row;
-    }
-    if (perm_smem) perm_smem[row] = p;
-  }
-}
-
-// One token's plan (T = 1, ids = the routing's k slots: distinct experts, or -1 / out of range for a slot without
-// one): every count is 0 or 1, so expert e's first row (and first 1-row tile) is the number of chosen experts
-// below e: a ballot per warp, the warp words in shared memory, one barrier and popcounts, in place of
-// plan_small_block's histogram, atomics, block scans and pair loop (3600 cycles at 128 experts: docs/gemm.md,
-// "Route stops"). The same counts, offsets, tile offsets, perm and inv (a slot's pair is p = j; perm lists the
-// chosen experts' slots in expert order). A block of >= E threads, all of them calling; ids visible to all.
-// Taken with NVFP4MOE_ONE_TOKEN_PLAN=1 until it has run on the H200.
-__device__ __forceinline__ void plan_one_token_block(const PlanArgs& a, const int32_t* ids, bool write_global,
-                                                     int32_t* perm_smem, int32_t* routed_rows_smem) {
-  __shared__ uint32_t chosen_words[kMaxExperts / 32];
-  const int e = threadIdx.x, lane = e & 31, warp = e >> 5, K = a.top_k;
-  int slot = -1;
-  if (e < a.experts)
-    for (int j = 0; j < K; ++j)
-      if (ids[j] == e) slot = j;  // the routing's experts are distinct: at most one slot matches
-  const uint32_t word = __ballot_sync(0xFFFFFFFFu, slot >= 0);
-  if (lane == 0 && warp < kMaxExperts / 32) chosen_words[warp] = word;
-  __syncthreads();
-  int32_t below = __popc(word & ((1u << lane) - 1u));
-  for (int w = 0; w < warp && w < kMaxExperts / 32; ++w) below += __popc(chosen_words[w]);
-  const int32_t count = slot >= 0 ? 1 : 0;
-  if (write_global && e < a.experts) {
-    a.counts[e] = count;
-    a.offsets[e] = below;
-    a.tile_offsets[e] = below;  // ceil(count / kGemmBlockM) = count for counts of 0 and 1
-  }
-  if (e == a.experts - 1) {
-    if (write_global) write_plan_tail(a, below + count, below + count);
-    if (routed_rows_smem) *routed_rows_smem = below + count;
-  }
-  if (slot >= 0) {
-    if (write_global) {
-      a.perm[below] = slot;
-      a.inv[slot] = below;
-    }
-    if (perm_smem) perm_smem[below] = slot;
-  }
-  if (write_global && e < K && (ids[e] < 0 || ids[e] >= a.experts)) a.inv[e] = -1;
 }
 
 __global__ void __launch_bounds__(kScanThreads) plan_small_kernel(PlanArgs a, int pairs) {

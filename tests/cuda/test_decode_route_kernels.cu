@@ -1,0 +1,185 @@
+// Device tests of the decode routing kernels' variants, function against function on the GPU: the one-token plan
+// (plan_one_token_block) writes exactly what plan_small_block writes for the same ids (every global array and the
+// shared-memory perm / row count the fused kernel reads), and rank_among_keys (route_rank.h) equals the
+// short-circuit count route_block's default form uses, on adversarial keys. The layer tests then cover the
+// variants end to end (scripts/device_gpu_suite.sh, step routevar).
+#include <gtest/gtest.h>
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "cuda/route_rank.h"
+#include "cuda/sm90_nvfp4_plan_block.cuh"
+#include "support/cuda_test_support.h"
+
+namespace nvfp4moe::cuda {
+namespace {
+
+using test::DevBuf;
+
+// One block plans one token's k ids (copied to shared memory first, as the routing leaves them) with either
+// function; the shared-memory outputs are copied out after the block's barrier.
+template <bool ONE_TOKEN>
+__global__ void plan_probe_kernel(PlanArgs a, const int32_t* ids, int32_t* perm_smem_out, int32_t* rows_out) {
+  __shared__ int32_t sids[kSmallPlanPairs];
+  __shared__ int32_t perm_smem[kSmallPlanPairs];
+  __shared__ int32_t rows;
+  for (int i = threadIdx.x; i < a.top_k; i += blockDim.x) sids[i] = ids[i];
+  for (int i = threadIdx.x; i < kSmallPlanPairs; i += blockDim.x) perm_smem[i] = -7;
+  if (threadIdx.x == 0) rows = -7;
+  __syncthreads();
+  if constexpr (ONE_TOKEN) kernels::plan_one_token_block(a, sids, true, perm_smem, &rows);
+  else kernels::plan_small_block(a, a.top_k, sids, true, perm_smem, &rows);
+  __syncthreads();
+  for (int i = threadIdx.x; i < a.top_k; i += blockDim.x) perm_smem_out[i] = perm_smem[i];
+  if (threadIdx.x == 0) *rows_out = rows;
+}
+
+struct PlanResult {
+  std::vector<int32_t> counts, offsets, tile_offsets, perm, inv, shared_offsets, shared_tile_offsets, perm_smem, rows;
+  bool operator==(const PlanResult&) const = default;
+};
+
+template <bool ONE_TOKEN>
+PlanResult run_plan(const std::vector<int32_t>& ids, int experts, int threads, bool append_shared, bool shared) {
+  const int K = static_cast<int>(ids.size());
+  DevBuf<int32_t> d_ids(ids), counts(experts), offsets(experts + 2), tiles(experts + 2), perm(K), inv(K), soff(2),
+      stiles(2), perm_smem(K), rows(1);
+  for (auto* b : {&counts, &offsets, &tiles, &perm, &inv, &soff, &stiles, &perm_smem, &rows})
+    EXPECT_EQ(cudaMemset(b->p, 0x55, b->n * sizeof(int32_t)), cudaSuccess);  // untouched entries stay 0x55555555
+  PlanArgs a;
+  a.topk_ids = d_ids.p;
+  a.tokens = 1;
+  a.top_k = K;
+  a.experts = experts;
+  a.counts = counts.p;
+  a.offsets = offsets.p;
+  a.tile_offsets = tiles.p;
+  a.perm = perm.p;
+  a.inv = inv.p;
+  a.shared_offsets = shared ? soff.p : nullptr;
+  a.shared_tile_offsets = shared ? stiles.p : nullptr;
+  a.append_shared = append_shared;
+  plan_probe_kernel<ONE_TOKEN><<<1, threads>>>(a, d_ids.p, perm_smem.p, rows.p);
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  return {counts.get(), offsets.get(), tiles.get(), perm.get(), inv.get(), soff.get(), stiles.get(),
+          perm_smem.get(), rows.get()};
+}
+
+TEST(DecodeRouteKernels, OneTokenPlanEqualsPlanSmallBlock) {
+  std::mt19937 rng(4242);
+  int cases = 0;
+  for (int experts : {1, 8, 40, 128, 160, 256, 300, 1024}) {
+    for (int K : {1, 2, 6, 8, 16}) {
+      if (K > experts) continue;
+      for (int pattern = 0; pattern < 4; ++pattern) {
+        // The routing's ids: K distinct experts in slot order; pattern 1: some slots without an expert (-1, as
+        // when fewer than k experts are valid); 2: ids out of range (never from the routing; both plans drop
+        // them); 3: no expert at all.
+        std::vector<int32_t> all(experts);
+        std::iota(all.begin(), all.end(), 0);
+        std::shuffle(all.begin(), all.end(), rng);
+        std::vector<int32_t> ids(all.begin(), all.begin() + K);
+        for (int j = 0; j < K; ++j) {
+          if (pattern == 1 && j % 3 == 2) ids[j] = -1;
+          if (pattern == 2 && j % 2 == 1) ids[j] = experts + j;
+          if (pattern == 3) ids[j] = -1;
+        }
+        const int base_threads = kernels::plan_block_threads(experts);
+        for (int threads : {base_threads, 1024}) {
+          for (int shared = 0; shared < 3; ++shared) {  // 0: none, 1: its own plan {0, T}, 2: expert E
+            SCOPED_TRACE(::testing::Message() << "E=" << experts << " k=" << K << " pattern " << pattern
+                                              << " threads " << threads << " shared " << shared);
+            const PlanResult ref = run_plan<false>(ids, experts, threads, shared == 2, shared == 1);
+            const PlanResult got = run_plan<true>(ids, experts, threads, shared == 2, shared == 1);
+            EXPECT_EQ(got.counts, ref.counts);
+            EXPECT_EQ(got.offsets, ref.offsets);
+            EXPECT_EQ(got.tile_offsets, ref.tile_offsets);
+            EXPECT_EQ(got.perm, ref.perm);
+            EXPECT_EQ(got.inv, ref.inv);
+            EXPECT_EQ(got.shared_offsets, ref.shared_offsets);
+            EXPECT_EQ(got.shared_tile_offsets, ref.shared_tile_offsets);
+            EXPECT_EQ(got.perm_smem, ref.perm_smem);
+            EXPECT_EQ(got.rows, ref.rows);
+            ++cases;
+          }
+        }
+      }
+    }
+  }
+  EXPECT_GT(cases, 500);
+}
+
+// Thread e: expert e's rank among the Ep keys both ways (keys staged in shared memory as route_block has them).
+__global__ void rank_probe_kernel(const float* keys, int Ep, int32_t* rank_short_circuit, int32_t* rank_branch_free) {
+  __shared__ __align__(16) float kt[1024];
+  for (int i = threadIdx.x; i < Ep; i += blockDim.x) kt[i] = keys[i];
+  __syncthreads();
+  const int e = threadIdx.x;
+  if (e >= Ep) return;
+  const float k = kt[e];
+  int rank = -1, rank2 = -1;
+  if (k == k) {
+    rank = 0;
+    const float4* k4 = reinterpret_cast<const float4*>(kt);
+    for (int q = 0; q < Ep / 4; ++q) {
+      const float4 u = k4[q];
+      const float uv[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int ai = 4 * q + i;
+        rank += (uv[i] > k || (uv[i] == k && ai < e)) ? 1 : 0;
+      }
+    }
+    rank2 = rank_among_keys(kt, Ep / 4, e, k);
+  }
+  rank_short_circuit[e] = rank;
+  rank_branch_free[e] = rank2;
+}
+
+TEST(DecodeRouteKernels, BranchFreeRankEqualsShortCircuitOnDevice) {
+  std::mt19937 rng(99);
+  std::normal_distribution<float> normal(0.0f, 2.0f);
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+  for (int experts : {1, 8, 32, 40, 128, 256, 384, 1024}) {
+    const int Ep = (experts + 31) / 32 * 32;
+    for (int pattern = 0; pattern < 8; ++pattern) {
+      SCOPED_TRACE(::testing::Message() << "E=" << experts << " pattern " << pattern);
+      std::vector<float> keys(Ep, nan);
+      for (int e = 0; e < experts; ++e) {
+        const float x = normal(rng);
+        float v = x;
+        switch (pattern) {
+          case 0: v = x; break;
+          case 1: v = 0.5f; break;
+          case 2: v = std::round(x) * 0.5f; break;
+          case 3: v = (e % 3 == 0) ? 0.0f : (e % 3 == 1) ? -0.0f : std::round(x); break;
+          case 4: v = (e % 5 == 0) ? -inf : (e % 11 == 3) ? inf : x; break;
+          case 5: v = (e % 4 == 1) ? nan : std::round(x); break;
+          case 6: v = (e < 3) ? x : nan; break;
+          default: v = -inf; break;
+        }
+        keys[e] = v;
+      }
+      DevBuf<float> d_keys(keys);
+      DevBuf<int32_t> r1(Ep), r2(Ep);
+      rank_probe_kernel<<<1, Ep>>>(d_keys.p, Ep, r1.p, r2.p);
+      ASSERT_EQ(cudaGetLastError(), cudaSuccess);
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      const auto a = r1.get(), b = r2.get();
+      EXPECT_EQ(a, b);
+      for (int e = 0; e < Ep; ++e) EXPECT_EQ(b[e] < 0, !(keys[e] == keys[e])) << e;  // ranked iff not NaN
+    }
+  }
+}
+
+}  // namespace
+}  // namespace nvfp4moe::cuda
