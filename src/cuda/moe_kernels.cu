@@ -47,10 +47,11 @@ unsigned decode_route_variant() {
   }();
   return v;
 }
-// Calls f(std::integral_constant<unsigned, V>) with V = decode_route_variant(): one kernel instance per variant.
+// Calls f(std::integral_constant<unsigned, V>) with V = variant (decode_route_variant()'s bits): one kernel
+// instance per variant.
 template <typename F>
-cudaError_t with_decode_route_variant(F&& f) {
-  switch (decode_route_variant()) {
+cudaError_t with_decode_route_variant(unsigned variant, F&& f) {
+  switch (variant) {
     case 1: return f(std::integral_constant<unsigned, 1>{});
     case 2: return f(std::integral_constant<unsigned, 2>{});
     case 3: return f(std::integral_constant<unsigned, 3>{});
@@ -177,6 +178,11 @@ bool route_plan_fusable(const RouteArgs& r, const PlanArgs& a, const SmallRouteS
 }  // namespace
 
 cudaError_t launch_route_plan(const RouteArgs& r, const PlanArgs& a, cudaStream_t stream) {
+  return launch_route_plan_variant(r, a, decode_route_variant(), stream);
+}
+
+cudaError_t launch_route_plan_variant(const RouteArgs& r, const PlanArgs& a, unsigned variant, cudaStream_t stream) {
+  if (variant > 3) return cudaErrorInvalidValue;
   const int pairs = a.tokens * a.top_k;
   const SmallRouteShape sh = small_route_shape(r, a);
   if (!route_plan_fusable(r, a, sh)) {
@@ -187,7 +193,8 @@ cudaError_t launch_route_plan(const RouteArgs& r, const PlanArgs& a, cudaStream_
   auto launch = [&](auto kernel) {
     return launch_pdl(kernel, dim3(1), dim3(sh.threads), sh.smem, stream, r, a, pairs, sh.block_route);
   };
-  return with_decode_route_variant([&](auto v) { return launch(kernels::route_plan_small_kernel<decltype(v)::value>); });
+  return with_decode_route_variant(variant,
+                                   [&](auto v) { return launch(kernels::route_plan_small_kernel<decltype(v)::value>); });
 }
 
 namespace kernels {
@@ -323,7 +330,7 @@ cudaError_t launch_route_plan_gather(const RouteArgs& r, const PlanArgs& a, cons
   auto launch = [&](auto kernel) {
     return launch_pdl(kernel, dim3(grid), dim3(sh.threads), smem, stream, r, a, g, pairs, sh.block_route, gs_offset);
   };
-  return with_decode_route_variant([&](auto v) {
+  return with_decode_route_variant(decode_route_variant(), [&](auto v) {
     constexpr unsigned V = decltype(v)::value;
     return g.hidden_f32 ? launch(kernels::route_plan_gather_small_kernel<true, V>)
                         : launch(kernels::route_plan_gather_small_kernel<false, V>);
