@@ -36,11 +36,11 @@ summary "git $SHA on $(head -2 "$OUT/$SHA-gpu-info.log" | tail -1)"
 
 has layer && suite cuda-layer 240 "$CARRY/cuda_test_cuda_layer"
 # The decode routing kernels' variants (off by default until they have passed here): function against function
-# (cuda_test_decode_route_kernels), then the branch-free rank count and the one-token plan both on, over the
+# (cuda_test_decode_route_kernels), then all of them on (NVFP4MOE_DECODE_ROUTE=all), over the
 # routing tests and the layer tests with plan checks at T = 1, 2
 # (docs/gemm.md, "Route stops").
 has routevar && suite decode-route-kernels 60 "$CARRY/cuda_test_decode_route_kernels"
-has routevar && NVFP4MOE_ROUTE_RANK=branchfree NVFP4MOE_ONE_TOKEN_PLAN=1 suite cuda-layer-route-variants 240 \
+has routevar && NVFP4MOE_DECODE_ROUTE=all suite cuda-layer-route-variants 240 \
   "$CARRY/cuda_test_cuda_layer" \
   --gtest_filter='CudaLayer.RoutingAdversarialLogitsBlockAndWarpPaths:CudaLayer.BatchInvariance:CudaLayer.GraphCaptureReplay:Modes/ModeTest.*'
 has gemm && suite sm90-gemm 150 "$CARRY/cuda_test_sm90_grouped_gemm"

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <string>
 #include <type_traits>
 
 #include "cuda/sm80_nvfp4_grouped_gemm_mma.cuh"
@@ -36,14 +37,25 @@ bool fused_gather_enabled() {
   return on;
 }
 // The decode routing kernels' variants, off by default until their layer tests and A/B have run on the H200
-// (docs/gemm.md, "Route stops"): bit 0 (NVFP4MOE_ROUTE_RANK=branchfree) the block route counts ranks with
-// rank_among_keys (route_rank.h); bit 1 (NVFP4MOE_ONE_TOKEN_PLAN=1) at T = 1 the plan is plan_one_token_block.
+// (docs/gemm.md, "Route stops"). NVFP4MOE_DECODE_ROUTE: a comma-separated list of rank (bit 0: the block route
+// counts ranks with rank_among_keys, route_rank.h), plan (bit 1: at T = 1 the plan is plan_one_token_block),
+// weights (bit 2: the block route writes a token's k weights from k threads), or all. Same bits either way.
 unsigned decode_route_variant() {
   static const unsigned v = [] {
-    const char* rank = std::getenv("NVFP4MOE_ROUTE_RANK");
-    const char* plan = std::getenv("NVFP4MOE_ONE_TOKEN_PLAN");
-    return (rank != nullptr && std::strcmp(rank, "branchfree") == 0 ? 1u : 0u) |
-           (plan != nullptr && std::strcmp(plan, "1") == 0 ? 2u : 0u);
+    const char* env = std::getenv("NVFP4MOE_DECODE_ROUTE");
+    unsigned bits = 0;
+    std::string list = env ? env : "";
+    for (size_t at = 0; at <= list.size() && !list.empty();) {
+      size_t end = list.find(',', at);
+      if (end == std::string::npos) end = list.size();
+      const std::string item = list.substr(at, end - at);
+      if (item == "rank") bits |= 1u;
+      else if (item == "plan") bits |= 2u;
+      else if (item == "weights") bits |= 4u;
+      else if (item == "all") bits |= 7u;
+      at = end + 1;
+    }
+    return bits;
   }();
   return v;
 }
@@ -55,6 +67,10 @@ cudaError_t with_decode_route_variant(unsigned variant, F&& f) {
     case 1: return f(std::integral_constant<unsigned, 1>{});
     case 2: return f(std::integral_constant<unsigned, 2>{});
     case 3: return f(std::integral_constant<unsigned, 3>{});
+    case 4: return f(std::integral_constant<unsigned, 4>{});
+    case 5: return f(std::integral_constant<unsigned, 5>{});
+    case 6: return f(std::integral_constant<unsigned, 6>{});
+    case 7: return f(std::integral_constant<unsigned, 7>{});
     default: return f(std::integral_constant<unsigned, 0>{});
   }
 }
@@ -115,11 +131,11 @@ inline constexpr size_t kFusedRouteSmemBytes = 36 * 1024;
 
 // The routing of a one-block decode kernel: by the whole block (route_block) when block_route, else one warp
 // per token (route_token). Every thread calls it; routed_ids receives the ids. Ends with a barrier.
-template <bool BRANCH_FREE_RANK>
+template <unsigned V>
 __device__ __forceinline__ void route_small(const RouteArgs& r, bool block_route, uint8_t* route_smem,
                                             int32_t* routed_ids, bool write_global) {
   if (block_route) {
-    route_block<BRANCH_FREE_RANK>(r, route_smem, routed_ids, write_global);
+    route_block<(V & 1u) != 0, (V & 4u) != 0>(r, route_smem, routed_ids, write_global);
   } else {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     if (warp < r.tokens)
@@ -136,7 +152,7 @@ __global__ void __launch_bounds__(kScanThreads) route_plan_small_kernel(RouteArg
   pdl_wait_then_allow_next();
   extern __shared__ __align__(16) uint8_t route_smem[];
   __shared__ int32_t routed_ids[kSmallPlanPairs];  // the routing's ids, for the plan (also written to global)
-  route_small<(V & 1u) != 0>(r, block_route, route_smem, routed_ids, true);
+  route_small<V>(r, block_route, route_smem, routed_ids, true);
   if constexpr ((V & 2u) != 0) {
     if (a.tokens == 1) {
       plan_one_token_block(a, routed_ids, true, nullptr, nullptr);
@@ -182,7 +198,7 @@ cudaError_t launch_route_plan(const RouteArgs& r, const PlanArgs& a, cudaStream_
 }
 
 cudaError_t launch_route_plan_variant(const RouteArgs& r, const PlanArgs& a, unsigned variant, cudaStream_t stream) {
-  if (variant > 3) return cudaErrorInvalidValue;
+  if (variant > 7) return cudaErrorInvalidValue;
   const int pairs = a.tokens * a.top_k;
   const SmallRouteShape sh = small_route_shape(r, a);
   if (!route_plan_fusable(r, a, sh)) {
@@ -257,7 +273,7 @@ __global__ void __launch_bounds__(kScanThreads) route_plan_gather_small_kernel(R
     float x[16];
     load_block16<F32>(g.hidden, col_loaded, x, bits);
   }
-  route_small<(V & 1u) != 0>(r, block_route, route_smem, routed_ids, leader);
+  route_small<V>(r, block_route, route_smem, routed_ids, leader);
   if constexpr ((V & 2u) != 0) {
     if (a.tokens == 1) plan_one_token_block(a, routed_ids, leader, plan_perm, &plan_rows);
     else plan_small_block(a, pairs, routed_ids, leader, plan_perm, &plan_rows);

@@ -184,7 +184,7 @@ TEST(DecodeRouteKernels, BranchFreeRankEqualsShortCircuitOnDevice) {
   }
 }
 
-// The one-block routing + plan kernel, variants 1..3 against 0, on adversarial logits: ids, weights (bits) and
+// The one-block routing + plan kernel, variants 1..7 against 0, on adversarial logits: ids, weights (bits) and
 // the plan arrays equal. T = 1 and 2 (block routing), softmax and DeepSeek's grouped sigmoid.
 struct RoutePlanOut {
   std::vector<int32_t> ids, counts, offsets, tile_offsets, perm, inv;
@@ -267,7 +267,7 @@ TEST(DecodeRouteKernels, RoutePlanVariantsEqualTheDefault) {
         if (sh.kind == RouteKind::kSigmoidGrouped)
           for (int e = 0; e < sh.E; ++e) bias.push_back(pattern % 2 ? 0.0f : 0.1f * std::round(normal(rng)));
         const RoutePlanOut ref = run_route_plan(0, sh.kind, T, sh.E, sh.K, sh.groups, sh.topk_groups, logits, bias);
-        for (unsigned v = 1; v <= 3; ++v) {
+        for (unsigned v = 1; v <= 7; ++v) {
           SCOPED_TRACE(::testing::Message() << "variant " << v);
           const RoutePlanOut got = run_route_plan(v, sh.kind, T, sh.E, sh.K, sh.groups, sh.topk_groups, logits, bias);
           EXPECT_EQ(got.ids, ref.ids);
