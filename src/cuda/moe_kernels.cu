@@ -4,6 +4,7 @@
 #include "cuda/moe_kernels.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -53,6 +54,9 @@ unsigned decode_route_variant() {
       else if (item == "plan") bits |= 2u;
       else if (item == "weights") bits |= 4u;
       else if (item == "all") bits |= 7u;
+      else if (!item.empty())
+        std::fprintf(stderr, "nvfp4moe: NVFP4MOE_DECODE_ROUTE: unknown item '%s' (expected rank, plan, weights or all); "
+                     "ignored\n", item.c_str());
       at = end + 1;
     }
     return bits;
