@@ -197,6 +197,7 @@ RoutePlanOut run_route_plan(unsigned variant, RouteKind kind, int T, int E, int 
   DevBuf<int32_t> ids(T * K), chunk_counts(E * 4), counts(E), offsets(E + 2), tiles(E + 2), perm(T * K), inv(T * K);
   for (auto* b : {&ids, &counts, &offsets, &tiles, &perm, &inv})
     EXPECT_EQ(cudaMemset(b->p, 0x55, b->n * sizeof(int32_t)), cudaSuccess);
+  EXPECT_EQ(cudaMemset(weights.p, 0x55, weights.n * sizeof(float)), cudaSuccess);
   RouteArgs r;
   r.kind = kind;
   r.logits = d_logits.p;
