@@ -13,11 +13,30 @@
 
 namespace nvfp4moe::cuda {
 
-// keys: 4 * n4 floats (16-byte aligned on the device), k = keys[e] (not NaN). Four counters (one per float4
-// lane) and the compares joined by & and | instead of || / &&: the short-circuit form
-// `rank += (u > k || (u == k && a < e))` compiled (nvcc 13, sm_90a) into predicates spilled into the bits of one
-// register and read back, a chain of ~10 dependent instructions per key: 2.7 us of the T = 1 routing kernel at
-// 128 experts, 6.4 us at 256 (clock stamps, docs/gemm.md "Route stops").
+// The short-circuit form, route_block's default: keys 4 * n4 floats (16-byte aligned on the device), k = keys[e]
+// (not NaN). nvcc 13 (sm_90a) compiles it into predicates spilled into the bits of one register and read back,
+// a chain of ~10 dependent instructions per key: 2.7 us of the T = 1 routing kernel at 128 experts, 6.4 us at
+// 256 (clock stamps, docs/gemm.md "Route stops").
+NVFP4_HD int rank_among_keys_short_circuit(const float* keys, int n4, int e, float k) {
+  int rank = 0;
+  for (int q = 0; q < n4; ++q) {
+#if defined(__CUDA_ARCH__)
+    const float4 u = reinterpret_cast<const float4*>(keys)[q];
+    const float uv[4] = {u.x, u.y, u.z, u.w};
+#else
+    const float uv[4] = {keys[4 * q], keys[4 * q + 1], keys[4 * q + 2], keys[4 * q + 3]};
+#endif
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int ai = 4 * q + i;
+      rank += (uv[i] > k || (uv[i] == k && ai < e)) ? 1 : 0;
+    }
+  }
+  return rank;
+}
+
+// The same count with four counters (one per float4 lane) and the compares joined by & and | instead of || /
+// &&: ~90 SASS per 16 keys in four independent chains, no register bitmask (NVFP4MOE_DECODE_ROUTE=rank).
 NVFP4_HD int rank_among_keys(const float* keys, int n4, int e, float k) {
   int r0 = 0, r1 = 0, r2 = 0, r3 = 0;
   for (int q = 0; q < n4; ++q) {

@@ -298,21 +298,8 @@ __device__ __forceinline__ void route_block(const RouteArgs& a, uint8_t* smem, i
   if (real) {
     const float k = kt[e];
     if (k == k) {
-      int rank = 0;
-      if constexpr (BRANCH_FREE_RANK) {
-        rank = rank_among_keys(kt, Ep / 4, e, k);
-      } else {
-        const float4* k4 = reinterpret_cast<const float4*>(kt);
-        for (int q = 0; q < Ep / 4; ++q) {
-          const float4 u = k4[q];
-          const float uv[4] = {u.x, u.y, u.z, u.w};
-#pragma unroll
-          for (int i = 0; i < 4; ++i) {
-            const int ai = 4 * q + i;
-            rank += (uv[i] > k || (uv[i] == k && ai < e)) ? 1 : 0;
-          }
-        }
-      }
+      const int rank = BRANCH_FREE_RANK ? rank_among_keys(kt, Ep / 4, e, k)
+                                        : rank_among_keys_short_circuit(kt, Ep / 4, e, k);
       if (rank < K) slot[t * K + rank] = e;
     }
   }
@@ -328,7 +315,7 @@ __device__ __forceinline__ void route_block(const RouteArgs& a, uint8_t* smem, i
   }
   __syncthreads();
   if constexpr (PARALLEL_WEIGHTS) {
-    if (write_global && tid < T * K) {  // thread (t, j): the token's sum in slot order, then weight j
+    if (write_global && tid < T * K) {  // thread (t, j): the token's sum (the same k in the same order), weight j
       const int tt = tid / K, j = tid - tt * K;
       const float* wt = wts + tt * Ep;
       float wsum = 0.0f;
@@ -343,7 +330,9 @@ __device__ __forceinline__ void route_block(const RouteArgs& a, uint8_t* smem, i
       }
     }
   } else {
-    if (write_global && tid < T) {  // the sum in slot order, then the k weights, as the warp path writes them
+    // The default form, kept as it was GPU-tested (folding both branches into one helper changed
+    // route_plan_small_kernel<0>'s SASS): the sum in slot order, then the k weights, as the warp path writes them.
+    if (write_global && tid < T) {
       const float* wt = wts + tid * Ep;
       float wsum = 0.0f;
       for (int j = 0; j < K; ++j) wsum += wt[j];

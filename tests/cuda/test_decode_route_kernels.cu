@@ -50,6 +50,22 @@ struct PlanResult {
   bool operator==(const PlanResult&) const = default;
 };
 
+// PlanArgs over one set of output buffers (T tokens, K slots, E experts; offsets and tile offsets hold E + 2).
+PlanArgs plan_args(int T, int K, int E, const int32_t* ids, DevBuf<int32_t>& counts, DevBuf<int32_t>& offsets,
+                   DevBuf<int32_t>& tiles, DevBuf<int32_t>& perm, DevBuf<int32_t>& inv) {
+  PlanArgs a;
+  a.topk_ids = ids;
+  a.tokens = T;
+  a.top_k = K;
+  a.experts = E;
+  a.counts = counts.p;
+  a.offsets = offsets.p;
+  a.tile_offsets = tiles.p;
+  a.perm = perm.p;
+  a.inv = inv.p;
+  return a;
+}
+
 template <bool ONE_TOKEN>
 PlanResult run_plan(const std::vector<int32_t>& ids, int experts, int threads, bool append_shared, bool shared) {
   const int K = static_cast<int>(ids.size());
@@ -57,16 +73,7 @@ PlanResult run_plan(const std::vector<int32_t>& ids, int experts, int threads, b
       stiles(2), perm_smem(K), rows(1);
   for (auto* b : {&counts, &offsets, &tiles, &perm, &inv, &soff, &stiles, &perm_smem, &rows})
     EXPECT_EQ(cudaMemset(b->p, 0x55, b->n * sizeof(int32_t)), cudaSuccess);  // untouched entries stay 0x55555555
-  PlanArgs a;
-  a.topk_ids = d_ids.p;
-  a.tokens = 1;
-  a.top_k = K;
-  a.experts = experts;
-  a.counts = counts.p;
-  a.offsets = offsets.p;
-  a.tile_offsets = tiles.p;
-  a.perm = perm.p;
-  a.inv = inv.p;
+  PlanArgs a = plan_args(1, K, experts, d_ids.p, counts, offsets, tiles, perm, inv);
   a.shared_offsets = shared ? soff.p : nullptr;
   a.shared_tile_offsets = shared ? stiles.p : nullptr;
   a.append_shared = append_shared;
@@ -121,7 +128,8 @@ TEST(DecodeRouteKernels, OneTokenPlanEqualsPlanSmallBlock) {
   EXPECT_GT(cases, 500);
 }
 
-// Thread e: expert e's rank among the Ep keys both ways (keys staged in shared memory as route_block has them).
+// Thread e: expert e's rank among the Ep keys both ways (keys staged in shared memory as route_block has them),
+// the two functions route_block calls.
 __global__ void rank_probe_kernel(const float* keys, int Ep, int32_t* rank_short_circuit, int32_t* rank_branch_free) {
   __shared__ __align__(16) float kt[1024];
   for (int i = threadIdx.x; i < Ep; i += blockDim.x) kt[i] = keys[i];
@@ -131,17 +139,7 @@ __global__ void rank_probe_kernel(const float* keys, int Ep, int32_t* rank_short
   const float k = kt[e];
   int rank = -1, rank2 = -1;
   if (k == k) {
-    rank = 0;
-    const float4* k4 = reinterpret_cast<const float4*>(kt);
-    for (int q = 0; q < Ep / 4; ++q) {
-      const float4 u = k4[q];
-      const float uv[4] = {u.x, u.y, u.z, u.w};
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int ai = 4 * q + i;
-        rank += (uv[i] > k || (uv[i] == k && ai < e)) ? 1 : 0;
-      }
-    }
+    rank = rank_among_keys_short_circuit(kt, Ep / 4, e, k);
     rank2 = rank_among_keys(kt, Ep / 4, e, k);
   }
   rank_short_circuit[e] = rank;
@@ -211,17 +209,8 @@ RoutePlanOut run_route_plan(unsigned variant, RouteKind kind, int T, int E, int 
   r.scaling = 2.5f;
   r.topk_ids = ids.p;
   r.topk_weights = weights.p;
-  PlanArgs a;
-  a.topk_ids = ids.p;
-  a.tokens = T;
-  a.top_k = K;
-  a.experts = E;
+  PlanArgs a = plan_args(T, K, E, ids.p, counts, offsets, tiles, perm, inv);
   a.chunk_counts = chunk_counts.p;
-  a.counts = counts.p;
-  a.offsets = offsets.p;
-  a.tile_offsets = tiles.p;
-  a.perm = perm.p;
-  a.inv = inv.p;
   EXPECT_EQ(launch_route_plan_variant(r, a, variant, nullptr), cudaSuccess);
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   RoutePlanOut o{ids.get(), counts.get(), offsets.get(), tiles.get(), perm.get(), inv.get(), {}};

@@ -1,6 +1,7 @@
-// The decode block route's rank count (src/cuda/route_rank.h), host side: equal to its definition on random and
-// adversarial keys (ties, +-0, +-inf, NaN pads and NaN logits), and the ranks of the valid experts are a
-// permutation of 0 .. valid-1 whose order is the k-argmax order (descending key, ties to the lower id).
+// The decode block route's rank counts (src/cuda/route_rank.h: the default short-circuit form and the
+// branch-free one), host side: equal to their definition on random and adversarial keys (ties, +-0, +-inf, NaN
+// pads and NaN logits), and the ranks of the valid experts are a permutation of 0 .. valid-1 whose order is the
+// k-argmax order (descending key, ties to the lower id).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -61,6 +62,7 @@ TEST(RouteRank, EqualsTheDefinitionAndOrdersLikeArgmaxPasses) {
         if (k != k) continue;
         valid.push_back(e);
         ASSERT_EQ(rank_among_keys(keys.data(), padded / 4, e, k), rank_by_definition(keys, e)) << "expert " << e;
+        ASSERT_EQ(rank_among_keys_short_circuit(keys.data(), padded / 4, e, k), rank_by_definition(keys, e)) << e;
       }
       // The valid experts' ranks: a permutation, in the order of repeated argmax (max key, ties to lower id).
       std::vector<int> by_rank(valid.size(), -1);
