@@ -576,7 +576,8 @@ struct KernelTraits {
   // Arrivals that release a stage: one per consumer warp (lane 0 after a __syncwarp), in both consumers. The
   // wgmma path once arrived from one thread per warpgroup after its wgmma wait: safe on the hardware (the
   // other threads' loads fed that warpgroup-collective wgmma) but not ordered by anything the memory model
-  // (and racecheck) counts; see docs/gemm.md, "The wgmma consumers' stage release under racecheck".
+  // counts. Racecheck reports both forms (it wants every reading thread's own arrive); see docs/gemm.md, "The
+  // wgmma consumers' stage release under racecheck".
   static constexpr int kEmptyArrivals = WGS * 4;
   // Warpgroups that store a tile's output (the up block's warpgroup of a WPU = 2 SwiGLU tile hands its
   // accumulators over instead): a chained launch's done[e] gets one arrival from each per GEMM1 tile.
