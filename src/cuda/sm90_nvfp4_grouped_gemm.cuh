@@ -821,10 +821,25 @@ __device__ __forceinline__ int consume_tiles(const GemmParams& p, int idx, int& 
       wgmma_commit();
     };
     if constexpr (!SYNC) {
+      // One wgmma batch stays in flight across k-tiles: batch kt is issued while batch kt - 1 may still run,
+      // and only then does the warpgroup wait for kt - 1 (wait_group 1), release its stage and dequantize
+      // k-tile kt + 1 into the registers kt - 1 read. Waiting for the batch just issued (wait_group 0, before
+      // 2026-12-04) drained the tensor pipe once per k-tile. The same wgmmas on the same accumulators in the
+      // same order: the same bits.
       uint32_t a0[NB][16], a1[NB][16];
       int kt = 0;
+      int s_prev = 0;  // the stage of the batch issued one k-tile earlier (released once that batch is done)
+      auto release = [&](int stage) {
+        __syncwarp();  // every lane's loads of the stage (codes, scale word) happen before this warp's arrive
+        if (lane == 0) mbar_arrive(empty0 + 8 * stage);
+      };
       auto step = [&](const uint32_t (&cur_a)[NB][16], uint32_t (&next_a)[NB][16]) {
-        issue(s, cur_a);
+        issue(s, cur_a);  // batch kt
+        if (kt > 0) {
+          wgmma_wait<1>();  // batch kt - 1 is done: its stage and its A registers (next_a) are free
+          release(s_prev);
+        }
+        s_prev = s;
         int s_next = s + 1;
         uint32_t ph_next = phase;
         if (s_next == STAGES) { s_next = 0; ph_next ^= 1; }
@@ -832,13 +847,6 @@ __device__ __forceinline__ int consume_tiles(const GemmParams& p, int idx, int& 
           mbar_wait(full0 + 8 * s_next, ph_next);
           load_dequant(s_next, next_a);
         }
-        wgmma_wait<0>();
-#pragma unroll
-        for (int b = 0; b < NB; ++b)
-#pragma unroll
-          for (int i = 0; i < BT / 2; ++i) reg_fence(acc[b][i]);
-        __syncwarp();  // every lane's loads of stage s (codes, scale word) happen before this warp's arrive
-        if (lane == 0) mbar_arrive(empty0 + 8 * s);
         s = s_next;
         phase = ph_next;
         ++kt;
@@ -851,6 +859,12 @@ __device__ __forceinline__ int consume_tiles(const GemmParams& p, int idx, int& 
         step(a1, a0);
         if (kt >= p.k_tiles) break;
       }
+      wgmma_wait<0>();  // the last batch
+#pragma unroll
+      for (int b = 0; b < NB; ++b)
+#pragma unroll
+        for (int i = 0; i < BT / 2; ++i) reg_fence(acc[b][i]);
+      release(s_prev);
     } else {
       // mma.sync: each warp loads its stage (codes, its scale word, the B fragments of the rows this tile
       // has), releases the stage, dequantizes, and issues the k-tile's m16n8k16s while it fetches the next.

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# ONE device call from a compressed bundle of binaries built here: the CLI and the GPU test binaries each link
+# the whole library (~11 MB of kernels apiece), so five of them do not fit the 64 MiB the device call carries;
+# xz packs them ~4x. Build the bundle here with scripts/pack_carry.sh, carry .carry/, then on the device:
+#
+#   SUITE_STEPS="gemm routevar" AB1_VARIANTS="base:.carry/base/nvfp4moe new:.carry/nvfp4moe" \
+#   AB1_POINTS="deepseek-v3:4096:w4a16" NVFP4MOE_GIT_SHA=<sha> OUT=$OUT bash scripts/device_bundle.sh
+#
+# Steps, each optional: the GPU suites (scripts/device_gpu_suite.sh with STEPS=$SUITE_STEPS), then up to three
+# A/B groups (scripts/device_variant_ab.sh with AB<i>_VARIANTS / AB<i>_POINTS / AB<i>_REPEAT). Everything lands
+# in $OUT/work and is packed into $OUT/<sha>-logs.tgz (the device returns at most 8 files), beside the suites'
+# summary and one line per measured point ($OUT/<sha>-points.txt).
+set -u -o pipefail
+OUT=${OUT:-out}
+SHA=${NVFP4MOE_GIT_SHA:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
+W=$OUT/work
+mkdir -p "$W"
+for b in .carry/*.tar.xz; do [ -f "$b" ] && tar xJf "$b" -C .carry; done
+export LD_LIBRARY_PATH=$PWD/.carry:${LD_LIBRARY_PATH:-}  # libgomp, which the device image may lack
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,clocks.mem --format=csv > "$W/gpu-info.txt" 2>&1
+status=0
+if [ -n "${SUITE_STEPS:-}" ]; then
+  STEPS=$SUITE_STEPS NVFP4MOE_GIT_SHA=$SHA OUT=$W/suites bash scripts/device_gpu_suite.sh > "$W/suites-driver.log" 2>&1
+  status=$?
+  cp "$W/suites/$SHA-summary.log" "$OUT/" 2>/dev/null
+fi
+for i in 1 2 3; do
+  v=AB${i}_VARIANTS p=AB${i}_POINTS r=AB${i}_REPEAT
+  [ -n "${!v:-}" ] || continue
+  VARIANTS=${!v} POINTS=${!p} REPEAT=${!r:-1} NVFP4MOE_GIT_SHA=$SHA OUT=$W/ab$i \
+    bash scripts/device_variant_ab.sh 2>&1 | tee -a "$OUT/$SHA-points.txt"
+done
+( cd "$OUT" && tar czf "$SHA-logs.tgz" work --remove-files ) || true
+exit "$status"

@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Packs the binaries one device call needs into .carry/ (ignored by git), xz-compressed: the GPU test binaries
+# and the CLI of build dir B (default build), optionally a second CLI as .carry/base/nvfp4moe (BASE_CLI=path),
+# and libgomp. scripts/device_bundle.sh unpacks it on the device.
+#   BASE_CLI=/tmp/old/nvfp4moe bash scripts/pack_carry.sh [build]
+set -euo pipefail
+B=${1:-build}
+rm -rf .carry/stage && mkdir -p .carry/stage/base
+cp "$B/nvfp4moe" .carry/stage/
+for t in cuda_test_cuda_layer cuda_test_sm90_grouped_gemm cuda_test_decode_route_kernels cuda_test_cuda_stress \
+         ${EXTRA_TESTS:-}; do
+  cp "$B/tests/$t" .carry/stage/
+done
+[ -n "${BASE_CLI:-}" ] && cp "$BASE_CLI" .carry/stage/base/nvfp4moe
+cp /lib/x86_64-linux-gnu/libgomp.so.1 .carry/stage/ 2>/dev/null || cp "$(g++ -print-file-name=libgomp.so.1)" .carry/stage/
+rm -f .carry/bins.tar.xz
+tar cf - -C .carry/stage . | xz -T2 -6 > .carry/bins.tar.xz
+rm -rf .carry/stage
+ls -la .carry/bins.tar.xz
