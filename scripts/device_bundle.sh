@@ -3,7 +3,7 @@
 # the whole library (~11 MB of kernels apiece), so five of them do not fit the 64 MiB the device call carries;
 # xz packs them ~4x. Build the bundle here with scripts/pack_carry.sh, carry .carry/, then on the device:
 #
-#   SUITE_STEPS="gemm routevar" AB1_VARIANTS="base:.carry/base/nvfp4moe new:.carry/nvfp4moe" \
+#   SUITE_STEPS="layer gemm" AB1_VARIANTS="base:.carry/base/nvfp4moe new:.carry/nvfp4moe" \
 #   AB1_POINTS="deepseek-v3:4096:w4a16" NVFP4MOE_GIT_SHA=<sha> OUT=$OUT bash scripts/device_bundle.sh
 #
 # Steps, each optional: the GPU suites (scripts/device_gpu_suite.sh with STEPS=$SUITE_STEPS), then up to three

@@ -7,13 +7,13 @@
 # <sha>-<suite>.log and, at the end, packed into $OUT/<sha>-gpu-logs.tgz next to $OUT/<sha>-summary.log.
 #
 #   NVFP4MOE_GIT_SHA=<sha> OUT=out bash scripts/device_gpu_suite.sh
-# Env: CARRY (.carry), STEPS (default "layer routevar gemm quant stress sanitizer python cli").
+# Env: CARRY (.carry), STEPS (default "layer gemm quant stress sanitizer python cli").
 set -u -o pipefail
 OUT=${OUT:-out}
 mkdir -p "$OUT"
 CARRY=${CARRY:-.carry}
 SHA=${NVFP4MOE_GIT_SHA:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
-STEPS=${STEPS:-layer routevar gemm quant stress sanitizer python cli}
+STEPS=${STEPS:-layer gemm quant stress sanitizer python cli}
 export LD_LIBRARY_PATH=$PWD/$CARRY:${LD_LIBRARY_PATH:-}
 export NVFP4MOE_TEST_DATA=$PWD/tests/data
 export NVFP4MOE_CLI=$PWD/$CARRY/nvfp4moe
@@ -35,14 +35,9 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,clocks.mem --
 summary "git $SHA on $(head -2 "$OUT/$SHA-gpu-info.log" | tail -1)"
 
 has layer && suite cuda-layer 240 "$CARRY/cuda_test_cuda_layer"
-# The decode routing kernels' variants (off by default until they have passed here): function against function
-# (cuda_test_decode_route_kernels), then all of them on (NVFP4MOE_DECODE_ROUTE=all), over the
-# routing tests and the layer tests with plan checks at T = 1, 2
-# (docs/gemm.md, "Route stops").
-has routevar && suite decode-route-kernels 60 "$CARRY/cuda_test_decode_route_kernels"
-has routevar && NVFP4MOE_DECODE_ROUTE=all suite cuda-layer-route-variants 240 \
-  "$CARRY/cuda_test_cuda_layer" \
-  --gtest_filter='CudaLayer.RoutingAdversarialLogitsBlockAndWarpPaths:CudaLayer.BatchInvariance:CudaLayer.GraphCaptureReplay:Modes/ModeTest.*'
+# The decode routing kernels' building blocks against their second forms (plan_one_token_block vs plan_small_block,
+# rank_among_keys vs the short-circuit count) on the device.
+has layer && suite decode-route-kernels 60 "$CARRY/cuda_test_decode_route_kernels"
 has gemm && suite sm90-gemm 150 "$CARRY/cuda_test_sm90_grouped_gemm"
 has quant && NVFP4MOE_QUANT_CPU_EXPERTS=${NVFP4MOE_QUANT_CPU_EXPERTS:-32} suite weight-quant 150 "$CARRY/cuda_test_weight_quant"
 has stress && suite cuda-stress 240 "$CARRY/cuda_test_cuda_stress"

@@ -37,47 +37,6 @@ bool fused_gather_enabled() {
   static const bool on = env_switch("NVFP4MOE_FUSED_GATHER");
   return on;
 }
-// The decode routing kernels' variants, off by default until their layer tests and A/B have run on the H200
-// (docs/gemm.md, "Route stops"). NVFP4MOE_DECODE_ROUTE: a comma-separated list of rank (bit 0: the block route
-// counts ranks with rank_among_keys, route_rank.h), plan (bit 1: at T = 1 the plan is plan_one_token_block),
-// weights (bit 2: the block route writes a token's k weights from k threads), or all. Same bits either way.
-unsigned decode_route_variant() {
-  static const unsigned v = [] {
-    const char* env = std::getenv("NVFP4MOE_DECODE_ROUTE");
-    unsigned bits = 0;
-    std::string list = env ? env : "";
-    for (size_t at = 0; at <= list.size() && !list.empty();) {
-      size_t end = list.find(',', at);
-      if (end == std::string::npos) end = list.size();
-      const std::string item = list.substr(at, end - at);
-      if (item == "rank") bits |= 1u;
-      else if (item == "plan") bits |= 2u;
-      else if (item == "weights") bits |= 4u;
-      else if (item == "all") bits |= 7u;
-      else if (!item.empty())
-        std::fprintf(stderr, "nvfp4moe: NVFP4MOE_DECODE_ROUTE: unknown item '%s' (expected rank, plan, weights or all); "
-                     "ignored\n", item.c_str());
-      at = end + 1;
-    }
-    return bits;
-  }();
-  return v;
-}
-// Calls f(std::integral_constant<unsigned, V>) with V = variant (decode_route_variant()'s bits): one kernel
-// instance per variant.
-template <typename F>
-cudaError_t with_decode_route_variant(unsigned variant, F&& f) {
-  switch (variant) {
-    case 1: return f(std::integral_constant<unsigned, 1>{});
-    case 2: return f(std::integral_constant<unsigned, 2>{});
-    case 3: return f(std::integral_constant<unsigned, 3>{});
-    case 4: return f(std::integral_constant<unsigned, 4>{});
-    case 5: return f(std::integral_constant<unsigned, 5>{});
-    case 6: return f(std::integral_constant<unsigned, 6>{});
-    case 7: return f(std::integral_constant<unsigned, 7>{});
-    default: return f(std::integral_constant<unsigned, 0>{});
-  }
-}
 }  // namespace
 
 int device_sm_count() {
@@ -135,11 +94,10 @@ inline constexpr size_t kFusedRouteSmemBytes = 36 * 1024;
 
 // The routing of a one-block decode kernel: by the whole block (route_block) when block_route, else one warp
 // per token (route_token). Every thread calls it; routed_ids receives the ids. Ends with a barrier.
-template <unsigned V>
 __device__ __forceinline__ void route_small(const RouteArgs& r, bool block_route, uint8_t* route_smem,
                                             int32_t* routed_ids, bool write_global) {
   if (block_route) {
-    route_block<(V & 1u) != 0, (V & 4u) != 0>(r, route_smem, routed_ids, write_global);
+    route_block(r, route_smem, routed_ids, write_global);
   } else {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     if (warp < r.tokens)
@@ -149,21 +107,14 @@ __device__ __forceinline__ void route_small(const RouteArgs& r, bool block_route
   __syncthreads();  // the routing's ids are visible to the whole block from here on
 }
 
-// V: decode_route_variant()'s bits (0: the default kernels).
-template <unsigned V>
 __global__ void __launch_bounds__(kScanThreads) route_plan_small_kernel(RouteArgs r, PlanArgs a, int pairs,
                                                                         bool block_route) {
   pdl_wait_then_allow_next();
   extern __shared__ __align__(16) uint8_t route_smem[];
   __shared__ int32_t routed_ids[kSmallPlanPairs];  // the routing's ids, for the plan (also written to global)
-  route_small<V>(r, block_route, route_smem, routed_ids, true);
-  if constexpr ((V & 2u) != 0) {
-    if (a.tokens == 1) {
-      plan_one_token_block(a, routed_ids, true, nullptr, nullptr);
-      return;
-    }
-  }
-  plan_small_block(a, pairs, routed_ids);
+  route_small(r, block_route, route_smem, routed_ids, true);
+  if (a.tokens == 1) plan_one_token_block(a, routed_ids, true, nullptr, nullptr);  // ballots + popcounts
+  else plan_small_block(a, pairs, routed_ids);
 }
 }  // namespace kernels
 
@@ -198,11 +149,6 @@ bool route_plan_fusable(const RouteArgs& r, const PlanArgs& a, const SmallRouteS
 }  // namespace
 
 cudaError_t launch_route_plan(const RouteArgs& r, const PlanArgs& a, cudaStream_t stream) {
-  return launch_route_plan_variant(r, a, decode_route_variant(), stream);
-}
-
-cudaError_t launch_route_plan_variant(const RouteArgs& r, const PlanArgs& a, unsigned variant, cudaStream_t stream) {
-  if (variant > 7) return cudaErrorInvalidValue;
   const int pairs = a.tokens * a.top_k;
   const SmallRouteShape sh = small_route_shape(r, a);
   if (!route_plan_fusable(r, a, sh)) {
@@ -210,11 +156,8 @@ cudaError_t launch_route_plan_variant(const RouteArgs& r, const PlanArgs& a, uns
     return err != cudaSuccess ? err : launch_plan(a, stream);
   }
   if (!r.logits || !r.topk_weights || r.experts > kMaxExperts || r.top_k > r.experts) return cudaErrorInvalidValue;
-  auto launch = [&](auto kernel) {
-    return launch_pdl(kernel, dim3(1), dim3(sh.threads), sh.smem, stream, r, a, pairs, sh.block_route);
-  };
-  return with_decode_route_variant(variant,
-                                   [&](auto v) { return launch(kernels::route_plan_small_kernel<decltype(v)::value>); });
+  return launch_pdl(kernels::route_plan_small_kernel, dim3(1), dim3(sh.threads), sh.smem, stream, r, a, pairs,
+                    sh.block_route);
 }
 
 namespace kernels {
@@ -247,7 +190,7 @@ __device__ __forceinline__ void gather_item_loaded(const GatherArgs& g, int r, i
 // in its shared memory. The same routing, plan and rows as route_plan_small_kernel + gather_kernel.
 // The T = 1 preload and the w4a4 scales in shared memory: turning both off measured -0.3..+0.75 us per layer
 // at T = 1 (+0.75 on qwen3-235b, +0.4 on nemotron-nano; experiment 14, bench/results/deb21f8-x13-x14-ab).
-template <bool F32, unsigned V>
+template <bool F32>
 __global__ void __launch_bounds__(kScanThreads) route_plan_gather_small_kernel(RouteArgs r, PlanArgs a, GatherArgs g,
                                                                                int pairs, bool block_route,
                                                                                int gs_smem_offset) {
@@ -277,13 +220,9 @@ __global__ void __launch_bounds__(kScanThreads) route_plan_gather_small_kernel(R
     float x[16];
     load_block16<F32>(g.hidden, col_loaded, x, bits);
   }
-  route_small<V>(r, block_route, route_smem, routed_ids, leader);
-  if constexpr ((V & 2u) != 0) {
-    if (a.tokens == 1) plan_one_token_block(a, routed_ids, leader, plan_perm, &plan_rows);
-    else plan_small_block(a, pairs, routed_ids, leader, plan_perm, &plan_rows);
-  } else {
-    plan_small_block(a, pairs, routed_ids, leader, plan_perm, &plan_rows);
-  }
+  route_small(r, block_route, route_smem, routed_ids, leader);
+  if (a.tokens == 1) plan_one_token_block(a, routed_ids, leader, plan_perm, &plan_rows);
+  else plan_small_block(a, pairs, routed_ids, leader, plan_perm, &plan_rows);
   __syncthreads();  // plan_perm and plan_rows
   const int routed_rows = plan_rows;
   const int rows = routed_rows + (g.append_shared ? g.tokens : 0);
@@ -350,11 +289,8 @@ cudaError_t launch_route_plan_gather(const RouteArgs& r, const PlanArgs& a, cons
   auto launch = [&](auto kernel) {
     return launch_pdl(kernel, dim3(grid), dim3(sh.threads), smem, stream, r, a, g, pairs, sh.block_route, gs_offset);
   };
-  return with_decode_route_variant(decode_route_variant(), [&](auto v) {
-    constexpr unsigned V = decltype(v)::value;
-    return g.hidden_f32 ? launch(kernels::route_plan_gather_small_kernel<true, V>)
-                        : launch(kernels::route_plan_gather_small_kernel<false, V>);
-  });
+  return g.hidden_f32 ? launch(kernels::route_plan_gather_small_kernel<true>)
+                      : launch(kernels::route_plan_gather_small_kernel<false>);
 }
 
 cudaError_t launch_gather(const GatherArgs& a, cudaStream_t stream) {

@@ -73,10 +73,6 @@ inline constexpr int kFusedRoutePlanTokens = 32;
 // qwen3-30b T = 1 / 2 -3.9 / -3.4 us, T = 4 +0.9, T = 8 +4.6; deepseek-v3 T = 1 / 2 -4.5 / -0.8.
 inline constexpr int kBlockRouteMaxTokens = 2;
 cudaError_t launch_route_plan(const RouteArgs& r, const PlanArgs& a, cudaStream_t stream);
-// The same with the one-block decode kernel's variant given (bit 0: branch-free rank, bit 1: one-token plan,
-// bit 2: parallel weights; launch_route_plan takes them from NVFP4MOE_DECODE_ROUTE): the GPU tests compare the
-// variants. Outside the one-block conditions the variant does not apply (route_kernel + the plan kernels).
-cudaError_t launch_route_plan_variant(const RouteArgs& r, const PlanArgs& a, unsigned variant, cudaStream_t stream);
 
 // ---------------------------------------------------------------- quantize + gather (GEMM1 operand rows)
 // Row r of out (r < offsets[E], read on the device) = hidden[token(r)] where token(r) = perm[r] / k

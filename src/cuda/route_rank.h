@@ -13,10 +13,10 @@
 
 namespace nvfp4moe::cuda {
 
-// The short-circuit form, route_block's default: keys 4 * n4 floats (16-byte aligned on the device), k = keys[e]
-// (not NaN). nvcc 13 (sm_90a) compiles it into predicates spilled into the bits of one register and read back,
-// a chain of ~10 dependent instructions per key: 2.7 us of the T = 1 routing kernel at 128 experts, 6.4 us at
-// 256 (clock stamps, docs/gemm.md "Route stops").
+// The short-circuit form (route_block's until 2026-12-04; kept as the tests' second form of the count): keys
+// 4 * n4 floats (16-byte aligned on the device), k = keys[e] (not NaN). nvcc 13 (sm_90a) compiles it into
+// predicates spilled into the bits of one register and read back, a chain of ~10 dependent instructions per key:
+// 2.7 us of the T = 1 routing kernel at 128 experts, 6.4 us at 256 (clock stamps, docs/gemm.md "Route stops").
 NVFP4_HD int rank_among_keys_short_circuit(const float* keys, int n4, int e, float k) {
   int rank = 0;
   for (int q = 0; q < n4; ++q) {
@@ -36,7 +36,8 @@ NVFP4_HD int rank_among_keys_short_circuit(const float* keys, int n4, int e, flo
 }
 
 // The same count with four counters (one per float4 lane) and the compares joined by & and | instead of || /
-// &&: ~90 SASS per 16 keys in four independent chains, no register bitmask (NVFP4MOE_DECODE_ROUTE=rank).
+// &&: ~90 SASS per 16 keys in four independent chains, no register bitmask. route_block's form (measured on the
+// H200: qwen3-30b T = 1 -1.5 us, deepseek-v3 -3.2 us per layer; bench/results/7bcce2f-route-variants-ab/).
 NVFP4_HD int rank_among_keys(const float* keys, int n4, int e, float k) {
   int r0 = 0, r1 = 0, r2 = 0, r3 = 0;
   for (int q = 0; q < n4; ++q) {

@@ -144,7 +144,7 @@ __device__ __forceinline__ void plan_small_block(const PlanArgs& a, int pairs, c
 // plan_small_block's histogram, atomics, block scans and pair loop (3600 cycles at 128 experts: docs/gemm.md,
 // "Route stops"). The same counts, offsets, tile offsets, perm and inv (a slot's pair is p = j; perm lists the
 // chosen experts' slots in expert order). A block of >= E threads, all of them calling; ids visible to all.
-// Taken with NVFP4MOE_DECODE_ROUTE=plan until it has run on the H200.
+// The decode routing kernels' plan at T = 1 (bench/results/7bcce2f-route-variants-ab/).
 __device__ __forceinline__ void plan_one_token_block(const PlanArgs& a, const int32_t* ids, bool write_global,
                                                      int32_t* perm_smem, int32_t* routed_rows_smem) {
   __shared__ uint32_t chosen_words[kMaxExperts / 32];

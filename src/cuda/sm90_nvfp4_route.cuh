@@ -227,12 +227,6 @@ __host__ __device__ inline size_t block_route_smem(int tokens, int experts, int 
   return (te * 13 + static_cast<size_t>(tokens) * top_k * 4 + static_cast<size_t>(tokens) * 8 + 15) / 16 * 16;
 }
 
-// Variants (NVFP4MOE_DECODE_ROUTE, off until they have run on the H200; docs/gemm.md, "Route stops"), the same
-// ids and weight bits by construction: BRANCH_FREE_RANK counts the rank with rank_among_keys (route_rank.h)
-// instead of the short-circuit loop below, which nvcc compiles into a dependent chain through one register's
-// bits; PARALLEL_WEIGHTS writes the k renormalized weights of a token from k threads (each sums the token's
-// weights in slot order, the same sum) instead of one thread dividing and storing k times in a row.
-template <bool BRANCH_FREE_RANK = false, bool PARALLEL_WEIGHTS = false>
 __device__ __forceinline__ void route_block(const RouteArgs& a, uint8_t* smem, int32_t* ids_mirror,
                                             bool write_global) {
   const int E = a.experts, K = a.top_k, T = a.tokens, Ep = block_route_stride(E);
@@ -298,8 +292,9 @@ __device__ __forceinline__ void route_block(const RouteArgs& a, uint8_t* smem, i
   if (real) {
     const float k = kt[e];
     if (k == k) {
-      const int rank = BRANCH_FREE_RANK ? rank_among_keys(kt, Ep / 4, e, k)
-                                        : rank_among_keys_short_circuit(kt, Ep / 4, e, k);
+      // Four independent counters (route_rank.h): the short-circuit form of the same count compiled into one
+      // dependent chain through a register's bits, 2.7 of the 5.2 us of the T = 1 routing at 128 experts.
+      const int rank = rank_among_keys(kt, Ep / 4, e, k);
       if (rank < K) slot[t * K + rank] = e;
     }
   }
@@ -314,38 +309,20 @@ __device__ __forceinline__ void route_block(const RouteArgs& a, uint8_t* smem, i
     if (write_global) a.topk_ids[i] = id;
   }
   __syncthreads();
-  if constexpr (PARALLEL_WEIGHTS) {
-    if (write_global && tid < T * K) {  // thread (t, j): the token's sum (the same k in the same order), weight j
-      const int tt = tid / K, j = tid - tt * K;
-      const float* wt = wts + tt * Ep;
-      float wsum = 0.0f;
-      for (int i = 0; i < K; ++i) wsum += wt[i];
-      float w = wt[j];
-      float* ws = a.topk_weights + static_cast<int64_t>(tt) * K;
-      if (softmax) {
-        ws[j] = (a.renormalize && wsum > 0.0f) ? w / wsum : w;
-      } else {
-        if (a.renormalize && wsum > 0.0f) w = w / wsum;
-        ws[j] = w * a.scaling;
-      }
-    }
-  } else {
-    // The default form, kept as it was GPU-tested (folding both branches into one helper changed
-    // route_plan_small_kernel<0>'s SASS): the sum in slot order, then the k weights, as the warp path writes them.
-    if (write_global && tid < T) {
-      const float* wt = wts + tid * Ep;
-      float wsum = 0.0f;
-      for (int j = 0; j < K; ++j) wsum += wt[j];
-      float* ws = a.topk_weights + static_cast<int64_t>(tid) * K;
-      for (int j = 0; j < K; ++j) {
-        float w = wt[j];
-        if (softmax) {
-          ws[j] = (a.renormalize && wsum > 0.0f) ? w / wsum : w;
-        } else {
-          if (a.renormalize && wsum > 0.0f) w = w / wsum;
-          ws[j] = w * a.scaling;
-        }
-      }
+  // Thread (t, j) writes token t's weight j; each of the token's k threads sums its k weights in slot order (the
+  // warp path's sum, so the same bits), instead of one thread dividing and storing k times in a row.
+  if (write_global && tid < T * K) {
+    const int tt = tid / K, j = tid - tt * K;
+    const float* wt = wts + tt * Ep;
+    float wsum = 0.0f;
+    for (int i = 0; i < K; ++i) wsum += wt[i];
+    float w = wt[j];
+    float* ws = a.topk_weights + static_cast<int64_t>(tt) * K;
+    if (softmax) {
+      ws[j] = (a.renormalize && wsum > 0.0f) ? w / wsum : w;
+    } else {
+      if (a.renormalize && wsum > 0.0f) w = w / wsum;
+      ws[j] = w * a.scaling;
     }
   }
 }
