@@ -7,7 +7,8 @@
 #   AB1_POINTS="deepseek-v3:4096:w4a16" NVFP4MOE_GIT_SHA=<sha> OUT=$OUT bash scripts/device_bundle.sh
 #
 # Steps, each optional: the GPU suites (scripts/device_gpu_suite.sh with STEPS=$SUITE_STEPS), then up to three
-# A/B groups (scripts/device_variant_ab.sh with AB<i>_VARIANTS / AB<i>_POINTS / AB<i>_REPEAT). Everything lands
+# A/B groups (scripts/device_variant_ab.sh with AB<i>_VARIANTS / AB<i>_POINTS / AB<i>_REPEAT), then EXTRA (a
+# shell snippet, evaluated with $W the work folder). Everything lands
 # in $OUT/work and is packed into $OUT/<sha>-logs.tgz (the device returns at most 8 files), beside the suites'
 # summary and one line per measured point ($OUT/<sha>-points.txt).
 set -u -o pipefail
@@ -30,5 +31,11 @@ for i in 1 2 3; do
   VARIANTS=${!v} POINTS=${!p} REPEAT=${!r:-1} NVFP4MOE_GIT_SHA=$SHA OUT=$W/ab$i \
     bash scripts/device_variant_ab.sh 2>&1 | tee -a "$OUT/$SHA-points.txt"
 done
+# EXTRA: one more shell snippet (e.g. a bench with --routing or a compute-sanitizer run), its output into $W.
+if [ -n "${EXTRA:-}" ]; then
+  ( export W; eval "$EXTRA" ) > "$W/extra.log" 2>&1
+  echo "extra: exit $?" | tee -a "$OUT/$SHA-points.txt"
+  grep -hE "us/layer|ERROR SUMMARY|Hazard|PASSED|FAILED" "$W/extra.log" | tee -a "$OUT/$SHA-points.txt"
+fi
 ( cd "$OUT" && tar czf "$SHA-logs.tgz" work --remove-files ) || true
 exit "$status"

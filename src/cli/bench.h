@@ -134,16 +134,26 @@ inline uint64_t mix64(uint64_t z) {
   return z ^ (z >> 31);
 }
 
-enum class RoutingKind { Uniform, Skewed };
-inline const char* routing_kind_name(RoutingKind r) { return r == RoutingKind::Uniform ? "uniform" : "skewed"; }
+// Uniform: random logits (near-uniform expected load, each expert's count varies around T k / E). Skewed: a few
+// hot experts. Balanced: token t's top-k are the k experts (t k + j) mod E, j < k, so every expert gets exactly
+// T k / E rows when T is a multiple of E / gcd(E, k): the load of a perfectly balanced deployment, and the case
+// without partial token tiles (what uniform's tails cost is the difference between the two).
+enum class RoutingKind { Uniform, Skewed, Balanced };
+inline const char* routing_kind_name(RoutingKind r) {
+  return r == RoutingKind::Uniform ? "uniform" : r == RoutingKind::Skewed ? "skewed" : "balanced";
+}
 
 // The skewed case: logits of experts 0..kHotExperts-1 get +kHotBoost (what bench/torch_baseline.py does, so
 // the baseline sees the same kind of load).
 inline constexpr int kHotExperts = 4;
 inline constexpr float kHotBoost = 4.0f;
 
-// router logits [T, E] f32: N(0, 1) (near-uniform expected load), + kHotBoost on the hot experts if skewed.
-std::vector<float> random_logits(int64_t tokens, int64_t experts, RoutingKind kind, uint64_t seed);
+// router logits [T, E] f32: N(0, 1) (near-uniform expected load), + kHotBoost on the hot experts if skewed;
+// balanced: token t's experts (t top_k + j) mod E get kBalancedLogit + N(0, 1) / 4, the rest N(0, 1) -
+// kBalancedLogit (a gap that also survives DeepSeek's sigmoid, its router bias and its group scores).
+inline constexpr float kBalancedLogit = 10.0f;
+std::vector<float> random_logits(int64_t tokens, int64_t experts, RoutingKind kind, uint64_t seed,
+                                 int64_t top_k = 1);
 // hidden [T, H] bf16 bits: uniform in [-sqrt(3), sqrt(3)) (unit variance), never exactly zero.
 std::vector<uint16_t> random_hidden(int64_t tokens, int64_t hidden, uint64_t seed);
 

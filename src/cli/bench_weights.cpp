@@ -6,6 +6,7 @@
 
 #include "cli/bench.h"
 #include "format/nvfp4.h"
+#include "nvfp4moe/error.h"
 
 namespace nvfp4moe::cli::bench {
 namespace {
@@ -75,7 +76,10 @@ void fill_experts(StackedExperts& s, int64_t experts, int64_t H, int64_t I, bool
 
 }  // namespace
 
-std::vector<float> random_logits(int64_t tokens, int64_t experts, RoutingKind kind, uint64_t seed) {
+std::vector<float> random_logits(int64_t tokens, int64_t experts, RoutingKind kind, uint64_t seed, int64_t top_k) {
+  NVFP4MOE_CHECK(kind != RoutingKind::Balanced || (top_k >= 1 && top_k <= experts), ArgumentError,
+                 "random_logits: balanced routing needs 1 <= top_k <= experts, got top_k ", top_k, " for ", experts,
+                 " experts");
   std::vector<float> v(static_cast<size_t>(tokens * experts));
   const uint64_t s = mix64(seed ^ 0x4C4F474954ull);
   const int64_t n = static_cast<int64_t>(v.size());
@@ -83,6 +87,11 @@ std::vector<float> random_logits(int64_t tokens, int64_t experts, RoutingKind ki
   for (int64_t i = 0; i < n; ++i) {
     float x = normal(s, static_cast<uint64_t>(i));
     if (kind == RoutingKind::Skewed && i % experts < kHotExperts) x += kHotBoost;
+    if (kind == RoutingKind::Balanced) {
+      const int64_t t = i / experts, e = i % experts;
+      const int64_t j = ((e - t * top_k) % experts + experts) % experts;  // e = (t k + j) mod E
+      x = j < top_k ? kBalancedLogit + 0.25f * x : x - kBalancedLogit;
+    }
     v[static_cast<size_t>(i)] = x;
   }
   return v;

@@ -42,6 +42,13 @@ namespace {
 using nlohmann::json;
 using bench::RoutingKind;
 
+// Layer l's router-logits seed (uniform + 0 and skewed + 1 as before balanced existed, so earlier runs repeat).
+uint64_t logits_seed(uint64_t seed, int l, RoutingKind rk) {
+  return seed * 104729ull + static_cast<uint64_t>(l) * 31 + static_cast<uint64_t>(rk);
+}
+// A routing's share of the time budget (per mode): the near-uniform case is the protocol's main one.
+double budget_share(RoutingKind r) { return r == RoutingKind::Uniform ? 1.0 : 0.5; }
+
 // ------------------------------------------------------------------ options and their checks
 struct BenchOpts {
   std::string preset;
@@ -146,9 +153,12 @@ BenchPlan make_plan(const BenchOpts& o, bool dims_given) {
     if (std::find(p.modes.begin(), p.modes.end(), mode) == p.modes.end()) p.modes.push_back(mode);
   }
   for (const std::string& r : split_list(o.routings)) {
-    NVFP4MOE_CHECK(r == "uniform" || r == "skewed", ArgumentError,
-                   "--routing: expected uniform and/or skewed (comma-separated), got '", r, "' in '", o.routings, "'");
-    const RoutingKind k = r == "uniform" ? RoutingKind::Uniform : RoutingKind::Skewed;
+    NVFP4MOE_CHECK(r == "uniform" || r == "skewed" || r == "balanced", ArgumentError,
+                   "--routing: expected uniform, skewed and/or balanced (comma-separated), got '", r, "' in '",
+                   o.routings, "'");
+    const RoutingKind k = r == "uniform" ? RoutingKind::Uniform
+                          : r == "skewed" ? RoutingKind::Skewed
+                                          : RoutingKind::Balanced;
     if (std::find(p.routings.begin(), p.routings.end(), k) == p.routings.end()) p.routings.push_back(k);
   }
   NVFP4MOE_CHECK(o.layers >= 8, ArgumentError, "--layers: the protocol needs >= 8 distinct layers per replay (so the "
@@ -281,7 +291,9 @@ json protocol_json() {
           {"l2", "stack of L distinct layers per replay (own weights, hidden input, router logits and output); "
                  "time / L"},
           {"inputs", "hidden bf16 uniform [-sqrt3, sqrt3) (never zero); router logits N(0,1) (uniform) or N(0,1) "
-                     "+ 4 on experts 0..3 (skewed); routing runs inside the graph (router_logits form)"},
+                     "+ 4 on experts 0..3 (skewed), or +10 + N(0,1)/4 on token t's experts (t k + j) mod E and N(0,1) - 10 "
+                     "elsewhere (balanced: every expert T k / E rows); routing runs inside the graph (router_logits "
+                     "form)"},
           {"bytes", "mean over the L layers of: e2m1 codes + e4m3 block scales of every routed expert hit at least "
                     "once (distinct experts from cpu::route on the same logits) + the shared expert when present + "
                     "hidden in (bf16) + router logits in (f32) + out (bf16 or f32)"},
@@ -374,17 +386,17 @@ void run_on_device(const BenchOpts& o, const BenchPlan& p, json& doc) {
   const MoeSpec& spec = p.spec;
   const int64_t H = spec.hidden, E = spec.num_experts, maxT = p.tokens.back();
 
-  // Budget shares: uniform 1, skewed 0.5 per mode; a combination's deadline is cumulative, so time one does
+  // Budget shares: uniform 1, skewed / balanced 0.5 per mode; a combination's deadline is cumulative, so time one does
   // not use carries over to the next.
   std::vector<double> deadlines;
   {
     double total = 0;
     for (size_t m = 0; m < p.modes.size(); ++m)
-      for (RoutingKind r : p.routings) total += r == RoutingKind::Uniform ? 1.0 : 0.5;
+      for (RoutingKind r : p.routings) total += budget_share(r);
     double cum = 0;
     for (size_t m = 0; m < p.modes.size(); ++m)
       for (RoutingKind r : p.routings) {
-        cum += r == RoutingKind::Uniform ? 1.0 : 0.5;
+        cum += budget_share(r);
         deadlines.push_back(o.time_budget > 0 ? o.time_budget * cum / total : 1e30);
       }
   }
@@ -461,7 +473,7 @@ void run_on_device(const BenchOpts& o, const BenchPlan& p, json& doc) {
         const double deadline = deadlines[combo++];
         for (int l = 0; l < L; ++l) {
           host[static_cast<size_t>(l)].logits =
-              bench::random_logits(maxT, E, rk, o.seed * 104729ull + static_cast<uint64_t>(l) * 31 + (rk == RoutingKind::Skewed));
+              bench::random_logits(maxT, E, rk, logits_seed(o.seed, l, rk), p.spec.top_k);
           ck(cudaMemcpy(layers[static_cast<size_t>(l)].logits.get(), host[static_cast<size_t>(l)].logits.data(),
                         host[static_cast<size_t>(l)].logits.size() * 4, cudaMemcpyHostToDevice),
              "cudaMemcpy (logits)");
@@ -633,8 +645,7 @@ void dry_run(const BenchOpts& o, const BenchPlan& p, json& doc) {
         auto& h = host[static_cast<size_t>(l)];
         if (spec.has_router_bias)
           h.router_bias = bench::random_router_bias(spec.num_experts, o.seed * 1000003ull + static_cast<uint64_t>(l));
-        h.logits = bench::random_logits(maxT, spec.num_experts, rk,
-                                        o.seed * 104729ull + static_cast<uint64_t>(l) * 31 + (rk == RoutingKind::Skewed));
+        h.logits = bench::random_logits(maxT, spec.num_experts, rk, logits_seed(o.seed, l, rk), spec.top_k);
       }
       for (int64_t T : p.tokens) {
         const PointAccounting acc = account_point(spec, host, T, p.out_bytes);
@@ -679,7 +690,8 @@ Command add_bench_command(CLI::App& parent) {
   dims.push_back(app->add_option("--scaling", o->scaling, "sigmoid-grouped: routed scaling factor"));
   app->add_option("--tokens", o->tokens, "Token counts T, comma-separated (default 1,4,16,64,256,1024,4096,16384)");
   app->add_option("--mode", o->modes, "w4a16 and/or w4a4, comma-separated (default w4a16)");
-  app->add_option("--routing", o->routings, "uniform and/or skewed, comma-separated (default uniform)");
+  app->add_option("--routing", o->routings,
+                  "uniform, skewed and/or balanced (every expert T*k/E rows), comma-separated (default uniform)");
   app->add_option("--layers", o->layers, "Distinct layers per graph replay (>= 8; default 8)");
   app->add_option("--iters", o->iters, "Timed replays per point (default 50; the protocol needs >= 50)");
   app->add_option("--warmup", o->warmup, "Warm-up replays per point (default 3)");

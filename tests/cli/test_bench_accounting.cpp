@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <numeric>
 #include <set>
 #include <string>
 #include <vector>
@@ -173,6 +174,43 @@ TEST(BenchInputs, HiddenNeverZeroLogitsSkewed) {
   EXPECT_EQ(random_logits(3, 8, RoutingKind::Uniform, 9), random_logits(3, 8, RoutingKind::Uniform, 9));
 }
 
+// Balanced routing: every expert exactly T k / E rows, through the softmax and through DeepSeek's grouped sigmoid
+// with its router bias (the k chosen experts of a token are consecutive, so inside one group when the group size
+// is a multiple of k); token t's slots hold the experts (t k + j) mod E.
+TEST(BenchInputs, BalancedLogitsGiveEqualCounts) {
+  struct Case { int64_t E, k, groups, topk_groups; bool grouped; };
+  for (const Case c : {Case{64, 4, 1, 1, false}, Case{256, 8, 8, 4, true}, Case{128, 6, 1, 1, false}}) {
+    MoeSpec s = tiny(64, 32, c.E, c.k);
+    if (c.grouped) {
+      s.routing = Routing::SigmoidGroupedTopK;
+      s.n_group = c.groups;
+      s.topk_group = c.topk_groups;
+      s.has_router_bias = true;
+    }
+    const int64_t period = c.E / std::gcd(c.E, c.k), T = 4 * period;
+    const std::vector<float> lg = random_logits(T, c.E, RoutingKind::Balanced, 11, c.k);
+    const std::vector<float> bias = random_router_bias(c.E, 3);
+    std::vector<int32_t> ids(T * c.k);
+    std::vector<float> w(T * c.k);
+    cpu::route(s, lg.data(), c.grouped ? bias.data() : nullptr, T, ids.data(), w.data());
+    std::vector<int64_t> count(c.E, 0);
+    for (int64_t t = 0; t < T; ++t) {
+      std::set<int32_t> mine;
+      for (int64_t j = 0; j < c.k; ++j) {
+        const int32_t id = ids[t * c.k + j];
+        ASSERT_GE(id, 0);
+        ++count[id];
+        mine.insert(id);
+      }
+      std::set<int32_t> want;
+      for (int64_t j = 0; j < c.k; ++j) want.insert(static_cast<int32_t>((t * c.k + j) % c.E));
+      EXPECT_EQ(mine, want) << "token " << t << " E " << c.E;
+    }
+    for (int64_t e = 0; e < c.E; ++e) EXPECT_EQ(count[e], T * c.k / c.E) << "expert " << e << " E " << c.E;
+  }
+  EXPECT_THROW(random_logits(2, 8, RoutingKind::Balanced, 1, 9), ArgumentError);
+}
+
 // ------------------------------------------------------------------ through the binary
 struct CliResult {
   int rc = -1;
@@ -207,7 +245,7 @@ TEST(BenchCli, ArgumentErrorsNameTheArgument) {
       {"bench --preset qwen3-30b --tokens 1,0", "--tokens: expected"},
       {"bench --preset qwen3-30b --tokens 4,abc", "got 'abc'"},
       {"bench --preset qwen3-30b --mode w4a8", "--mode: expected w4a16 and/or w4a4"},
-      {"bench --preset qwen3-30b --routing hot", "--routing: expected uniform and/or skewed"},
+      {"bench --preset qwen3-30b --routing hot", "--routing: expected uniform, skewed and/or balanced"},
       {"bench --preset qwen3-30b --layers 2", "--layers: the protocol needs >= 8"},
       {"bench --preset qwen3-30b --iters 0", "--iters: expected >= 1"},
       {"bench --preset qwen3-30b --json /nonexistent-dir/x.json", "directory '/nonexistent-dir' does not exist"},
