@@ -35,7 +35,7 @@ done
 if [ -n "${EXTRA:-}" ]; then
   ( export W; eval "$EXTRA" ) > "$W/extra.log" 2>&1
   echo "extra: exit $?" | tee -a "$OUT/$SHA-points.txt"
-  grep -hE "us/layer|ERROR SUMMARY|Hazard|PASSED|FAILED" "$W/extra.log" | tee -a "$OUT/$SHA-points.txt"
+  grep -hE "us/layer|SUMMARY|PASSED|FAILED| exit " "$W/extra.log" | tee -a "$OUT/$SHA-points.txt"
 fi
 ( cd "$OUT" && tar czf "$SHA-logs.tgz" work --remove-files ) || true
 exit "$status"
