@@ -34,7 +34,7 @@ cudaError_t fail(const std::string& msg) {
   X(32, 12, 2, 1, 0)  /* 17..32 rows per expert (4 warpgroups spill at BT = 32) */                                 \
   X(32, 12, 3, 1, 0)  /* 17..32 rows per expert, 3 consumer warpgroups */                                         \
   X(64, 10, 2, 1, 0)  /* 33..64 rows per expert */                                                              \
-  X(128, 8, 2, 1, 0)  /* prefill: > 64 rows per expert */
+  X(144, 8, 2, 1, 0)  /* prefill: > 64 rows per expert (144: the ~128 +- 11 rows of T k / E = 128 in one pass) */
 
 // The warp-streaming decode configs (sm90_nvfp4_warp_stream_gemm.cuh): X(warps per CTA, k-tile slots per warp,
 // warp slices per piece, k-loop unrolled by the slots), each for every epilogue; shared memory = warps x slots x

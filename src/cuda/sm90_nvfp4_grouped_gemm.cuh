@@ -200,6 +200,18 @@ template <> struct Wgmma<128> {
   }
 };
 
+// N = 144: the prefill tile (bt144), so an expert's ~128 +- 3 sqrt(128) rows at T k / E = 128 take one weight pass,
+// not a 128-row tile plus a partial one (docs/gemm.md, "Partial token tiles").
+template <> struct Wgmma<144> {
+  static __device__ __forceinline__ void mma(float* d, const uint32_t (&a)[4], uint64_t desc) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %77, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n144k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63,%64,%65,%66,%67,%68,%69,%70,%71}, {%72,%73,%74,%75}, %76, p, 1, 1, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
+  }
+};
+
 // ------------------------------------------------------------------------------------------- dequantization
 // The prepared bit order (layout version 2). Everything below is a permutation of the checkpoint's bits inside
 // one 32-bit word; the kernel undoes it with rotates and masks, the prepare kernel applies it with these maps.
@@ -565,7 +577,9 @@ __device__ __forceinline__ void output_bits(const float (&v)[N][2], bool quantiz
 // either way (tested bitwise against the wgmma configs: BatchInvariance, SyncMmaBitIdenticalToWgmma).
 template <int BT, int WGS, int STAGES, Epilogue EPI, int WPU = 1, bool SYNC = false>
 struct KernelTraits {
-  static_assert(BT % 16 == 0 && BT >= 16 && BT <= 128, "BT: wgmma N in 16..128, two m64 blocks per thread");
+  static_assert(BT % 16 == 0 && BT >= 16 && (BT <= 128 || BT == 144),
+                "BT: wgmma N in 16..128 or 144, two m64 blocks per thread");
+  static_assert(BT <= 128 || WGS == 2, "BT = 144 (144 accumulators a thread): two consumer warpgroups");
   static_assert(!SYNC || BT == 16, "the sync-MMA consumer: decode tiles (BT = 16: one or two n-tiles of 8)");
   static_assert(WGS == 2 || (WGS == 3 && BT <= 32) || (WGS == 4 && BT <= 16),
                 "WGS 3 only up to BT = 32, WGS 4 only with the small accumulators of BT = 16");
@@ -587,8 +601,10 @@ struct KernelTraits {
   // ptxas allocates each branch under its setmaxnreg value (the consumers' spills grow when theirs shrinks), so
   // the consumers keep the most the CTA allows and the producer (one TMA thread plus its warp's tile cursor,
   // which loads several offsets per lane at once: it spilled at 24) gets what is left, rounded down to 8.
-  static constexpr int kConsumerRegs = WGS <= 2 ? 232 : WGS == 3 ? 160 : 112;
-  static constexpr int kProducerRegs = WGS <= 2 ? 40 : 32;
+  // BT = 144: 144 accumulators + 64 A registers a consumer thread; 232 spilled in the k-loop, so the consumers get
+  // 240 and the producer 24 (its cursor's few spills are outside the consumers' loop).
+  static constexpr int kConsumerRegs = BT > 128 ? 240 : WGS <= 2 ? 232 : WGS == 3 ? 160 : 112;
+  static constexpr int kProducerRegs = BT > 128 ? 24 : WGS <= 2 ? 40 : 32;
   static constexpr int kRegsNeeded = 128 * kProducerRegs + WGS * 128 * kConsumerRegs;
   static_assert(kRegsNeeded <= 65536, "setmaxnreg budget exceeds the register file");
   static constexpr int kABytes = BT * 128;                  // one stage of A: BT rows x 64 bf16, swizzled
@@ -741,10 +757,10 @@ __device__ __forceinline__ int consume_tiles(const GemmParams& p, int idx, int& 
 #pragma unroll
       for (int i = 0; i < BT / 2; ++i) acc[b][i] = 0.0f;
 
-    // wgmma N for this tile: the smallest of 16/32/64/128 (<= BT) that holds its rows, so the last, partial
+    // wgmma N for this tile: the smallest of 16/32/64/128/144 (<= BT) that holds its rows, so the last, partial
     // token tile of an expert does not pay for BT columns.
     const int tile_rows = min(BT, cur.rows - t_idx * BT);
-    const int n_mma = tile_rows <= 16 ? 16 : tile_rows <= 32 ? 32 : tile_rows <= 64 ? 64 : 128;
+    const int n_mma = tile_rows <= 16 ? 16 : tile_rows <= 32 ? 32 : tile_rows <= 64 ? 64 : tile_rows <= 128 ? 128 : 144;
 
     // Software pipeline: the dequantization of k-tile kt+1 runs while the wgmmas of k-tile kt execute.
     // This thread's weight words of a stage: its 16 code bytes of each of its NB blocks, and the scale word it
@@ -814,6 +830,7 @@ __device__ __forceinline__ int consume_tiles(const GemmParams& p, int idx, int& 
 #endif
           }
       };
+      if constexpr (BT >= 144) { if (n_mma == 144) { run(IntC<144>{}); wgmma_commit(); return; } }
       if constexpr (BT >= 128) { if (n_mma == 128) { run(IntC<128>{}); wgmma_commit(); return; } }
       if constexpr (BT >= 64) { if (n_mma >= 64) { run(IntC<(BT >= 64 ? 64 : 16)>{}); wgmma_commit(); return; } }
       if constexpr (BT >= 32) { if (n_mma >= 32) { run(IntC<(BT >= 32 ? 32 : 16)>{}); wgmma_commit(); return; } }
@@ -984,7 +1001,7 @@ __device__ __forceinline__ int consume_tiles(const GemmParams& p, int idx, int& 
       struct GroupPos { int b, i0, ip; };
       auto group_pos = [](int q) { return GroupPos{(q >> 1) / (BT / 8), ((q >> 1) % (BT / 8)) * 4, q & 1}; };
       constexpr int kGroups = kBlocksOut * BT / 4;
-      constexpr int kBatch = kGroups < 8 ? kGroups : 8;
+      constexpr int kBatch = kGroups < 8 ? kGroups : kGroups % 8 == 0 ? 8 : 4;  // (BT = 144 SwiGLU: 36 groups)
       static_assert(kGroups % kBatch == 0, "whole batches");
 #pragma unroll
       for (int q0 = 0; q0 < kGroups; q0 += kBatch) {

@@ -1265,7 +1265,7 @@ TEST(CudaLayer, PublicApiCudaVsCpuBackend) {
 // The sm90 GEMM's promise at the layer level (issue 4): same inputs, same bits across runs and across two layers
 // built from the same weights (the prepared layout is deterministic), and a token's row is bitwise the same
 // whatever batch it rides in: alone, among 6, 99, 299 or 999 others, at another position, with other tokens
-// around it. These T pick different tile configs (T*k/E = 0.19 .. 187: bt16 wg2 / wg4, bt32, bt64, bt128), so
+// around it. These T pick different tile configs (T*k/E = 0.19 .. 187: bt16 wg2 / wg4, bt32, bt64, bt144), so
 // this is also invariance across configs. Plus the A/B against the mma.sync fallback path on the same inputs,
 // held only to the suite's tolerance (that path is no part of the sm90 bit promise), though every H200 run so
 // far printed rel_l2 = 0: the tensor cores' k16 step gives the same bits through mma.sync and wgmma, which the
@@ -1339,7 +1339,7 @@ TEST(CudaLayer, Sm90ConfigOverrideIsBitIdentical) {
     EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     return hs.out.get(T * H);
   };
-  for (const char* value : {"bt16_s14_wg2", "gemm2=bt16_s9_wg4", "gemm1=bt16_s14_wg3,gemm2=bt128_s8_wg2", "mma=sync",
+  for (const char* value : {"bt16_s14_wg2", "gemm2=bt16_s9_wg4", "gemm1=bt16_s14_wg3,gemm2=bt144_s8_wg2", "mma=sync",
                             "gemm1=bt16_s14_wg2_half_sync,gemm2=bt16_s9_wg4_sync"}) {
     SCOPED_TRACE(value);
     setenv("NVFP4MOE_SM90_CONFIG", value, 1);

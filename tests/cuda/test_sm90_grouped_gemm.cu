@@ -669,7 +669,7 @@ TEST(Sm90GroupedGemm, ChainedRefusesMismatchedLaunches) {
   x.epilogue = Sm90GemmEpilogue::kRelu2;
   refused(g1, x, cfg, counters, "f32");
   Sm90GemmConfig big{};
-  ASSERT_TRUE(sm90_gemm_config_by_name("bt128_s8_wg2", &big));
+  ASSERT_TRUE(sm90_gemm_config_by_name("bt144_s8_wg2", &big));
   refused(g1, g2, big, counters, "no chained kernel");
   EXPECT_EQ(sm90_nvfp4_chained_gemms(g1, g2, cfg, counters, nullptr, 100000), cudaErrorInvalidValue);
   EXPECT_NE(std::string(sm90_gemm_last_error_message()).find("fit at once"), std::string::npos)

@@ -33,8 +33,8 @@ TEST(Sm90PickConfig, AlwaysFromTheListAndTheTileHoldsTheRows) {
           const Sm90GemmConfig c = sm90_pick_config(Sm90GemmLoad{rows, experts, units, sms});
           EXPECT_TRUE(listed(c)) << rows << " rows, E " << experts;
           const double rpe = static_cast<double>(rows) / static_cast<double>(experts);
-          if (rpe <= 128) EXPECT_GE(c.block_t, rpe) << rows << " rows, E " << experts;
-          else EXPECT_EQ(c.block_t, 128);
+          if (rpe <= 144) EXPECT_GE(c.block_t, rpe) << rows << " rows, E " << experts;
+          else EXPECT_EQ(c.block_t, 144);
         }
 }
 
@@ -50,8 +50,9 @@ TEST(Sm90PickConfig, RoutedDecodeAndPrefill) {
   // Unknown units / SMs: the list rule alone (as before the wave rule existed).
   EXPECT_EQ(sm90_pick_tile_config(Sm90GemmLoad{256, 256, 0, 0}).consumer_warpgroups, 4);
   EXPECT_EQ(sm90_pick_tile_config(Sm90GemmLoad{8, 256, 0, 0}).consumer_warpgroups, 2);
-  // Prefill: the 128-row tile.
-  EXPECT_EQ(sm90_pick_tile_config(Sm90GemmLoad{4096 * 8, 256, kDeepseekGemm1Units, kSms}).block_t, 128);
+  // Prefill: the 144-row tile (T k / E = 128 rows per expert, ~128 +- 11: one weight pass for nearly all).
+  EXPECT_EQ(sm90_pick_tile_config(Sm90GemmLoad{4096 * 8, 256, kDeepseekGemm1Units, kSms}).block_t, 144);
+  EXPECT_EQ(sm90_pick_tile_config(Sm90GemmLoad{100 * 8, 8, kDeepseekGemm1Units, kSms}).block_t, 144);
 }
 
 TEST(Sm90PickConfig, SharedExpertUnderOneWaveTakesTheMostCtaTiles) {
@@ -132,7 +133,7 @@ TEST(Sm90PickConfig, ChainedConfigsAreListedAndTakenWhereTheDocsSay) {
     EXPECT_TRUE(sm90_chained_available(c)) << to_string(c);
   }
   Sm90GemmConfig prefill{};
-  ASSERT_TRUE(sm90_gemm_config_by_name("bt128_s8_wg2", &prefill));
+  ASSERT_TRUE(sm90_gemm_config_by_name("bt144_s8_wg2", &prefill));
   EXPECT_FALSE(sm90_chained_available(prefill));
   struct Point { const char* name; int64_t rows, experts; int units1, units2; bool chained; };
   const Point points[] = {
@@ -224,10 +225,10 @@ TEST(Sm90ConfigOverride, NamesRoundTripAndTheOverrideParses) {
   EXPECT_FALSE(second.gemm1_set);
   ASSERT_TRUE(second.gemm2_set);
   EXPECT_EQ(to_string(second.gemm2), "bt16_s14_wg3");
-  const Sm90ConfigOverride each = parse_sm90_config_override("gemm1=bt32_s12_wg3,gemm2=bt128_s8_wg2");
+  const Sm90ConfigOverride each = parse_sm90_config_override("gemm1=bt32_s12_wg3,gemm2=bt144_s8_wg2");
   ASSERT_TRUE(each.gemm1_set && each.gemm2_set);
   EXPECT_EQ(to_string(each.gemm1), "bt32_s12_wg3");
-  EXPECT_EQ(to_string(each.gemm2), "bt128_s8_wg2");
+  EXPECT_EQ(to_string(each.gemm2), "bt144_s8_wg2");
   const Sm90ConfigOverride sync = parse_sm90_config_override("mma=sync");
   EXPECT_FALSE(sync.gemm1_set || sync.gemm2_set);
   EXPECT_EQ(sync.mma_sync, 1);
