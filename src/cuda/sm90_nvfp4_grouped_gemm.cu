@@ -34,7 +34,8 @@ cudaError_t fail(const std::string& msg) {
   X(32, 12, 2, 1, 0)  /* 17..32 rows per expert (4 warpgroups spill at BT = 32) */                                 \
   X(32, 12, 3, 1, 0)  /* 17..32 rows per expert, 3 consumer warpgroups */                                         \
   X(64, 10, 2, 1, 0)  /* 33..64 rows per expert */                                                              \
-  X(144, 8, 2, 1, 0)  /* prefill: > 64 rows per expert (144: the ~128 +- 11 rows of T k / E = 128 in one pass) */
+  X(128, 8, 2, 1, 0)  /* prefill: > 64 rows per expert, where bt144 would not save weight passes */           \
+  X(144, 8, 2, 1, 0)  /* prefill: T k / E near 128 or 256 (128 +- 11 rows in one pass, 256 +- 16 in two) */
 
 // The warp-streaming decode configs (sm90_nvfp4_warp_stream_gemm.cuh): X(warps per CTA, k-tile slots per warp,
 // warp slices per piece, k-loop unrolled by the slots), each for every epilogue; shared memory = warps x slots x
@@ -281,6 +282,11 @@ constexpr int64_t kWarpStreamX2MinPiecesPerSm = 8;
 // alone (qwen3-30b, nemotron-nano T = 1: <= 512 pieces; gpt-oss-120b: 720 / 368), where the rolled loop's
 // smaller code wins. Taken from 8 pieces per SM up.
 constexpr int64_t kWarpStreamUnrolledMinPiecesPerSm = 8;
+// bt144 over bt128 at prefill when it saves at least this share of the expected weight passes per expert
+// (sm90_expected_tile_passes; the measured points in sm90_pick_tile_config).
+constexpr double kPrefillTileMinPassSaving = 0.15;
+// The next token tile up (bt16 -> bt32, bt32 -> bt64) when it saves at least this share of the expected passes.
+constexpr double kSmallTileMinPassSaving = 0.25;
 
 }  // namespace
 
@@ -301,6 +307,17 @@ Sm90GemmConfig sm90_pick_config(const Sm90GemmLoad& load) {
       return *warp_stream_config(1, unrolled);
   }
   return sm90_pick_tile_config(load);
+}
+
+double sm90_expected_tile_passes(double mean_rows, int block_t) {
+  if (mean_rows <= 0.0 || block_t <= 0) return 0.0;
+  // E[ceil(r / B)] = sum over j >= 0 of P(r > j B) for r >= 1, with r ~ Normal(m, sqrt(m)) (the Poisson limit of
+  // a near-uniformly routed expert's Binomial(T k, 1 / E) count; continuity-corrected).
+  const double sd = std::sqrt(mean_rows), top = mean_rows + 10.0 * sd;
+  double passes = 1.0;
+  for (int j = 1; j * static_cast<double>(block_t) < top; ++j)
+    passes += 0.5 * std::erfc((j * static_cast<double>(block_t) + 0.5 - mean_rows) / (sd * std::sqrt(2.0)));
+  return passes;
 }
 
 Sm90GemmConfig sm90_pick_tile_config(const Sm90GemmLoad& load) {
@@ -326,6 +343,47 @@ Sm90GemmConfig sm90_pick_tile_config(const Sm90GemmLoad& load) {
   if (best == nullptr)  // more rows per expert than any tile: the largest (prefill) tile
     for (const auto& c : list)
       if (!c.warp_stream && (best == nullptr || c.block_t > best->block_t)) best = &c;
+  // The token tile one size up (bt16 -> bt32, bt32 -> bt64) where the mean rows sit on the tile's size: with
+  // near-uniform routing an expert's count is m +- sqrt(m), so at m = 16 or 32 ~45% of the experts took a second
+  // tile, i.e. a second pass over their weights, for the same columns. Measured (forced configs, same call,
+  // bench/results/fc6bb15-tile-size-ab/): qwen3-30b T = 256 (16 rows) bt32 -14.6%, T = 512 (32 rows) bt64 -6%;
+  // not from bt64 to the prefill tile (T = 1024, 64 rows: bt144 +5%, its N = 128 for 65..128 rows computes a
+  // third more columns). Rule: up when it saves >= 25% of the expected passes (sm90_expected_tile_passes).
+  if (best->block_t < 64) {
+    const Sm90GemmConfig* up = nullptr;
+    for (const auto& c : list) {
+      if (c.warpgroups_per_unit != 1 || c.mma_sync || c.warp_stream || c.block_t <= best->block_t) continue;
+      if (up == nullptr || c.block_t < up->block_t) { up = &c; continue; }
+      if (c.block_t != up->block_t) continue;
+      if (few ? c.consumer_warpgroups == 2 : c.consumer_warpgroups > up->consumer_warpgroups) up = &c;
+    }
+    if (up != nullptr && up->block_t <= 64) {
+      const double p = sm90_expected_tile_passes(rows_per_expert, best->block_t);
+      const double q = sm90_expected_tile_passes(rows_per_expert, up->block_t);
+      if (p - q >= kSmallTileMinPassSaving * p) best = up;
+    }
+  }
+  // Prefill, bt128 or bt144: every token tile is a whole pass over its expert's weights whatever its rows, so the
+  // tile that saves passes wins where the counts scatter around a multiple of 128 (T k / E = 128: 1.5 expected
+  // passes with bt128, 1.08 with bt144), and the smaller N where it saves none (192 rows: 2 either way, bt144 only
+  // computes more columns). Measured at fc6bb15 (bench/results/fc6bb15-prefill-tile-ab/): bt144 -5.3% at
+  // deepseek-v3 T = 4096 (128 rows), -6.3 / -5.5% at qwen3-235b / qwen3-30b T = 4096 (256), but +2.6% at
+  // nemotron-nano T = 4096 (192) and +1.1% at qwen3-30b T = 16384 (1024: 8.5 -> 7.7 passes, tensor-bound there).
+  // Rule: bt144 when it saves at least 15% of the expected passes.
+  if (best->block_t >= 128) {
+    const Sm90GemmConfig* b128 = nullptr;
+    const Sm90GemmConfig* b144 = nullptr;
+    for (const auto& c : list) {
+      if (c.warp_stream || c.mma_sync || c.warpgroups_per_unit != 1) continue;
+      if (c.block_t == 128) b128 = &c;
+      if (c.block_t == 144) b144 = &c;
+    }
+    if (b128 != nullptr && b144 != nullptr) {
+      const double p128 = sm90_expected_tile_passes(rows_per_expert, 128);
+      const double p144 = sm90_expected_tile_passes(rows_per_expert, 144);
+      best = p128 - p144 >= kPrefillTileMinPassSaving * p128 ? b144 : b128;
+    }
+  }
   if (load.units <= 0 || load.num_sms <= 0 || load.max_rows <= 0) return *best;
   // With the units and the SMs known: the config of this token tile with the least estimated time, waves of
   // CTA tiles x the time of one tile. A tile is W weight units, one per consumer warpgroup; the dequant chain

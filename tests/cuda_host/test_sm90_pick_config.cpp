@@ -33,8 +33,8 @@ TEST(Sm90PickConfig, AlwaysFromTheListAndTheTileHoldsTheRows) {
           const Sm90GemmConfig c = sm90_pick_config(Sm90GemmLoad{rows, experts, units, sms});
           EXPECT_TRUE(listed(c)) << rows << " rows, E " << experts;
           const double rpe = static_cast<double>(rows) / static_cast<double>(experts);
-          if (rpe <= 144) EXPECT_GE(c.block_t, rpe) << rows << " rows, E " << experts;
-          else EXPECT_EQ(c.block_t, 144);
+          if (rpe <= 128) EXPECT_GE(c.block_t, rpe) << rows << " rows, E " << experts;
+          else EXPECT_TRUE(c.block_t == 128 || c.block_t == 144) << rows << " rows, E " << experts;
         }
 }
 
@@ -50,9 +50,42 @@ TEST(Sm90PickConfig, RoutedDecodeAndPrefill) {
   // Unknown units / SMs: the list rule alone (as before the wave rule existed).
   EXPECT_EQ(sm90_pick_tile_config(Sm90GemmLoad{256, 256, 0, 0}).consumer_warpgroups, 4);
   EXPECT_EQ(sm90_pick_tile_config(Sm90GemmLoad{8, 256, 0, 0}).consumer_warpgroups, 2);
-  // Prefill: the 144-row tile (T k / E = 128 rows per expert, ~128 +- 11: one weight pass for nearly all).
+  // Prefill: bt144 where the rows scatter around a multiple of 128 (T k / E = 128 +- 11: 1.08 expected weight
+  // passes instead of 1.5; 256 +- 16: 2.02 instead of 2.5), bt128 where it saves no pass (192: 2 either way) or
+  // under 15% of them (512: 4.5 -> 4.0; 1024: 8.5 -> 7.7), as measured (bench/results/fc6bb15-prefill-tile-ab/).
   EXPECT_EQ(sm90_pick_tile_config(Sm90GemmLoad{4096 * 8, 256, kDeepseekGemm1Units, kSms}).block_t, 144);
-  EXPECT_EQ(sm90_pick_tile_config(Sm90GemmLoad{100 * 8, 8, kDeepseekGemm1Units, kSms}).block_t, 144);
+  EXPECT_EQ(sm90_pick_tile_config(Sm90GemmLoad{4096 * 8, 128, 24, kSms}).block_t, 144);      // 256 rows
+  EXPECT_EQ(sm90_pick_tile_config(Sm90GemmLoad{4096 * 6, 128, 15, kSms}).block_t, 128);      // 192 rows
+  EXPECT_EQ(sm90_pick_tile_config(Sm90GemmLoad{16384 * 8, 256, kDeepseekGemm1Units, kSms}).block_t, 128);
+  EXPECT_EQ(sm90_pick_tile_config(Sm90GemmLoad{16384 * 8, 128, 12, kSms}).block_t, 128);    // 1024 rows
+  EXPECT_EQ(sm90_pick_tile_config(Sm90GemmLoad{4096 * 8, 256, 0, 0}).block_t, 144);          // the list rule too
+}
+
+// Where T k / E lands on a small tile's size, the tile one size up (bt16 -> bt32 at 16 rows, bt32 -> bt64 at 32),
+// measured faster (bench/results/fc6bb15-tile-size-ab/); not at 12 rows (11% of the passes saved) nor from bt64
+// to the prefill tile at 64.
+TEST(Sm90PickConfig, SmallTileOneUpWhereTheMeanSitsOnItsSize) {
+  auto bt = [](int64_t rows, int64_t experts, int units) {
+    return sm90_pick_tile_config(Sm90GemmLoad{rows, experts, units, kSms}).block_t;
+  };
+  EXPECT_EQ(bt(256 * 8, 128, 12), 32);   // qwen3-30b T = 256: 16 rows per expert
+  EXPECT_EQ(bt(512 * 8, 128, 12), 64);   // T = 512: 32
+  EXPECT_EQ(bt(1024 * 8, 128, 12), 64);  // T = 1024: 64, stays
+  EXPECT_EQ(bt(256 * 6, 128, 15), 16);   // nemotron-nano T = 256: 12 rows, stays
+  EXPECT_EQ(bt(128 * 8, 128, 12), 16);   // 8 rows
+  EXPECT_EQ(bt(256 * 8, 128, 0), 32);    // the list rule alike (no units)
+}
+
+TEST(Sm90PickConfig, ExpectedTilePasses) {
+  EXPECT_DOUBLE_EQ(sm90_expected_tile_passes(0.0, 128), 0.0);
+  EXPECT_NEAR(sm90_expected_tile_passes(128.0, 128), 1.5, 0.03);   // half the experts above 128 rows
+  EXPECT_NEAR(sm90_expected_tile_passes(128.0, 144), 1.08, 0.02);
+  EXPECT_NEAR(sm90_expected_tile_passes(192.0, 128), 2.0, 0.01);
+  EXPECT_NEAR(sm90_expected_tile_passes(192.0, 144), 2.0, 0.01);
+  EXPECT_NEAR(sm90_expected_tile_passes(4.0, 16), 1.0, 0.001);
+  EXPECT_NEAR(sm90_expected_tile_passes(1e6, 128), 1e6 / 128 + 0.5, 0.05);  // many passes: m / B + 1/2
+  for (double m : {10.0, 100.0, 300.0, 3000.0})
+    EXPECT_LE(sm90_expected_tile_passes(m, 144), sm90_expected_tile_passes(m, 128)) << m;
 }
 
 TEST(Sm90PickConfig, SharedExpertUnderOneWaveTakesTheMostCtaTiles) {
