@@ -349,6 +349,10 @@ Sm90GemmConfig sm90_pick_tile_config(const Sm90GemmLoad& load) {
   // bench/results/fc6bb15-tile-size-ab/): qwen3-30b T = 256 (16 rows) bt32 -14.6%, T = 512 (32 rows) bt64 -6%;
   // not from bt64 to the prefill tile (T = 1024, 64 rows: bt144 +5%, its N = 128 for 65..128 rows computes a
   // third more columns). Rule: up when it saves >= 25% of the expected passes (sm90_expected_tile_passes).
+  // One expert (the shared expert's own launch): its rows are exactly max_rows, no spread.
+  auto passes = [&](int block_t) {
+    return load.experts <= 1 ? std::ceil(rows_per_expert / block_t) : sm90_expected_tile_passes(rows_per_expert, block_t);
+  };
   if (best->block_t < 64) {
     const Sm90GemmConfig* up = nullptr;
     for (const auto& c : list) {
@@ -358,8 +362,8 @@ Sm90GemmConfig sm90_pick_tile_config(const Sm90GemmLoad& load) {
       if (few ? c.consumer_warpgroups == 2 : c.consumer_warpgroups > up->consumer_warpgroups) up = &c;
     }
     if (up != nullptr && up->block_t <= 64) {
-      const double p = sm90_expected_tile_passes(rows_per_expert, best->block_t);
-      const double q = sm90_expected_tile_passes(rows_per_expert, up->block_t);
+      const double p = passes(best->block_t);
+      const double q = passes(up->block_t);
       if (p - q >= kSmallTileMinPassSaving * p) best = up;
     }
   }
@@ -369,7 +373,10 @@ Sm90GemmConfig sm90_pick_tile_config(const Sm90GemmLoad& load) {
   // computes more columns). Measured at fc6bb15 (bench/results/fc6bb15-prefill-tile-ab/): bt144 -5.3% at
   // deepseek-v3 T = 4096 (128 rows), -6.3 / -5.5% at qwen3-235b / qwen3-30b T = 4096 (256), but +2.6% at
   // nemotron-nano T = 4096 (192) and +1.1% at qwen3-30b T = 16384 (1024: 8.5 -> 7.7 passes, tensor-bound there).
-  // Rule: bt144 when it saves at least 15% of the expected passes.
+  // Rule: bt144 when it saves at least 15% of the expected passes, and never for a quantizing GEMM1 (w4a4): its
+  // fused NVFP4 epilogue has 36 16-column groups a thread at BT = 144, quantized in batches of 4 instead of 8,
+  // and the protocol run 8d09971 measured bt144 there +20% at qwen3-30b T = 4096 (980.6 -> 1176.2 us; K = 2048,
+  // a large epilogue share), +8.3% at qwen3-235b, +7.6% at gpt-oss-120b (-4% at deepseek-v3, K = 7168).
   if (best->block_t >= 128) {
     const Sm90GemmConfig* b128 = nullptr;
     const Sm90GemmConfig* b144 = nullptr;
@@ -379,9 +386,8 @@ Sm90GemmConfig sm90_pick_tile_config(const Sm90GemmLoad& load) {
       if (c.block_t == 144) b144 = &c;
     }
     if (b128 != nullptr && b144 != nullptr) {
-      const double p128 = sm90_expected_tile_passes(rows_per_expert, 128);
-      const double p144 = sm90_expected_tile_passes(rows_per_expert, 144);
-      best = p128 - p144 >= kPrefillTileMinPassSaving * p128 ? b144 : b128;
+      const double p128 = passes(128), p144 = passes(144);
+      best = !load.quantized_output && p128 - p144 >= kPrefillTileMinPassSaving * p128 ? b144 : b128;
     }
   }
   if (load.units <= 0 || load.num_sms <= 0 || load.max_rows <= 0) return *best;

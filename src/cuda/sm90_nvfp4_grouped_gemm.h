@@ -79,6 +79,7 @@ struct Sm90GemmLoad {
   int64_t experts = 1;   // E of the launch (1 for the shared expert)
   int units = 0;         // weight units of N (Sm90PreparedShape::units); 0 = unknown (list rule only)
   int num_sms = 0;       // SMs the persistent grid spans; 0 = unknown (list rule only)
+  bool quantized_output = false;  // GEMM1 with the fused NVFP4 activation quantization (w4a4, gs != nullptr)
 };
 // Heuristic: the smallest token tile that holds max_rows / E rows; at that tile, with units and SMs known, the
 // consumer-warpgroup count with the least estimated time (waves of CTA tiles x tile time: a 2-warpgroup tile
@@ -91,7 +92,9 @@ struct Sm90GemmLoad {
 // k-loop unrolled (ws8_s6_w16_u) when its pieces (x 4) number >= 8 per SM.
 Sm90GemmConfig sm90_pick_config(const Sm90GemmLoad& load);
 // The tile kernels' rule alone (what sm90_pick_config returns where it does not take the warp-streaming kernel).
-// At prefill it takes bt144 over bt128 where that saves >= 15% of the expected weight passes per expert.
+// At prefill it takes bt144 over bt128 where that saves >= 15% of the expected weight passes per expert (not for
+// a quantizing GEMM1: its epilogue at BT = 144 measured slower). A launch of one expert (the shared expert) has
+// exactly max_rows rows, so the tail rules count its passes exactly.
 Sm90GemmConfig sm90_pick_tile_config(const Sm90GemmLoad& load);
 // The expected token tiles (weight passes) of an expert with Poisson(mean_rows) rows (normal approximation):
 // E[ceil(r / block_t)] over r >= 1.

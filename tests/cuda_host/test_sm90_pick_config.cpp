@@ -59,6 +59,11 @@ TEST(Sm90PickConfig, RoutedDecodeAndPrefill) {
   EXPECT_EQ(sm90_pick_tile_config(Sm90GemmLoad{16384 * 8, 256, kDeepseekGemm1Units, kSms}).block_t, 128);
   EXPECT_EQ(sm90_pick_tile_config(Sm90GemmLoad{16384 * 8, 128, 12, kSms}).block_t, 128);    // 1024 rows
   EXPECT_EQ(sm90_pick_tile_config(Sm90GemmLoad{4096 * 8, 256, 0, 0}).block_t, 144);          // the list rule too
+  // A quantizing GEMM1 (w4a4) keeps bt128 (its epilogue at BT = 144 measured slower: protocol run 8d09971).
+  EXPECT_EQ(sm90_pick_tile_config(Sm90GemmLoad{4096 * 8, 128, 12, kSms, true}).block_t, 128);
+  EXPECT_EQ(sm90_pick_tile_config(Sm90GemmLoad{4096 * 8, 256, kDeepseekGemm1Units, kSms, true}).block_t, 128);
+  // One expert (the shared expert's launch) has exactly its rows: 4096 rows = 32 passes of 128, 29 of 144 (9%).
+  EXPECT_EQ(sm90_pick_tile_config(Sm90GemmLoad{4096, 1, 15, kSms}).block_t, 128);
 }
 
 // Where T k / E lands on a small tile's size, the tile one size up (bt16 -> bt32 at 16 rows, bt32 -> bt64 at 32),
@@ -74,6 +79,10 @@ TEST(Sm90PickConfig, SmallTileOneUpWhereTheMeanSitsOnItsSize) {
   EXPECT_EQ(bt(256 * 6, 128, 15), 16);   // nemotron-nano T = 256: 12 rows, stays
   EXPECT_EQ(bt(128 * 8, 128, 12), 16);   // 8 rows
   EXPECT_EQ(bt(256 * 8, 128, 0), 32);    // the list rule alike (no units)
+  // The shared expert's own launch (one expert, exactly T rows): no spread, no move (nemotron-nano T = 16 took
+  // bt32 for it at 8d09971 and lost 7.6% against bt16).
+  EXPECT_EQ(bt(16, 1, 15), 16);
+  EXPECT_EQ(bt(32, 1, 15), 32);
 }
 
 TEST(Sm90PickConfig, ExpectedTilePasses) {
