@@ -93,6 +93,7 @@ TEST(Sm90PickConfig, ExpectedTilePasses) {
   EXPECT_NEAR(sm90_expected_tile_passes(192.0, 144), 2.0, 0.01);
   EXPECT_NEAR(sm90_expected_tile_passes(4.0, 16), 1.0, 0.001);
   EXPECT_NEAR(sm90_expected_tile_passes(1e6, 128), 1e6 / 128 + 0.5, 0.05);  // many passes: m / B + 1/2
+  EXPECT_NEAR(sm90_expected_tile_passes(1e8, 16), 1e8 / 16 + 0.5, 0.05);
   for (double m : {10.0, 100.0, 300.0, 3000.0})
     EXPECT_LE(sm90_expected_tile_passes(m, 144), sm90_expected_tile_passes(m, 128)) << m;
 }
