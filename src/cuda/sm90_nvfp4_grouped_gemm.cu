@@ -335,40 +335,44 @@ Sm90GemmConfig sm90_pick_tile_config(const Sm90GemmLoad& load) {
   // Otherwise the most consumer warpgroups the tile has (bt16: wg4; bt32: wg3, 2.64 vs 2.49 / 2.37 TB/s at 16
   // rows/expert in bench/results/9b5c8c4-*).
   const bool few = rows_per_expert < 0.5;
-  const Sm90GemmConfig* best = nullptr;
-  for (const auto& c : list) {
-    if (rows_per_expert > c.block_t || c.warpgroups_per_unit != 1 || c.mma_sync || c.warp_stream)
-      continue;  // picked below only
-    if (best == nullptr) { best = &c; continue; }
-    if (c.block_t != best->block_t) continue;
-    if (few ? c.consumer_warpgroups == 2 : c.consumer_warpgroups > best->consumer_warpgroups) best = &c;
-  }
-  if (best == nullptr)  // more rows per expert than any tile: the largest (prefill) tile
+  // The whole-unit wgmma config of token tile block_t that this rule starts from (nullptr: none listed).
+  auto tile_of = [&](int block_t) -> const Sm90GemmConfig* {
+    const Sm90GemmConfig* t = nullptr;
+    for (const auto& c : list) {
+      if (c.block_t != block_t || c.warpgroups_per_unit != 1 || c.mma_sync || c.warp_stream) continue;
+      if (t == nullptr || (few ? c.consumer_warpgroups == 2 : c.consumer_warpgroups > t->consumer_warpgroups)) t = &c;
+    }
+    return t;
+  };
+  // The smallest listed token tile above `above` rows (0: none).
+  auto next_tile = [&](double above) {
+    int bt = 0;
     for (const auto& c : list)
-      if (!c.warp_stream && (best == nullptr || c.block_t > best->block_t)) best = &c;
-  // The token tile one size up (bt16 -> bt32, bt32 -> bt64) where the mean rows sit on the tile's size: with
-  // near-uniform routing an expert's count is m +- sqrt(m), so at m = 16 or 32 ~45% of the experts took a second
-  // tile, i.e. a second pass over their weights, for the same columns. Measured (forced configs, same call,
-  // bench/results/fc6bb15-tile-size-ab/): qwen3-30b T = 256 (16 rows) bt32 -14.6%, T = 512 (32 rows) bt64 -6%;
-  // not from bt64 to the prefill tile (T = 1024, 64 rows: bt144 +5%, its N = 128 for 65..128 rows computes a
-  // third more columns). Rule: up when it saves >= 25% of the expected passes (sm90_expected_tile_passes).
-  // One expert (the shared expert's own launch): its rows are exactly max_rows, no spread.
+      if (!c.warp_stream && c.block_t >= above && (bt == 0 || c.block_t < bt)) bt = c.block_t;
+    return bt;
+  };
+  int bt = next_tile(rows_per_expert);
+  if (bt == 0)  // more rows per expert than any tile: the largest (prefill) tile
+    for (const auto& c : list)
+      if (!c.warp_stream) bt = std::max(bt, c.block_t);
+  // An expert's expected token tiles (weight passes) with tile block_t: under near-uniform routing its count is
+  // m +- sqrt(m) (sm90_expected_tile_passes); one expert (the shared expert's own launch) has exactly max_rows.
   auto passes = [&](int block_t) {
     return load.experts <= 1 ? std::ceil(rows_per_expert / block_t) : sm90_expected_tile_passes(rows_per_expert, block_t);
   };
-  if (best->block_t < 64) {
-    const Sm90GemmConfig* up = nullptr;
-    for (const auto& c : list) {
-      if (c.warpgroups_per_unit != 1 || c.mma_sync || c.warp_stream || c.block_t <= best->block_t) continue;
-      if (up == nullptr || c.block_t < up->block_t) { up = &c; continue; }
-      if (c.block_t != up->block_t) continue;
-      if (few ? c.consumer_warpgroups == 2 : c.consumer_warpgroups > up->consumer_warpgroups) up = &c;
-    }
-    if (up != nullptr && up->block_t <= 64) {
-      const double p = passes(best->block_t);
-      const double q = passes(up->block_t);
-      if (p - q >= kSmallTileMinPassSaving * p) best = up;
-    }
+  // Whether the larger tile saves at least `share` of the passes of the smaller one.
+  auto saves = [&](int small, int large, double share) {
+    const double p = passes(small), q = passes(large);
+    return p - q > 0.0 && p - q >= share * p;
+  };
+  // The token tile one size up (bt16 -> bt32, bt32 -> bt64) where the mean rows sit on the tile's size: at m = 16
+  // or 32 ~45% of the experts took a second tile, i.e. a second pass over their weights, for the same columns.
+  // Measured (forced configs, same call, bench/results/fc6bb15-tile-size-ab/): qwen3-30b T = 256 (16 rows) bt32
+  // -14.6%, T = 512 (32 rows) bt64 -6%; not from bt64 to the prefill tile (T = 1024, 64 rows: bt144 +5%, its
+  // N = 128 for 65..128 rows computes a third more columns). Rule: up when it saves >= 25% of the passes.
+  if (bt < 64) {
+    const int up = next_tile(bt + 1);
+    if (up != 0 && up <= 64 && tile_of(up) != nullptr && saves(bt, up, kSmallTileMinPassSaving)) bt = up;
   }
   // Prefill, bt128 or bt144: every token tile is a whole pass over its expert's weights whatever its rows, so the
   // tile that saves passes wins where the counts scatter around a multiple of 128 (T k / E = 128: 1.5 expected
@@ -379,20 +383,11 @@ Sm90GemmConfig sm90_pick_tile_config(const Sm90GemmLoad& load) {
   // Rule: bt144 when it saves at least 15% of the expected passes, and never for a quantizing GEMM1 (w4a4): its
   // fused NVFP4 epilogue has 36 16-column groups a thread at BT = 144, quantized in batches of 4 instead of 8,
   // and the protocol run 8d09971 measured bt144 there +20% at qwen3-30b T = 4096 (980.6 -> 1176.2 us; K = 2048,
-  // a large epilogue share), +8.3% at qwen3-235b, +7.6% at gpt-oss-120b (-4% at deepseek-v3, K = 7168).
-  if (best->block_t >= 128) {
-    const Sm90GemmConfig* b128 = nullptr;
-    const Sm90GemmConfig* b144 = nullptr;
-    for (const auto& c : list) {
-      if (c.warp_stream || c.mma_sync || c.warpgroups_per_unit != 1) continue;
-      if (c.block_t == 128) b128 = &c;
-      if (c.block_t == 144) b144 = &c;
-    }
-    if (b128 != nullptr && b144 != nullptr) {
-      const double p128 = passes(128), p144 = passes(144);
-      best = !load.quantized_output && p128 - p144 >= kPrefillTileMinPassSaving * p128 ? b144 : b128;
-    }
-  }
+  // a large epilogue share), +8.3% at qwen3-235b, +7.6% at gpt-oss-120b (-4% at deepseek-v3, K = 7168). (The
+  // mechanism's fix, batches of 8 plus one of 4 in that epilogue, is next: docs/gemm.md.)
+  if (bt >= 128 && tile_of(128) != nullptr && tile_of(144) != nullptr)
+    bt = !load.quantized_output && saves(128, 144, kPrefillTileMinPassSaving) ? 144 : 128;
+  const Sm90GemmConfig* best = tile_of(bt);
   if (load.units <= 0 || load.num_sms <= 0 || load.max_rows <= 0) return *best;
   // With the units and the SMs known: the config of this token tile with the least estimated time, waves of
   // CTA tiles x the time of one tile. A tile is W weight units, one per consumer warpgroup; the dequant chain
@@ -422,7 +417,6 @@ Sm90GemmConfig sm90_pick_tile_config(const Sm90GemmLoad& load) {
     if (c.warpgroups_per_unit == 2) rate *= kHalfUnitRate;
     return static_cast<double>(waves) * static_cast<double>(units_per_tile) / rate;
   };
-  const int bt = best->block_t;
   for (const auto& c : list) {
     if (c.block_t != bt || c.mma_sync || c.warp_stream) continue;
     const double d = cost(c) - cost(*best);

@@ -83,6 +83,8 @@ TEST(Sm90PickConfig, SmallTileOneUpWhereTheMeanSitsOnItsSize) {
   // bt32 for it at 8d09971 and lost 7.6% against bt16).
   EXPECT_EQ(bt(16, 1, 15), 16);
   EXPECT_EQ(bt(32, 1, 15), 32);
+  EXPECT_EQ(bt(0, 128, 12), 16);  // no rows: nothing to save, no move
+  EXPECT_EQ(bt(0, 1, 12), 16);
 }
 
 TEST(Sm90PickConfig, ExpectedTilePasses) {
