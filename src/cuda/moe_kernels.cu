@@ -4,11 +4,8 @@
 #include "cuda/moe_kernels.h"
 
 #include <algorithm>
-#include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <string>
-#include <type_traits>
 
 #include "cuda/sm80_nvfp4_grouped_gemm_mma.cuh"
 #include "cuda/sm90_nvfp4_combine.cuh"
