@@ -1001,13 +1001,15 @@ __device__ __forceinline__ int consume_tiles(const GemmParams& p, int idx, int& 
       struct GroupPos { int b, i0, ip; };
       auto group_pos = [](int q) { return GroupPos{(q >> 1) / (BT / 8), ((q >> 1) % (BT / 8)) * 4, q & 1}; };
       constexpr int kGroups = kBlocksOut * BT / 4;
-      constexpr int kBatch = kGroups < 8 ? kGroups : kGroups % 8 == 0 ? 8 : 4;  // (BT = 144 SwiGLU: 36 groups)
-      static_assert(kGroups % kBatch == 0, "whole batches");
+      // Batches of 8 groups (quantize_groups computes one block scale per lane, shared by 8 lanes) and, where
+      // kGroups is not a multiple of 8 (BT = 144 SwiGLU: 36 groups), one tail batch of 4: every batch of 4
+      // costs the scale arithmetic of a batch of 8 (half its lanes' results are duplicates).
+      static_assert(kGroups % 4 == 0 || kGroups < 8, "batches of 8 and at most one of 4");
+      auto batch = [&](int q0, auto n_const) {
+        constexpr int N = decltype(n_const)::value;
+        float v[N][2];
 #pragma unroll
-      for (int q0 = 0; q0 < kGroups; q0 += kBatch) {
-        float v[kBatch][2];
-#pragma unroll
-        for (int qq = 0; qq < kBatch; ++qq) {
+        for (int qq = 0; qq < N; ++qq) {
           const auto [b, i0, ip] = group_pos(q0 + qq);
 #pragma unroll
           for (int h = 0; h < 2; ++h) {
@@ -1021,10 +1023,10 @@ __device__ __forceinline__ int consume_tiles(const GemmParams& p, int idx, int& 
             }
           }
         }
-        uint16_t o[kBatch][2];
-        output_bits<kBatch>(v, p.gs != nullptr, gsv, o);
+        uint16_t o[N][2];
+        output_bits<N>(v, p.gs != nullptr, gsv, o);
 #pragma unroll
-        for (int qq = 0; qq < kBatch; ++qq) {
+        for (int qq = 0; qq < N; ++qq) {
           const auto [b, i0, ip] = group_pos(q0 + qq);
           const int tok = 8 * (i0 >> 2) + 2 * t + ip;
           const int colb = (EPI == Epilogue::kSwiGLU ? unit * 64 : unit * 128 + (b + half) * 64) + 16 * warp + g;
@@ -1033,6 +1035,14 @@ __device__ __forceinline__ int consume_tiles(const GemmParams& p, int idx, int& 
             if (colb + 8 < p.n_out) out[(row_base + tok) * p.n_out + colb + 8] = o[qq][1];
           }
         }
+      };
+      if constexpr (kGroups < 8) {
+        batch(0, IntC<kGroups>{});
+      } else {
+        constexpr int kWhole = kGroups / 8 * 8;
+#pragma unroll
+        for (int q0 = 0; q0 < kWhole; q0 += 8) batch(q0, IntC<8>{});
+        if constexpr (kGroups > kWhole) batch(kWhole, IntC<kGroups - kWhole>{});
       }
     }
     if constexpr (SIGNAL) {
