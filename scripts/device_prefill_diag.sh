@@ -5,7 +5,8 @@
 # duration, SM active cycles avg / max (the spread of the persistent tile schedule) and the tensor pipe's
 # active share; then the bench itself with both GEMMs forced to bt128 and to bt144 (balanced: one tile per
 # expert either way, so the time ratio is the cost of 144 against 128 columns per weight pass).
-#   DIAG_PRESET=deepseek-v3 DIAG_TOKENS=4096 DIAG_MODE=w4a16 OUT=out bash scripts/device_prefill_diag.sh
+#   DIAG_PRESET=deepseek-v3 DIAG_TOKENS=4096 DIAG_MODE=w4a16 [DIAG_BENCH_ROUTINGS="balanced uniform"] OUT=out \
+#   bash scripts/device_prefill_diag.sh
 # Output under $OUT: ncu-<routing>.csv, bench-<routing>-<config>.{json,log}, diag-summary.txt.
 set -u -o pipefail
 OUT=${OUT:-out}
@@ -41,7 +42,7 @@ for r in rows[1:]:
     print(f"  {r[iid]:>3} {name[:70]:70s} {r[im]:62s} {r[iv]}")
 EOF
 done
-for routing in balanced uniform; do
+for routing in ${DIAG_BENCH_ROUTINGS:-balanced}; do
   for cfg in bt128_s8_wg2 bt144_s8_wg2; do
     b=$OUT/bench-$routing-$cfg
     timeout 120 env NVFP4MOE_SM90_CONFIG=$cfg "$CLI" bench --preset "$PRESET" --tokens "$TOKENS" --mode "$MODE" \
