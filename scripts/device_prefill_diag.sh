@@ -1,53 +1,63 @@
 #!/usr/bin/env bash
-# ONE device call step: where a prefill layer's time goes under near-uniform against balanced routing (the
-# question of docs/gemm.md "Partial token tiles at prefill": balanced routing is ~24% faster at deepseek-v3
-# T = 4096). For each routing, Nsight Compute over the kernels of the CLI bench's first (eager) forward:
-# duration, SM active cycles avg / max (the spread of the persistent tile schedule) and the tensor pipe's
-# active share; then the bench itself with both GEMMs forced to bt128 and to bt144 (balanced: one tile per
-# expert either way, so the time ratio is the cost of 144 against 128 columns per weight pass).
-#   DIAG_PRESET=deepseek-v3 DIAG_TOKENS=4096 DIAG_MODE=w4a16 [DIAG_BENCH_ROUTINGS="balanced uniform"] OUT=out \
-#   bash scripts/device_prefill_diag.sh
-# Output under $OUT: ncu-<routing>.csv, bench-<routing>-<config>.{json,log}, diag-summary.txt.
+# ONE device call step: where a layer's time goes, kernel by kernel, for a few cases (the question of
+# docs/gemm.md "Partial token tiles at prefill": balanced routing is ~20% faster at deepseek-v3 T = 4096, and a
+# quantizing GEMM1 at bt144 is slower than at bt128 on the qwen3 presets). For each case, Nsight Compute over the
+# kernels of the CLI bench's first eager forward only (`bench --profile-eager`, ncu --profile-from-start off):
+# duration, SM active cycles avg / max / min (the spread of the persistent tile schedule), the tensor pipe's
+# active share, instructions and issue activity. Then, optionally, benches with a config forced.
+#   DIAG_CASES="deepseek-v3:4096:w4a16:uniform: qwen3-30b:4096:w4a4:uniform:gemm1=bt128_s8_wg2" \
+#   DIAG_BENCHES="deepseek-v3:4096:w4a16:balanced:bt144_s8_wg2" OUT=out bash scripts/device_prefill_diag.sh
+# A case is preset:T:mode:routing:NVFP4MOE_SM90_CONFIG (empty: the heuristic's configs).
+# Output under $OUT: ncu-<case>.csv, bench-<case>.{json,log}, diag-summary.txt.
 set -u -o pipefail
 OUT=${OUT:-out}
 CARRY=${CARRY:-.carry}
-PRESET=${DIAG_PRESET:-deepseek-v3}
-TOKENS=${DIAG_TOKENS:-4096}
-MODE=${DIAG_MODE:-w4a16}
 CLI=$CARRY/nvfp4moe
+CASES=${DIAG_CASES:-deepseek-v3:4096:w4a16:uniform: deepseek-v3:4096:w4a16:balanced:}
 mkdir -p "$OUT"
 export LD_LIBRARY_PATH=$PWD/$CARRY:${LD_LIBRARY_PATH:-}
 NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
 S=$OUT/diag-summary.txt
 : > "$S"
-KERNELS='regex:route|plan_|gather|grouped_gemm|combine|chained|warp_stream'
 METRICS=gpu__time_duration.sum,sm__cycles_active.avg,sm__cycles_active.max,sm__cycles_active.min
 METRICS=$METRICS,sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_elapsed
-for routing in uniform balanced; do
-  timeout 150 "$NCU" --clock-control none --kernel-name "$KERNELS" --launch-count 16 --metrics "$METRICS" --csv \
-    "$CLI" bench --preset "$PRESET" --tokens "$TOKENS" --mode "$MODE" --routing "$routing" --iters 1 --warmup 1 \
-    > "$OUT/ncu-$routing.csv" 2> "$OUT/ncu-$routing.err"
-  echo "ncu $routing: exit $?" >> "$S"
-  # Kernel, metric, value: one line per (launch, metric), kernel names shortened to their function.
-  python3 - "$OUT/ncu-$routing.csv" >> "$S" <<'EOF'
+METRICS=$METRICS,smsp__inst_executed.sum,smsp__issue_active.avg.pct_of_peak_sustained_active
+for c in $CASES; do
+  IFS=: read -r preset tokens mode routing cfg <<< "$c"
+  name=$(echo "$preset-$tokens-$mode-$routing-${cfg:-heuristic}" | tr '=,' '__')
+  timeout 150 env NVFP4MOE_SM90_CONFIG="$cfg" "$NCU" --clock-control none --profile-from-start off \
+    --metrics "$METRICS" --csv "$CLI" bench --preset "$preset" --tokens "$tokens" --mode "$mode" \
+    --routing "$routing" --iters 1 --warmup 1 --profile-eager > "$OUT/ncu-$name.csv" 2> "$OUT/ncu-$name.err"
+  echo "ncu $name: exit $?" >> "$S"
+  # One line per launch: kernel (function and template arguments), then its metrics.
+  python3 - "$OUT/ncu-$name.csv" >> "$S" <<'EOF'
 import csv, sys
 rows = [r for r in csv.reader(open(sys.argv[1])) if len(r) > 10]
 if not rows:
     sys.exit(0)
 h = rows[0]
-ik, im, iv = h.index("Kernel Name"), h.index("Metric Name"), h.index("Metric Value")
-iid = h.index("ID")
+ik, im, iv, iid = h.index("Kernel Name"), h.index("Metric Name"), h.index("Metric Value"), h.index("ID")
+short = {"gpu__time_duration.sum": "ns", "sm__cycles_active.avg": "act_avg", "sm__cycles_active.max": "act_max",
+         "sm__cycles_active.min": "act_min", "sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_elapsed": "tensor%",
+         "smsp__inst_executed.sum": "inst", "smsp__issue_active.avg.pct_of_peak_sustained_active": "issue%"}
+launches = {}
 for r in rows[1:]:
-    name = r[ik].split("(")[0].split("<")[0].split("::")[-1] + ("<" + r[ik].split("<", 1)[1].split(">")[0] + ">" if "<" in r[ik] else "")
-    print(f"  {r[iid]:>3} {name[:70]:70s} {r[im]:62s} {r[iv]}")
+    k = r[ik]
+    fn = k.split("(")[0].split("<")[0].split("::")[-1]
+    targs = "<" + k.split("<", 1)[1].split(">(")[0] + ">" if "<" in k.split("(")[0] else ""
+    launches.setdefault(r[iid], [fn + targs, {}])[1][short.get(r[im], r[im])] = r[iv].replace(",", "")
+total = 0.0
+for i, (name, m) in sorted(launches.items(), key=lambda x: int(x[0])):
+    total += float(m.get("ns", 0))
+    print(f"  {i:>3} {name[:64]:64s} " + " ".join(f"{k}={m[k]}" for k in short.values() if k in m))
+print(f"  sum of kernel durations: {total / 1000:.1f} us")
 EOF
 done
-for routing in ${DIAG_BENCH_ROUTINGS:-balanced}; do
-  for cfg in bt128_s8_wg2 bt144_s8_wg2; do
-    b=$OUT/bench-$routing-$cfg
-    timeout 120 env NVFP4MOE_SM90_CONFIG=$cfg "$CLI" bench --preset "$PRESET" --tokens "$TOKENS" --mode "$MODE" \
-      --routing "$routing" --json "$b.json" > "$b.log" 2>&1
-    echo "bench $routing $cfg: exit $? $(grep -E 'us/layer' "$b.log" | tr '\n' ' ')" >> "$S"
-  done
+for c in ${DIAG_BENCHES:-}; do
+  IFS=: read -r preset tokens mode routing cfg <<< "$c"
+  name=$(echo "$preset-$tokens-$mode-$routing-${cfg:-heuristic}" | tr '=,' '__')
+  timeout 120 env NVFP4MOE_SM90_CONFIG="$cfg" "$CLI" bench --preset "$preset" --tokens "$tokens" --mode "$mode" \
+    --routing "$routing" --json "$OUT/bench-$name.json" > "$OUT/bench-$name.log" 2>&1
+  echo "bench $name: exit $? $(grep -E 'us/layer' "$OUT/bench-$name.log" | tr '\n' ' ')" >> "$S"
 done
 cat "$S"

@@ -28,6 +28,7 @@
 #include "nvfp4moe/error.h"
 
 #ifdef NVFP4MOE_WITH_CUDA
+#include <cuda_profiler_api.h>
 #include <cuda_runtime.h>
 
 #include "cuda/cuda_layer.h"
@@ -69,6 +70,7 @@ struct BenchOpts {
   int device = 0;
   std::string out_dtype = "bf16";
   bool dry_run = false;
+  bool profile_eager = false;  // the first point's eager forward inside cudaProfilerStart / Stop
 };
 
 struct BenchPlan {
@@ -516,8 +518,13 @@ void run_on_device(const BenchOpts& o, const BenchPlan& p, json& doc) {
             ra[i].router_logits = &lg[i];
           }
           // eager once (layer 0: the same kernels as the others): module loading stays out of the capture
+          // --profile-eager: the first point's eager forward alone is the profiler's range (ncu / nsys with
+          // profiling from start off), without the layers' creation-time warm-up launches.
+          const bool profiled = o.profile_eager && combo == 1 && T == p.tokens.front();
+          if (profiled) ck(cudaProfilerStart(), "cudaProfilerStart");
           layers[0].layer->forward(hid[0], ra[0], out[0], stream);
           ck(cudaStreamSynchronize(stream), "forward (eager, before capture)");
+          if (profiled) ck(cudaProfilerStop(), "cudaProfilerStop");
           cudaGraph_t graph = nullptr;
           cudaGraphExec_t exec = nullptr;
           ck(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
@@ -703,6 +710,9 @@ Command add_bench_command(CLI::App& parent) {
   app->add_option("--device", o->device, "CUDA device ordinal (default 0)");
   app->add_option("--out-dtype", o->out_dtype, "Layer output dtype: bf16 (default) or f32")
       ->check(CLI::IsMember({"bf16", "f32"}));
+  app->add_flag("--profile-eager", o->profile_eager,
+                "Wrap the first point's eager forward (before the graph capture) in cudaProfilerStart/Stop, for "
+                "ncu --profile-from-start off or nsys --capture-range=cudaProfilerApi");
   app->add_flag("--dry-run", o->dry_run, "Host side only: routing and bytes/FLOPs accounting, no device, no timing");
 
   return {app, [o, app, dims] {
