@@ -857,7 +857,9 @@ Sm90GemmConfig CudaMoeLayer::pick_sm90(const Sm90PreparedShape& launch_shape, in
   // NVFP4MOE_SM90_CONFIG (read at creation) may fix either GEMM's config for an A/B measurement.
   if (gemm1 ? sm90_override_.gemm1_set : sm90_override_.gemm2_set)
     return gemm1 ? sm90_override_.gemm1 : sm90_override_.gemm2;
-  const Sm90GemmLoad load{max_rows, experts, launch_shape.units, device_sm_count()};
+  // GEMM1 of w4a4 quantizes its output in the epilogue (not while calibrating: then it writes plain bf16).
+  const bool quantized = gemm1 && options_.mode == Mode::W4A4 && !calibrating_;
+  const Sm90GemmLoad load{max_rows, experts, launch_shape.units, device_sm_count(), quantized};
   Sm90GemmConfig c = warp_stream_enabled_ ? sm90_pick_config(load) : sm90_pick_tile_config(load);
   // The same tile with the other consumers' MMA, where listed (c unchanged otherwise).
   if (sm90_override_.mma_sync >= 0) sm90_gemm_mma_twin(c, sm90_override_.mma_sync == 1, &c);

@@ -380,11 +380,14 @@ Sm90GemmConfig sm90_pick_tile_config(const Sm90GemmLoad& load) {
   // computes more columns). Measured at fc6bb15 (bench/results/fc6bb15-prefill-tile-ab/): bt144 -5.3% at
   // deepseek-v3 T = 4096 (128 rows), -6.3 / -5.5% at qwen3-235b / qwen3-30b T = 4096 (256), but +2.6% at
   // nemotron-nano T = 4096 (192) and +1.1% at qwen3-30b T = 16384 (1024: 8.5 -> 7.7 passes, tensor-bound there).
-  // Rule: bt144 when it saves at least 15% of the expected passes, for w4a4's quantizing GEMM1 too: its fused
-  // NVFP4 epilogue has 36 16-column groups a thread at BT = 144, quantized in batches of 8 plus one of 4 (in
-  // batches of 4 it had measured bt144 +20% at qwen3-30b w4a4 T = 4096 in the protocol run 8d09971).
+  // Rule: bt144 when it saves at least 15% of the expected passes, and never for a quantizing GEMM1 (w4a4): its
+  // fused NVFP4 epilogue runs while the tensor pipe idles and costs ~100 us of qwen3-30b T = 4096's GEMM1 at bt128
+  // (523 vs 423 us w4a16, ncu: bench/results/ae50bba-prefill-kernel-profile/), more at BT = 144 (36 groups a
+  // thread). Measured bt144 for it, layer, same call (bench/results/4a757a3-w4a4-bt144-ab/): qwen3-30b T = 4096
+  // +9.2% (965.7 -> 1054.2 us), qwen3-235b +1.8%, deepseek-v3 -2.6% (with its 36 groups in batches of 8 + 4; in
+  // batches of 4, protocol run 8d09971: qwen3-30b +20%).
   if (bt >= 128 && tile_of(128) != nullptr && tile_of(144) != nullptr)
-    bt = saves(128, 144, kPrefillTileMinPassSaving) ? 144 : 128;
+    bt = !load.quantized_output && saves(128, 144, kPrefillTileMinPassSaving) ? 144 : 128;
   const Sm90GemmConfig* best = tile_of(bt);
   if (load.units <= 0 || load.num_sms <= 0 || load.max_rows <= 0) return *best;
   // With the units and the SMs known: the config of this token tile with the least estimated time, waves of

@@ -79,6 +79,7 @@ struct Sm90GemmLoad {
   int64_t experts = 1;   // E of the launch (1 for the shared expert)
   int units = 0;         // weight units of N (Sm90PreparedShape::units); 0 = unknown (list rule only)
   int num_sms = 0;       // SMs the persistent grid spans; 0 = unknown (list rule only)
+  bool quantized_output = false;  // GEMM1 with the fused NVFP4 activation quantization (w4a4, gs != nullptr)
 };
 // Heuristic: the smallest token tile that holds max_rows / E rows; at that tile, with units and SMs known, the
 // consumer-warpgroup count with the least estimated time (waves of CTA tiles x tile time: a 2-warpgroup tile

@@ -59,6 +59,9 @@ TEST(Sm90PickConfig, RoutedDecodeAndPrefill) {
   EXPECT_EQ(sm90_pick_tile_config(Sm90GemmLoad{16384 * 8, 256, kDeepseekGemm1Units, kSms}).block_t, 128);
   EXPECT_EQ(sm90_pick_tile_config(Sm90GemmLoad{16384 * 8, 128, 12, kSms}).block_t, 128);    // 1024 rows
   EXPECT_EQ(sm90_pick_tile_config(Sm90GemmLoad{4096 * 8, 256, 0, 0}).block_t, 144);          // the list rule too
+  // A quantizing GEMM1 (w4a4) keeps bt128 (its epilogue at BT = 144 measured slower: protocol run 8d09971).
+  EXPECT_EQ(sm90_pick_tile_config(Sm90GemmLoad{4096 * 8, 128, 12, kSms, true}).block_t, 128);
+  EXPECT_EQ(sm90_pick_tile_config(Sm90GemmLoad{4096 * 8, 256, kDeepseekGemm1Units, kSms, true}).block_t, 128);
   // One expert (the shared expert's launch) has exactly its rows: 4096 rows = 32 passes of 128, 29 of 144 (9%).
   EXPECT_EQ(sm90_pick_tile_config(Sm90GemmLoad{4096, 1, 15, kSms}).block_t, 128);
 }
