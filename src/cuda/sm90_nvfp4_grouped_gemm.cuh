@@ -30,6 +30,7 @@
 #include <cstdint>
 
 #include "cuda/launch_pdl.cuh"
+#include "cuda/sm90_wgmma_bf16_rs.cuh"
 #include "format/nvfp4.h"
 
 // Measurement variants of the kernel (0 = the engine; the list is at dequant_experiment below).
@@ -159,58 +160,7 @@ __device__ __forceinline__ uint64_t make_b_desc(uint32_t smem_addr) {
 
 template <int V>
 struct IntC { static constexpr int value = V; };
-template <int N>
-struct Wgmma;
-// m64nNk16, f32 += bf16 (A: 4 registers, the m64k16 fragment) * bf16 (B: shared-memory descriptor).
-// d: the first N/2 accumulators of the thread (indices are compile-time after inlining: registers).
-template <> struct Wgmma<16> {
-  static __device__ __forceinline__ void mma(float* d, const uint32_t (&a)[4], uint64_t desc) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %13, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7}, {%8,%9,%10,%11}, %12, p, 1, 1, 0;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
-  }
-};
-template <> struct Wgmma<32> {
-  static __device__ __forceinline__ void mma(float* d, const uint32_t (&a)[4], uint64_t desc) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}, {%16,%17,%18,%19}, %20, p, 1, 1, 0;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
-  }
-};
-template <> struct Wgmma<64> {
-  static __device__ __forceinline__ void mma(float* d, const uint32_t (&a)[4], uint64_t desc) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, {%32,%33,%34,%35}, %36, p, 1, 1, 0;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
-  }
-};
-template <> struct Wgmma<128> {
-  static __device__ __forceinline__ void mma(float* d, const uint32_t (&a)[4], uint64_t desc) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, {%64,%65,%66,%67}, %68, p, 1, 1, 0;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
-  }
-};
-
-// N = 144: the prefill tile (bt144), so an expert's ~128 +- 3 sqrt(128) rows at T k / E = 128 take one weight pass,
-// not a 128-row tile plus a partial one (docs/gemm.md, "Partial token tiles").
-template <> struct Wgmma<144> {
-  static __device__ __forceinline__ void mma(float* d, const uint32_t (&a)[4], uint64_t desc) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %77, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n144k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63,%64,%65,%66,%67,%68,%69,%70,%71}, {%72,%73,%74,%75}, %76, p, 1, 1, 0;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
-  }
-};
+// Wgmma<N>::mma (m64nNk16, A from registers): sm90_wgmma_bf16_rs.cuh, generated for every N the tiles use.
 
 // ------------------------------------------------------------------------------------------- dequantization
 // The prepared bit order (layout version 2). Everything below is a permutation of the checkpoint's bits inside
@@ -575,11 +525,26 @@ __device__ __forceinline__ void output_bits(const float (&v)[N][2], bool quantiz
 // expert tile with at most 8 rows runs N = 8 instead of wgmma's smallest N = 16. Both sum each output's k16
 // dot products in the same order into one fp32 accumulator; the tensor cores' k16 step gives the same bits
 // either way (tested bitwise against the wgmma configs: BatchInvariance, SyncMmaBitIdenticalToWgmma).
+// The wgmma N of a token tile with `rows` rows (1..BT): the smallest instantiated N of the tile that holds them,
+// so an expert's last, partial tile does not pay for BT columns. BT <= 144: 16 / 32 / 64 / 128 / 144 (<= BT);
+// BT = 256: 16, then steps of 32 (its counts scatter over 129..256 at prefill). Producer and consumers agree on
+// it (the producer loads kABoxRows-row boxes up to it).
+template <int BT>
+__host__ __device__ constexpr int mma_n_for_rows(int rows) {
+  if (rows <= 16) return 16;
+  if (BT > 144) return (rows + 31) / 32 * 32;
+  return rows <= 32 ? 32 : rows <= 64 ? 64 : rows <= 128 ? 128 : 144;
+}
+
+// Rows of one TMA box of A for token tile BT (KernelTraits::kABoxRows; the host encodes the map with it).
+__host__ __device__ constexpr int a_box_rows(int bt) { return bt > 144 ? 32 : bt; }
+
 template <int BT, int WGS, int STAGES, Epilogue EPI, int WPU = 1, bool SYNC = false>
 struct KernelTraits {
-  static_assert(BT % 16 == 0 && BT >= 16 && (BT <= 128 || BT == 144),
-                "BT: wgmma N in 16..128 or 144, two m64 blocks per thread");
-  static_assert(BT <= 128 || WGS == 2, "BT = 144 (144 accumulators a thread): two consumer warpgroups");
+  static_assert(BT % 16 == 0 && BT >= 16 && (BT <= 128 || BT == 144 || BT == 256),
+                "BT: wgmma N in 16..128, 144, or 256 (one m64 block per thread: WPU = 2)");
+  static_assert(BT <= 128 || WGS == 2, "BT = 144 / 256 (144 / 128 accumulators a thread): two consumer warpgroups");
+  static_assert(BT != 256 || WPU == 2, "BT = 256: one 64-row block per warpgroup (256 accumulators do not fit)");
   static_assert(!SYNC || BT == 16, "the sync-MMA consumer: decode tiles (BT = 16: one or two n-tiles of 8)");
   static_assert(WGS == 2 || (WGS == 3 && BT <= 32) || (WGS == 4 && BT <= 16),
                 "WGS 3 only up to BT = 32, WGS 4 only with the small accumulators of BT = 16");
@@ -603,11 +568,16 @@ struct KernelTraits {
   // which loads several offsets per lane at once: it spilled at 24) gets what is left, rounded down to 8.
   // BT = 144: 144 accumulators + 64 A registers a consumer thread; 232 spilled in the k-loop, so the consumers get
   // 240 and the producer 24 (its cursor's few spills are outside the consumers' loop).
-  static constexpr int kConsumerRegs = BT > 128 ? 240 : WGS <= 2 ? 232 : WGS == 3 ? 160 : 112;
-  static constexpr int kProducerRegs = BT > 128 ? 24 : WGS <= 2 ? 40 : 32;
+  // BT = 256 (WPU = 2): 128 accumulators + 32 A registers fit in 232, and its producer (a loop over the A
+  // boxes) spilled at 24.
+  static constexpr int kConsumerRegs = BT == 144 ? 240 : WGS <= 2 ? 232 : WGS == 3 ? 160 : 112;
+  static constexpr int kProducerRegs = BT == 144 ? 24 : WGS <= 2 ? 40 : 32;
   static constexpr int kRegsNeeded = 128 * kProducerRegs + WGS * 128 * kConsumerRegs;
   static_assert(kRegsNeeded <= 65536, "setmaxnreg budget exceeds the register file");
   static constexpr int kABytes = BT * 128;                  // one stage of A: BT rows x 64 bf16, swizzled
+  // Rows of one TMA box of A. BT = 256: boxes of 32 rows, as many as the tile's wgmma N needs (an expert's last
+  // tile of 20 rows loads 4 KB of tokens per stage, not 32 KB); the smaller tiles load BT rows in one box.
+  static constexpr int kABoxRows = a_box_rows(BT);
   static constexpr int kWBytes = kUnitsPerTile * kUnitBytes;  // one stage of weights
   static constexpr int kStageBytes = kABytes + kWBytes;
   // WPU = 2 with SwiGLU: per unit slot, the up block's BT / 2 accumulators of each of its 128 threads.
@@ -662,6 +632,11 @@ __device__ __forceinline__ int produce_tiles(const CUtensorMap* tmap_a, const Ge
     const int local = idx - cur.first;
     const int n_idx = local / cur.ttiles, t_idx = local - n_idx * cur.ttiles;
     const int row0 = cur.row_begin + t_idx * BT;
+    // Boxes of A this tile loads per stage (1 unless BT > 144: the 32-row boxes its wgmma N reads).
+    constexpr int kBoxBytes = Tr::kABoxRows * 128;
+    const int a_boxes = Tr::kABoxRows == BT ? 1
+                                            : (mma_n_for_rows<BT>(min(BT, cur.rows - t_idx * BT)) + Tr::kABoxRows - 1) /
+                                                  Tr::kABoxRows;
     const uint8_t* wsrc[UPT];
 #pragma unroll
     for (int c = 0; c < UPT; ++c) {
@@ -670,7 +645,9 @@ __device__ __forceinline__ int produce_tiles(const CUtensorMap* tmap_a, const Ge
     }
     if (issuer) {
       auto load_a = [&](int stage, int kt) {
-        tma_load_2d(smem_u32(smem_a + stage * Tr::kABytes), tmap_a, kt * kBlockK, row0, full0 + 8 * stage);
+        for (int bx = 0; bx < a_boxes; ++bx)
+          tma_load_2d(smem_u32(smem_a + stage * Tr::kABytes + bx * kBoxBytes), tmap_a, kt * kBlockK,
+                      row0 + bx * Tr::kABoxRows, full0 + 8 * stage);
       };
       // CHAINED: until expert e's GEMM1 output is complete, the stages get their weights only and the A loads
       // wait (deferred: k-tiles kt_def.., stages s_def..); at most STAGES of them, or the next empty wait would
@@ -703,14 +680,14 @@ __device__ __forceinline__ int produce_tiles(const CUtensorMap* tmap_a, const Ge
 #if NVFP4MOE_SM90_DEQUANT_EXPERIMENT == 3
         // Measurement hook (see dequant_experiment): A is loaded into each stage once, then left stale.
         const bool with_a = kt < STAGES;
-        mbar_expect_tx(full, with_a ? Tr::kStageBytes : Tr::kWBytes);
+        mbar_expect_tx(full, with_a ? Tr::kWBytes + a_boxes * kBoxBytes : Tr::kWBytes);
         if (with_a) load_a(s, kt);
 #elif NVFP4MOE_SM90_DEQUANT_EXPERIMENT == 8
         mbar_arrive(full);  // measurement hook: nothing loaded
         if (++s == STAGES) { s = 0; phase ^= 1; }
         continue;
 #else
-        mbar_expect_tx(full, Tr::kStageBytes);
+        mbar_expect_tx(full, Tr::kWBytes + a_boxes * kBoxBytes);
         if (ready) {
           load_a(s, kt);
         } else if (deferred++ == 0) {
@@ -760,7 +737,7 @@ __device__ __forceinline__ int consume_tiles(const GemmParams& p, int idx, int& 
     // wgmma N for this tile: the smallest of 16/32/64/128/144 (<= BT) that holds its rows, so the last, partial
     // token tile of an expert does not pay for BT columns.
     const int tile_rows = min(BT, cur.rows - t_idx * BT);
-    const int n_mma = tile_rows <= 16 ? 16 : tile_rows <= 32 ? 32 : tile_rows <= 64 ? 64 : tile_rows <= 128 ? 128 : 144;
+    const int n_mma = mma_n_for_rows<BT>(tile_rows);
 
     // Software pipeline: the dequantization of k-tile kt+1 runs while the wgmmas of k-tile kt execute.
     // This thread's weight words of a stage: its 16 code bytes of each of its NB blocks, and the scale word it
@@ -830,7 +807,15 @@ __device__ __forceinline__ int consume_tiles(const GemmParams& p, int idx, int& 
 #endif
           }
       };
-      if constexpr (BT >= 144) { if (n_mma == 144) { run(IntC<144>{}); wgmma_commit(); return; } }
+      if constexpr (BT == 256) {
+        // n_mma: 16 or a multiple of 32 (mma_n_for_rows<256>)
+        if (n_mma == 256) { run(IntC<256>{}); wgmma_commit(); return; }
+        if (n_mma == 224) { run(IntC<224>{}); wgmma_commit(); return; }
+        if (n_mma == 192) { run(IntC<192>{}); wgmma_commit(); return; }
+        if (n_mma == 160) { run(IntC<160>{}); wgmma_commit(); return; }
+        if (n_mma == 96) { run(IntC<96>{}); wgmma_commit(); return; }
+      }
+      if constexpr (BT == 144) { if (n_mma == 144) { run(IntC<144>{}); wgmma_commit(); return; } }
       if constexpr (BT >= 128) { if (n_mma == 128) { run(IntC<128>{}); wgmma_commit(); return; } }
       if constexpr (BT >= 64) { if (n_mma >= 64) { run(IntC<(BT >= 64 ? 64 : 16)>{}); wgmma_commit(); return; } }
       if constexpr (BT >= 32) { if (n_mma >= 32) { run(IntC<(BT >= 32 ? 32 : 16)>{}); wgmma_commit(); return; } }
@@ -959,7 +944,12 @@ __device__ __forceinline__ int consume_tiles(const GemmParams& p, int idx, int& 
     // bar.sync on both sides): once after the write, once after the read, so the next tile's write cannot
     // overtake this read. (An arrive on the writer's side would let it run ahead; compute-sanitizer's racecheck
     // does not follow arrive-to-sync ordering and reports every access.)
-    [[maybe_unused]] float up_acc[WPU == 2 && EPI == Epilogue::kSwiGLU ? BT / 2 : 1];
+    // BT > 128 (bt256: 128 accumulators a thread): the gate warpgroup reads each up value from the exchange as
+    // the epilogue needs it (a register copy of all 128 would not fit beside its own), and meets the up
+    // warpgroup's second barrier after the epilogue.
+    constexpr bool kUpFromExchange = WPU == 2 && EPI == Epilogue::kSwiGLU && BT > 128;
+    [[maybe_unused]] float up_acc[WPU == 2 && EPI == Epilogue::kSwiGLU && !kUpFromExchange ? BT / 2 : 1];
+    [[maybe_unused]] const float* xch_up = smem_xch + slot * (BT / 2) * 128 + tid;
     if constexpr (WPU == 2 && EPI == Epilogue::kSwiGLU) {
       float* xch = smem_xch + slot * (BT / 2) * 128;
       if (half == 1) {
@@ -970,9 +960,11 @@ __device__ __forceinline__ int consume_tiles(const GemmParams& p, int idx, int& 
         continue;
       }
       named_bar_sync(1 + slot, 256);
+      if constexpr (!kUpFromExchange) {
 #pragma unroll
-      for (int i = 0; i < BT / 2; ++i) up_acc[i] = xch[i * 128 + tid];
-      named_bar_sync(1 + slot, 256);
+        for (int i = 0; i < BT / 2; ++i) up_acc[i] = xch[i * 128 + tid];
+        named_bar_sync(1 + slot, 256);
+      }
     }
     const int e = cur.e;
     const int tok0 = t_idx * BT, rows_valid = min(BT, cur.rows - tok0);
@@ -1016,7 +1008,9 @@ __device__ __forceinline__ int consume_tiles(const GemmParams& p, int idx, int& 
             const int i = i0 + ip + 2 * h;
             if constexpr (EPI == Epilogue::kSwiGLU) {
               float up;
-              if constexpr (WPU == 2) up = up_acc[i]; else up = acc[NB - 1][i];
+              if constexpr (kUpFromExchange) up = xch_up[i * 128];
+              else if constexpr (WPU == 2) up = up_acc[i];
+              else up = acc[NB - 1][i];
               v[qq][h] = activation_value<EPI>(acc[0][i], up, al0, al1);
             } else {
               v[qq][h] = activation_value<EPI>(acc[b][i], 0.0f, al0, al1);
@@ -1045,6 +1039,7 @@ __device__ __forceinline__ int consume_tiles(const GemmParams& p, int idx, int& 
         if constexpr (kGroups > kWhole) batch(kWhole, IntC<kGroups - kWhole>{});
       }
     }
+    if constexpr (kUpFromExchange) named_bar_sync(1 + slot, 256);  // read: the up warpgroup may overwrite it
     if constexpr (SIGNAL) {
       // GEMM1 of a chained launch: this warpgroup's stores of the tile are done. Each thread orders its own
       // (generic-proxy) stores before the async proxy that GEMM2's TMA reads through, the warpgroup meets,

@@ -351,6 +351,24 @@ TEST(Sm90GroupedGemm, EveryConfigEveryEpilogueRandomOffsets) {
   }
 }
 
+// Every wgmma width a token tile can run (mma_n_for_rows: 16, 32, 64, 128, 144; bt256: 16 and steps of 32, each
+// with as many 32-row A boxes): experts whose rows sit just below, on and just above each width, in every config,
+// every epilogue (the quantizing one bitwise against the CPU quantizer).
+TEST(Sm90GroupedGemm, EveryWgmmaWidthOfATile) {
+  const std::vector<int> counts = {1, 16, 17, 31, 33, 64, 65, 96, 97, 127, 129, 143, 145, 160, 161, 191, 193, 224,
+                                   225, 255, 256, 257, 300};
+  const int E = static_cast<int>(counts.size());
+  Problem p = make_problem(E, 320, 208, false, counts, 4321);
+  const auto h = reference_h(p);
+  Problem g = make_problem(E, 2 * 208, 144, true, counts, 4322);
+  const auto hg = reference_h(g);
+  for (const auto& cfg : sm90_gemm_configs()) {
+    check(p, Sm90GemmEpilogue::kF32, cfg, h, false);
+    check(p, Sm90GemmEpilogue::kRelu2, cfg, h, true);
+    check(g, Sm90GemmEpilogue::kSwiGLU, cfg, hg, true);
+  }
+}
+
 TEST(Sm90GroupedGemm, AdversarialOffsets) {
   const std::vector<std::vector<int>> cases = {
       {0, 0, 0, 0},        // no rows at all
