@@ -35,8 +35,7 @@ cudaError_t fail(const std::string& msg) {
   X(32, 12, 3, 1, 0)  /* 17..32 rows per expert, 3 consumer warpgroups */                                         \
   X(64, 10, 2, 1, 0)  /* 33..64 rows per expert */                                                              \
   X(128, 8, 2, 1, 0)  /* prefill: > 64 rows per expert, where bt144 would not save weight passes */           \
-  X(144, 8, 2, 1, 0)  /* prefill: T k / E near 128 or 256 (128 +- 11 rows in one pass, 256 +- 16 in two) */     \
-  X(256, 4, 2, 2, 0)  /* prefill: one 64-row block x up to 256 tokens a warpgroup (N in steps of 32) */
+  X(144, 8, 2, 1, 0)  /* prefill: T k / E near 128 or 256 (128 +- 11 rows in one pass, 256 +- 16 in two) */
 
 // The warp-streaming decode configs (sm90_nvfp4_warp_stream_gemm.cuh): X(warps per CTA, k-tile slots per warp,
 // warp slices per piece, k-loop unrolled by the slots), each for every epilogue; shared memory = warps x slots x
@@ -460,14 +459,14 @@ std::string check_args(const Sm90GemmArgs& args, const std::string& who) {
   return "";
 }
 
-// The TMA descriptor of A ([a_rows_capacity, K] bf16, boxes of 64 k x a_box_rows(block_t) rows, 128-byte swizzle).
+// The TMA descriptor of A ([a_rows_capacity, K] bf16, boxes of 64 k x block_t rows, 128-byte swizzle).
 std::string make_a_map(const Sm90GemmArgs& args, int block_t, CUtensorMap* map, const std::string& who) {
   EncodeTiledFn encode = encode_fn();
   if (encode == nullptr) return who + ": cuTensorMapEncodeTiled not available";
   const Sm90PreparedShape& s = args.shape;
   const cuuint64_t dims[2] = {static_cast<cuuint64_t>(s.k), static_cast<cuuint64_t>(args.a_rows_capacity)};
   const cuuint64_t strides[1] = {static_cast<cuuint64_t>(s.k) * 2};
-  const cuuint32_t box[2] = {static_cast<cuuint32_t>(sm90::kBlockK), static_cast<cuuint32_t>(sm90::a_box_rows(block_t))};
+  const cuuint32_t box[2] = {static_cast<cuuint32_t>(sm90::kBlockK), static_cast<cuuint32_t>(block_t)};
   const cuuint32_t estr[2] = {1, 1};
   const CUresult r = encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<uint16_t*>(args.a), dims, strides,
                             box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,

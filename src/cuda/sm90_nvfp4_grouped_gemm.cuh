@@ -526,25 +526,21 @@ __device__ __forceinline__ void output_bits(const float (&v)[N][2], bool quantiz
 // dot products in the same order into one fp32 accumulator; the tensor cores' k16 step gives the same bits
 // either way (tested bitwise against the wgmma configs: BatchInvariance, SyncMmaBitIdenticalToWgmma).
 // The wgmma N of a token tile with `rows` rows (1..BT): the smallest instantiated N of the tile that holds them,
-// so an expert's last, partial tile does not pay for BT columns. BT <= 144: 16 / 32 / 64 / 128 / 144 (<= BT);
-// BT = 256: 16, then steps of 32 (its counts scatter over 129..256 at prefill). Producer and consumers agree on
-// it (the producer loads kABoxRows-row boxes up to it).
+// so an expert's last (or only) tile does not pay for BT columns: 16, 32, then steps of 16 up to BT (64, 128,
+// 144). At prefill the counts scatter (deepseek-v3 T = 4096: 128 +- 25 rows), so an expert of 100 rows runs
+// N = 112, not 128.
 template <int BT>
 __host__ __device__ constexpr int mma_n_for_rows(int rows) {
   if (rows <= 16) return 16;
-  if (BT > 144) return (rows + 31) / 32 * 32;
-  return rows <= 32 ? 32 : rows <= 64 ? 64 : rows <= 128 ? 128 : 144;
+  if (rows <= 32 || BT <= 32) return 32;
+  return (rows + 15) / 16 * 16;
 }
-
-// Rows of one TMA box of A for token tile BT (KernelTraits::kABoxRows; the host encodes the map with it).
-__host__ __device__ constexpr int a_box_rows(int bt) { return bt > 144 ? 32 : bt; }
 
 template <int BT, int WGS, int STAGES, Epilogue EPI, int WPU = 1, bool SYNC = false>
 struct KernelTraits {
-  static_assert(BT % 16 == 0 && BT >= 16 && (BT <= 128 || BT == 144 || BT == 256),
-                "BT: wgmma N in 16..128, 144, or 256 (one m64 block per thread: WPU = 2)");
-  static_assert(BT <= 128 || WGS == 2, "BT = 144 / 256 (144 / 128 accumulators a thread): two consumer warpgroups");
-  static_assert(BT != 256 || WPU == 2, "BT = 256: one 64-row block per warpgroup (256 accumulators do not fit)");
+  static_assert(BT % 16 == 0 && BT >= 16 && (BT <= 128 || BT == 144),
+                "BT: wgmma N in 16..128 or 144, two m64 blocks per thread");
+  static_assert(BT <= 128 || WGS == 2, "BT = 144 (144 accumulators a thread): two consumer warpgroups");
   static_assert(!SYNC || BT == 16, "the sync-MMA consumer: decode tiles (BT = 16: one or two n-tiles of 8)");
   static_assert(WGS == 2 || (WGS == 3 && BT <= 32) || (WGS == 4 && BT <= 16),
                 "WGS 3 only up to BT = 32, WGS 4 only with the small accumulators of BT = 16");
@@ -568,16 +564,11 @@ struct KernelTraits {
   // which loads several offsets per lane at once: it spilled at 24) gets what is left, rounded down to 8.
   // BT = 144: 144 accumulators + 64 A registers a consumer thread; 232 spilled in the k-loop, so the consumers get
   // 240 and the producer 24 (its cursor's few spills are outside the consumers' loop).
-  // BT = 256 (WPU = 2): 128 accumulators + 32 A registers fit in 232, and its producer (a loop over the A
-  // boxes) spilled at 24.
-  static constexpr int kConsumerRegs = BT == 144 ? 240 : WGS <= 2 ? 232 : WGS == 3 ? 160 : 112;
-  static constexpr int kProducerRegs = BT == 144 ? 24 : WGS <= 2 ? 40 : 32;
+  static constexpr int kConsumerRegs = BT > 128 ? 240 : WGS <= 2 ? 232 : WGS == 3 ? 160 : 112;
+  static constexpr int kProducerRegs = BT > 128 ? 24 : WGS <= 2 ? 40 : 32;
   static constexpr int kRegsNeeded = 128 * kProducerRegs + WGS * 128 * kConsumerRegs;
   static_assert(kRegsNeeded <= 65536, "setmaxnreg budget exceeds the register file");
   static constexpr int kABytes = BT * 128;                  // one stage of A: BT rows x 64 bf16, swizzled
-  // Rows of one TMA box of A. BT = 256: boxes of 32 rows, as many as the tile's wgmma N needs (an expert's last
-  // tile of 20 rows loads 4 KB of tokens per stage, not 32 KB); the smaller tiles load BT rows in one box.
-  static constexpr int kABoxRows = a_box_rows(BT);
   static constexpr int kWBytes = kUnitsPerTile * kUnitBytes;  // one stage of weights
   static constexpr int kStageBytes = kABytes + kWBytes;
   // WPU = 2 with SwiGLU: per unit slot, the up block's BT / 2 accumulators of each of its 128 threads.
@@ -632,11 +623,6 @@ __device__ __forceinline__ int produce_tiles(const CUtensorMap* tmap_a, const Ge
     const int local = idx - cur.first;
     const int n_idx = local / cur.ttiles, t_idx = local - n_idx * cur.ttiles;
     const int row0 = cur.row_begin + t_idx * BT;
-    // Boxes of A this tile loads per stage (1 unless BT > 144: the 32-row boxes its wgmma N reads).
-    constexpr int kBoxBytes = Tr::kABoxRows * 128;
-    const int a_boxes = Tr::kABoxRows == BT ? 1
-                                            : (mma_n_for_rows<BT>(min(BT, cur.rows - t_idx * BT)) + Tr::kABoxRows - 1) /
-                                                  Tr::kABoxRows;
     const uint8_t* wsrc[UPT];
 #pragma unroll
     for (int c = 0; c < UPT; ++c) {
@@ -645,9 +631,7 @@ __device__ __forceinline__ int produce_tiles(const CUtensorMap* tmap_a, const Ge
     }
     if (issuer) {
       auto load_a = [&](int stage, int kt) {
-        for (int bx = 0; bx < a_boxes; ++bx)
-          tma_load_2d(smem_u32(smem_a + stage * Tr::kABytes + bx * kBoxBytes), tmap_a, kt * kBlockK,
-                      row0 + bx * Tr::kABoxRows, full0 + 8 * stage);
+        tma_load_2d(smem_u32(smem_a + stage * Tr::kABytes), tmap_a, kt * kBlockK, row0, full0 + 8 * stage);
       };
       // CHAINED: until expert e's GEMM1 output is complete, the stages get their weights only and the A loads
       // wait (deferred: k-tiles kt_def.., stages s_def..); at most STAGES of them, or the next empty wait would
@@ -680,14 +664,14 @@ __device__ __forceinline__ int produce_tiles(const CUtensorMap* tmap_a, const Ge
 #if NVFP4MOE_SM90_DEQUANT_EXPERIMENT == 3
         // Measurement hook (see dequant_experiment): A is loaded into each stage once, then left stale.
         const bool with_a = kt < STAGES;
-        mbar_expect_tx(full, with_a ? Tr::kWBytes + a_boxes * kBoxBytes : Tr::kWBytes);
+        mbar_expect_tx(full, with_a ? Tr::kStageBytes : Tr::kWBytes);
         if (with_a) load_a(s, kt);
 #elif NVFP4MOE_SM90_DEQUANT_EXPERIMENT == 8
         mbar_arrive(full);  // measurement hook: nothing loaded
         if (++s == STAGES) { s = 0; phase ^= 1; }
         continue;
 #else
-        mbar_expect_tx(full, Tr::kWBytes + a_boxes * kBoxBytes);
+        mbar_expect_tx(full, Tr::kStageBytes);
         if (ready) {
           load_a(s, kt);
         } else if (deferred++ == 0) {
@@ -807,19 +791,17 @@ __device__ __forceinline__ int consume_tiles(const GemmParams& p, int idx, int& 
 #endif
           }
       };
-      if constexpr (BT == 256) {
-        // n_mma: 16 or a multiple of 32 (mma_n_for_rows<256>)
-        if (n_mma == 256) { run(IntC<256>{}); wgmma_commit(); return; }
-        if (n_mma == 224) { run(IntC<224>{}); wgmma_commit(); return; }
-        if (n_mma == 192) { run(IntC<192>{}); wgmma_commit(); return; }
-        if (n_mma == 160) { run(IntC<160>{}); wgmma_commit(); return; }
-        if (n_mma == 96) { run(IntC<96>{}); wgmma_commit(); return; }
-      }
-      if constexpr (BT == 144) { if (n_mma == 144) { run(IntC<144>{}); wgmma_commit(); return; } }
-      if constexpr (BT >= 128) { if (n_mma == 128) { run(IntC<128>{}); wgmma_commit(); return; } }
-      if constexpr (BT >= 64) { if (n_mma >= 64) { run(IntC<(BT >= 64 ? 64 : 16)>{}); wgmma_commit(); return; } }
-      if constexpr (BT >= 32) { if (n_mma >= 32) { run(IntC<(BT >= 32 ? 32 : 16)>{}); wgmma_commit(); return; } }
-      run(IntC<16>{});
+      // n_mma is uniform over the CTA (one tile): the widest first, as the prefill tiles are mostly full.
+      auto run_if = [&](auto n_const) {
+        constexpr int NM = decltype(n_const)::value;
+        if constexpr (NM <= BT) {
+          if (n_mma == NM) { run(n_const); return true; }
+        }
+        return false;
+      };
+      if (!(run_if(IntC<144>{}) || run_if(IntC<128>{}) || run_if(IntC<112>{}) || run_if(IntC<96>{}) ||
+            run_if(IntC<80>{}) || run_if(IntC<64>{}) || run_if(IntC<48>{}) || run_if(IntC<32>{})))
+        run(IntC<16>{});
       wgmma_commit();
     };
     if constexpr (!SYNC) {
@@ -944,12 +926,7 @@ __device__ __forceinline__ int consume_tiles(const GemmParams& p, int idx, int& 
     // bar.sync on both sides): once after the write, once after the read, so the next tile's write cannot
     // overtake this read. (An arrive on the writer's side would let it run ahead; compute-sanitizer's racecheck
     // does not follow arrive-to-sync ordering and reports every access.)
-    // BT > 128 (bt256: 128 accumulators a thread): the gate warpgroup reads each up value from the exchange as
-    // the epilogue needs it (a register copy of all 128 would not fit beside its own), and meets the up
-    // warpgroup's second barrier after the epilogue.
-    constexpr bool kUpFromExchange = WPU == 2 && EPI == Epilogue::kSwiGLU && BT > 128;
-    [[maybe_unused]] float up_acc[WPU == 2 && EPI == Epilogue::kSwiGLU && !kUpFromExchange ? BT / 2 : 1];
-    [[maybe_unused]] const float* xch_up = smem_xch + slot * (BT / 2) * 128 + tid;
+    [[maybe_unused]] float up_acc[WPU == 2 && EPI == Epilogue::kSwiGLU ? BT / 2 : 1];
     if constexpr (WPU == 2 && EPI == Epilogue::kSwiGLU) {
       float* xch = smem_xch + slot * (BT / 2) * 128;
       if (half == 1) {
@@ -960,11 +937,9 @@ __device__ __forceinline__ int consume_tiles(const GemmParams& p, int idx, int& 
         continue;
       }
       named_bar_sync(1 + slot, 256);
-      if constexpr (!kUpFromExchange) {
 #pragma unroll
-        for (int i = 0; i < BT / 2; ++i) up_acc[i] = xch[i * 128 + tid];
-        named_bar_sync(1 + slot, 256);
-      }
+      for (int i = 0; i < BT / 2; ++i) up_acc[i] = xch[i * 128 + tid];
+      named_bar_sync(1 + slot, 256);
     }
     const int e = cur.e;
     const int tok0 = t_idx * BT, rows_valid = min(BT, cur.rows - tok0);
@@ -1008,9 +983,7 @@ __device__ __forceinline__ int consume_tiles(const GemmParams& p, int idx, int& 
             const int i = i0 + ip + 2 * h;
             if constexpr (EPI == Epilogue::kSwiGLU) {
               float up;
-              if constexpr (kUpFromExchange) up = xch_up[i * 128];
-              else if constexpr (WPU == 2) up = up_acc[i];
-              else up = acc[NB - 1][i];
+              if constexpr (WPU == 2) up = up_acc[i]; else up = acc[NB - 1][i];
               v[qq][h] = activation_value<EPI>(acc[0][i], up, al0, al1);
             } else {
               v[qq][h] = activation_value<EPI>(acc[b][i], 0.0f, al0, al1);
@@ -1039,7 +1012,6 @@ __device__ __forceinline__ int consume_tiles(const GemmParams& p, int idx, int& 
         if constexpr (kGroups > kWhole) batch(kWhole, IntC<kGroups - kWhole>{});
       }
     }
-    if constexpr (kUpFromExchange) named_bar_sync(1 + slot, 256);  // read: the up warpgroup may overwrite it
     if constexpr (SIGNAL) {
       // GEMM1 of a chained launch: this warpgroup's stores of the tile are done. Each thread orders its own
       // (generic-proxy) stores before the async proxy that GEMM2's TMA reads through, the warpgroup meets,

@@ -351,12 +351,12 @@ TEST(Sm90GroupedGemm, EveryConfigEveryEpilogueRandomOffsets) {
   }
 }
 
-// Every wgmma width a token tile can run (mma_n_for_rows: 16, 32, 64, 128, 144; bt256: 16 and steps of 32, each
-// with as many 32-row A boxes): experts whose rows sit just below, on and just above each width, in every config,
-// every epilogue (the quantizing one bitwise against the CPU quantizer).
+// Every wgmma width a token tile can run (mma_n_for_rows: 16, 32, then steps of 16 up to the tile): experts whose
+// rows sit just below, on and just above each width, in every config, every epilogue (the quantizing one bitwise
+// against the CPU quantizer).
 TEST(Sm90GroupedGemm, EveryWgmmaWidthOfATile) {
-  const std::vector<int> counts = {1, 16, 17, 31, 33, 64, 65, 96, 97, 127, 129, 143, 145, 160, 161, 191, 193, 224,
-                                   225, 255, 256, 257, 300};
+  const std::vector<int> counts = {1, 16, 17, 31, 33, 47, 49, 64, 65, 79, 81, 96, 97, 112, 113, 127, 129, 143, 145,
+                                   160, 161, 289, 300};
   const int E = static_cast<int>(counts.size());
   Problem p = make_problem(E, 320, 208, false, counts, 4321);
   const auto h = reference_h(p);
