@@ -525,15 +525,12 @@ __device__ __forceinline__ void output_bits(const float (&v)[N][2], bool quantiz
 // expert tile with at most 8 rows runs N = 8 instead of wgmma's smallest N = 16. Both sum each output's k16
 // dot products in the same order into one fp32 accumulator; the tensor cores' k16 step gives the same bits
 // either way (tested bitwise against the wgmma configs: BatchInvariance, SyncMmaBitIdenticalToWgmma).
-// The wgmma N of a token tile with `rows` rows (1..BT): the smallest instantiated N of the tile that holds them,
-// so an expert's last (or only) tile does not pay for BT columns: 16, 32, then steps of 16 up to BT (64, 128,
-// 144). At prefill the counts scatter (deepseek-v3 T = 4096: 128 +- 25 rows), so an expert of 100 rows runs
-// N = 112, not 128.
+// The wgmma N of a token tile with `rows` rows (1..BT): the smallest of 16 / 32 / 64 / 128 / 144 (<= BT) that holds
+// them, so an expert's last, partial tile does not pay for BT columns. (Steps of 16, 16..144, measured slower in
+// the layer at 13aabf8: +2..4% at prefill, bench/results/13aabf8-widths-scan-ab/.)
 template <int BT>
 __host__ __device__ constexpr int mma_n_for_rows(int rows) {
-  if (rows <= 16) return 16;
-  if (rows <= 32 || BT <= 32) return 32;
-  return (rows + 15) / 16 * 16;
+  return rows <= 16 ? 16 : rows <= 32 || BT <= 32 ? 32 : rows <= 64 || BT <= 64 ? 64 : rows <= 128 || BT <= 128 ? 128 : 144;
 }
 
 template <int BT, int WGS, int STAGES, Epilogue EPI, int WPU = 1, bool SYNC = false>
@@ -791,17 +788,11 @@ __device__ __forceinline__ int consume_tiles(const GemmParams& p, int idx, int& 
 #endif
           }
       };
-      // n_mma is uniform over the CTA (one tile): the widest first, as the prefill tiles are mostly full.
-      auto run_if = [&](auto n_const) {
-        constexpr int NM = decltype(n_const)::value;
-        if constexpr (NM <= BT) {
-          if (n_mma == NM) { run(n_const); return true; }
-        }
-        return false;
-      };
-      if (!(run_if(IntC<144>{}) || run_if(IntC<128>{}) || run_if(IntC<112>{}) || run_if(IntC<96>{}) ||
-            run_if(IntC<80>{}) || run_if(IntC<64>{}) || run_if(IntC<48>{}) || run_if(IntC<32>{})))
-        run(IntC<16>{});
+      if constexpr (BT >= 144) { if (n_mma == 144) { run(IntC<144>{}); wgmma_commit(); return; } }
+      if constexpr (BT >= 128) { if (n_mma == 128) { run(IntC<128>{}); wgmma_commit(); return; } }
+      if constexpr (BT >= 64) { if (n_mma >= 64) { run(IntC<(BT >= 64 ? 64 : 16)>{}); wgmma_commit(); return; } }
+      if constexpr (BT >= 32) { if (n_mma >= 32) { run(IntC<(BT >= 32 ? 32 : 16)>{}); wgmma_commit(); return; } }
+      run(IntC<16>{});
       wgmma_commit();
     };
     if constexpr (!SYNC) {
