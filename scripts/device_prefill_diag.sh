@@ -25,7 +25,9 @@ METRICS=$METRICS,smsp__inst_executed.sum,smsp__issue_active.avg.pct_of_peak_sust
 for c in $CASES; do
   IFS=: read -r preset tokens mode routing cfg <<< "$c"
   name=$(echo "$preset-$tokens-$mode-$routing-${cfg:-heuristic}" | tr '=,' '__')
-  timeout 150 env NVFP4MOE_SM90_CONFIG="$cfg" "$NCU" --clock-control none --profile-from-start off \
+  # --cache-control none: ncu's default flushes the caches before each kernel, which made the one-CTA plan scan
+  # read DRAM (28 us there, ~0 in the graph: docs/gemm.md).
+  timeout 150 env NVFP4MOE_SM90_CONFIG="$cfg" "$NCU" --clock-control none --cache-control none --profile-from-start off \
     --metrics "$METRICS" --csv "$CLI" bench --preset "$preset" --tokens "$tokens" --mode "$mode" \
     --routing "$routing" --iters 1 --warmup 1 --profile-eager > "$OUT/ncu-$name.csv" 2> "$OUT/ncu-$name.err"
   echo "ncu $name: exit $?" >> "$S"
