@@ -24,16 +24,19 @@ export LD_LIBRARY_PATH=$LD_LIBRARY_PATH:/usr/local/cuda/lib64:${CUBLAS_WHEEL:-}
 for c in $CASES; do
   kind=${c%%:*} rest=${c#*:}
   if [ "$kind" = layer ]; then
-    # One eager forward before the graph: take its GEMM1 + GEMM2 pair.
+    # One eager forward before the graph (bench --profile-eager: the layers' creation-time warm-up launches of
+    # every config stay outside the profiled range): its GEMM1 + GEMM2 pair, caches as the forward left them.
     preset=${rest%%:*} tokens=${rest##*:}
     name="layer-$preset-t$tokens" skip=0 count=2
-    cmd=("$CARRY/nvfp4moe" bench --preset "$preset" --tokens "$tokens" --iters 1 --warmup 1 --layers 8)
+    range=(--profile-from-start off --cache-control none)
+    cmd=("$CARRY/nvfp4moe" bench --preset "$preset" --tokens "$tokens" --iters 1 --warmup 1 --layers 8 --profile-eager)
   else
     # bench/gemm_microbench.cu, one case (GEMM_MICROBENCH_ONLY), after its 8 warm-up launches.
     name="mb-$rest${NCU_SKIP:+-skip$NCU_SKIP}" skip=${NCU_SKIP:-8} count=1
+    range=()
     cmd=(env GEMM_MICROBENCH_ONLY="$rest" GEMM_MICROBENCH_QUICK=1 "$CARRY/mb/${NCU_MB:-gemm_microbench_x0}" /dev/null)
   fi
-  timeout 150 "$NCU" --clock-control none --kernel-name regex:sm90_nvfp4_grouped_gemm_kernel --launch-skip $skip \
+  timeout 150 "$NCU" --clock-control none "${range[@]}" --kernel-name regex:sm90_nvfp4_grouped_gemm_kernel --launch-skip $skip \
     --launch-count $count --set full --import-source no -f -o "$D/$name" "${cmd[@]}" > "$D/$name.run.log" 2>&1
   echo "$name: ncu exit $?" >> "$OUT/$SHA-ncu-summary.txt"
   if [ -f "$D/$name.ncu-rep" ]; then
