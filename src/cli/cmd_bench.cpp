@@ -520,6 +520,7 @@ void run_on_device(const BenchOpts& o, const BenchPlan& p, json& doc) {
           // eager once (layer 0: the same kernels as the others): module loading stays out of the capture
           // --profile-eager: the first point's eager forward alone is the profiler's range (ncu / nsys with
           // profiling from start off), without the layers' creation-time warm-up launches.
+          // (combo counts the (mode, routing) combinations begun: 1 is the first.)
           const bool profiled = o.profile_eager && combo == 1 && T == p.tokens.front();
           if (profiled) ck(cudaProfilerStart(), "cudaProfilerStart");
           layers[0].layer->forward(hid[0], ra[0], out[0], stream);

@@ -507,6 +507,14 @@ __device__ __forceinline__ void output_bits(const float (&v)[N][2], bool quantiz
       for (int h = 0; h < 2; ++h) o[q][h] = fmt::bf16_from_float(v[q][h]);
   }
 }
+// The wgmma N of a token tile with `rows` rows (1..BT): the smallest of 16 / 32 / 64 / 128 / 144 (<= BT) that holds
+// them, so an expert's last, partial tile does not pay for BT columns. (Steps of 16, 16..144, measured slower in
+// the layer at 13aabf8: +2..4% at prefill, bench/results/13aabf8-widths-scan-ab/.)
+template <int BT>
+__host__ __device__ constexpr int mma_n_for_rows(int rows) {
+  return rows <= 16 ? 16 : rows <= 32 || BT <= 32 ? 32 : rows <= 64 || BT <= 64 ? 64 : rows <= 128 || BT <= 128 ? 128 : 144;
+}
+
 // ------------------------------------------------------------------------------------------- the kernel
 // BT: token rows per tile (wgmma N); WGS: consumer warpgroups; STAGES: pipeline depth; WPU: consumer warpgroups
 // per unit. WPU = 1: each warpgroup owns a unit (both 64-row blocks; WGS units per CTA tile). WPU = 2: the two
@@ -525,14 +533,6 @@ __device__ __forceinline__ void output_bits(const float (&v)[N][2], bool quantiz
 // expert tile with at most 8 rows runs N = 8 instead of wgmma's smallest N = 16. Both sum each output's k16
 // dot products in the same order into one fp32 accumulator; the tensor cores' k16 step gives the same bits
 // either way (tested bitwise against the wgmma configs: BatchInvariance, SyncMmaBitIdenticalToWgmma).
-// The wgmma N of a token tile with `rows` rows (1..BT): the smallest of 16 / 32 / 64 / 128 / 144 (<= BT) that holds
-// them, so an expert's last, partial tile does not pay for BT columns. (Steps of 16, 16..144, measured slower in
-// the layer at 13aabf8: +2..4% at prefill, bench/results/13aabf8-widths-scan-ab/.)
-template <int BT>
-__host__ __device__ constexpr int mma_n_for_rows(int rows) {
-  return rows <= 16 ? 16 : rows <= 32 || BT <= 32 ? 32 : rows <= 64 || BT <= 64 ? 64 : rows <= 128 || BT <= 128 ? 128 : 144;
-}
-
 template <int BT, int WGS, int STAGES, Epilogue EPI, int WPU = 1, bool SYNC = false>
 struct KernelTraits {
   static_assert(BT % 16 == 0 && BT >= 16 && (BT <= 128 || BT == 144),
@@ -715,8 +715,7 @@ __device__ __forceinline__ int consume_tiles(const GemmParams& p, int idx, int& 
 #pragma unroll
       for (int i = 0; i < BT / 2; ++i) acc[b][i] = 0.0f;
 
-    // wgmma N for this tile: the smallest of 16/32/64/128/144 (<= BT) that holds its rows, so the last, partial
-    // token tile of an expert does not pay for BT columns.
+    // wgmma N for this tile (mma_n_for_rows).
     const int tile_rows = min(BT, cur.rows - t_idx * BT);
     const int n_mma = mma_n_for_rows<BT>(tile_rows);
 

@@ -41,9 +41,10 @@ __global__ void __launch_bounds__(kScanThreads) plan_scan_kernel(PlanArgs a, int
   const int e = threadIdx.x;
   int32_t total = 0;
   if (e < a.experts) {
-    // kScanBatch chunks' counts loaded before any of their bases is stored: one at a time, each load waited
-    // for the previous store (the compiler cannot tell the addresses apart), ~220 ns an iteration, 28 us at
-    // T k = 32768 (128 chunks; ncu, bench/results/ae50bba-prefill-kernel-profile/).
+    // kScanBatch chunks' counts loaded before any of their bases is stored: one at a time, each load waits for
+    // the previous store (the compiler cannot tell the addresses apart). That measured 28 us at T k = 32768 under
+    // ncu, whose cache flush sent every load to DRAM; in the graph, with the counts L2-hot, the batching measured
+    // -0.8..+0.3% of the layer (bench/results/d50807a-scan-isolation-ab/).
     constexpr int kScanBatch = 16;  // (32 spilled under the 1024-thread block's 64 registers)
     int32_t* col = a.chunk_counts + e;
     for (int c0 = 0; c0 < chunks; c0 += kScanBatch) {
