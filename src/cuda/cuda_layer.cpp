@@ -254,12 +254,16 @@ CudaMoeLayer::CudaMoeLayer(MoeWeights w, const MoeLayerOptions& options, GemmPat
       chain_enabled_ = env_switch("NVFP4MOE_CHAINED_GEMMS");     // A/B: "0" = two launches per group
       warp_stream_enabled_ = env_switch("NVFP4MOE_WARP_STREAM");  // A/B: "0" = the tile rule at decode too
       early_gemm2_enabled_ = env_switch("NVFP4MOE_EARLY_GEMM2");  // A/B: "0" = GEMM2 waits first
-      // Zero once; every chained launch leaves the counters zero (sm90_nvfp4_chained_gemms).
+      dynamic_tiles_enabled_ = env_switch("NVFP4MOE_DYNAMIC_TILES");  // A/B: "0" = static tile round-robin
+      // Zero once; every chained launch leaves its counters zero (sm90_nvfp4_chained_gemms), every dynamically
+      // scheduled one its tile counter.
       const size_t routed_n = sm90_chain_counter_count(static_cast<int>(spec_.num_experts) + 1);
-      const size_t n = routed_n + sm90_chain_counter_count(1);
-      check_cuda(cudaMalloc(&chain_counters_, n * sizeof(int32_t)), "cudaMalloc (chain counters)");
-      check_cuda(cudaMemset(chain_counters_, 0, n * sizeof(int32_t)), "cudaMemset (chain counters)");
+      const size_t shared_n = sm90_chain_counter_count(1);
+      const size_t n = routed_n + shared_n + 4;
+      check_cuda(cudaMalloc(&chain_counters_, n * sizeof(int32_t)), "cudaMalloc (chain and tile counters)");
+      check_cuda(cudaMemset(chain_counters_, 0, n * sizeof(int32_t)), "cudaMemset (chain and tile counters)");
       shared_chain_counters_ = chain_counters_ + routed_n;
+      tile_counters_ = shared_chain_counters_ + shared_n;
       warm_up_sm90();
     }
   } catch (...) {
@@ -755,6 +759,11 @@ void CudaMoeLayer::forward(const TensorRef& hidden, const RoutingArgs& routing, 
       // GEMM2's offsets are the plan's (two or more launches back: GEMM1, and act_amax when calibrating, ran
       // since); only its operand rows come from the previous kernel. NVFP4MOE_EARLY_GEMM2=0: off, for A/B.
       s2.prologue_before_pdl_wait = early_gemm2_enabled_;
+      // The dynamic tile schedule (same bits; the SMs end within about a tile of each other).
+      if (dynamic_tiles_enabled_) {
+        s1.tile_counter = tile_counters_ + (routed ? 0 : 2);
+        s2.tile_counter = tile_counters_ + (routed ? 1 : 3);
+      }
       // Calibration measures GEMM1's output between the two GEMMs: never chained then.
       if (!calibrating_ && chained(c1, c2, T, d.gated)) {
         s2.out = chain_y;

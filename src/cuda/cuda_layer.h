@@ -191,8 +191,13 @@ class CudaMoeLayer final : public MoeLayer {
   // GEMM2 launched with prologue_before_pdl_wait (its seek and first weights during GEMM1's tail where the
   // config allows it). NVFP4MOE_EARLY_GEMM2=0 (read at creation): off, for A/B.
   bool early_gemm2_enabled_ = true;
-  int32_t* chain_counters_ = nullptr;         // routed group [2 * (E + 1)], then the shared expert's [2]
+  // The tile kernels' dynamic schedule (Sm90GemmArgs::tile_counter): one counter per GEMM launch of forward()
+  // (routed GEMM1, GEMM2, shared GEMM1, GEMM2), in the counters' allocation. NVFP4MOE_DYNAMIC_TILES=0 (read at
+  // creation): the static round-robin, for A/B.
+  bool dynamic_tiles_enabled_ = true;
+  int32_t* chain_counters_ = nullptr;         // routed group [2 * (E + 1)], the shared expert's [2], 4 tile counters
   int32_t* shared_chain_counters_ = nullptr;
+  int32_t* tile_counters_ = nullptr;          // [4]: routed GEMM1, routed GEMM2, shared GEMM1, shared GEMM2
   float* chain_y_ = nullptr;    // [min(max_tokens, kChainMaxTokens) * (k + 1 if merged), H]
   float* chain_sy_ = nullptr;   // [min(max_tokens, kChainMaxTokens), H] (separate shared expert)
 };

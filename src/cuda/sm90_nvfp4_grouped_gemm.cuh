@@ -64,6 +64,21 @@ struct GemmParams {
   int units;                // weight units per expert (128 prepared rows each)
   int k_tiles;              // ceil(K / 64)
   int n_out;                // output columns: N (kF32, kRelu2) or N / 2 (kSwiGLU)
+  // Dynamic tile schedule (nullptr: the static one, tile blockIdx.x + i * gridDim.x). Each CTA takes tile
+  // blockIdx.x first, then the next unclaimed one, gridDim.x + atomicAdd(tile_counter, 1), as its producer finishes
+  // issuing a tile's loads, and hands each tile to its consumers through shared memory (TileSlot). Zero before the
+  // launch; the launch's last claim resets it to zero, so consecutive launches (and graph replays) need no memset.
+  int32_t* tile_counter = nullptr;
+};
+
+// A tile as the producer hands it to the consumers in the dynamic schedule: one per pipeline stage, written with
+// the tile's first k-tile (before that stage's full barrier is armed, which orders it before the consumers'
+// wait), read by the consumers right after that wait and before any of them releases the stage.
+struct TileSlot {
+  int32_t expert;     // < 0: no more tiles (the consumers exit)
+  int32_t local;      // tile index within the expert: n-tile * token tiles + token tile
+  int32_t row_begin;  // the expert's first row (offsets[e])
+  int32_t rows;       // the expert's rows
 };
 
 // ------------------------------------------------------------------------------------------- PTX helpers
@@ -105,6 +120,15 @@ __device__ __forceinline__ void bulk_load(uint32_t dst, const void* src, uint32_
 __device__ __forceinline__ uint4 lds128(uint32_t addr) {
   uint4 v;
   asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr));
+  return v;
+}
+__device__ __forceinline__ void sts128(uint32_t addr, int32_t x, int32_t y, int32_t z, int32_t w) {
+  asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};" ::"r"(addr), "r"(x), "r"(y), "r"(z), "r"(w) : "memory");
+}
+__device__ __forceinline__ int4 lds128_volatile(uint32_t addr) {
+  int4 v;
+  asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr)
+               : "memory");
   return v;
 }
 __device__ __forceinline__ uint32_t lds32(uint32_t addr) {
@@ -570,7 +594,8 @@ struct KernelTraits {
   static constexpr int kStageBytes = kABytes + kWBytes;
   // WPU = 2 with SwiGLU: per unit slot, the up block's BT / 2 accumulators of each of its 128 threads.
   static constexpr int kExchangeBytes = WPU == 2 && EPI == Epilogue::kSwiGLU ? kUnitsPerTile * 128 * (BT / 2) * 4 : 0;
-  static constexpr int kSmemBytes = 1024 /*align*/ + STAGES * kStageBytes + kExchangeBytes + STAGES * 16 /*barriers*/;
+  static constexpr int kSmemBytes = 1024 /*align*/ + STAGES * kStageBytes + kExchangeBytes + STAGES * 16 /*barriers*/ +
+                                    STAGES * static_cast<int>(sizeof(TileSlot));
   static_assert(kABytes % 1024 == 0, "A stages must stay 1024-byte aligned for the 128B swizzle");
   static_assert(kSmemBytes <= 232448, "shared memory per block");
 };
@@ -607,16 +632,21 @@ __device__ __forceinline__ int32_t ld_acquire_gpu(const int32_t* p) {
 // The producer's walk over one launch's tiles (warp 0 of warpgroup 0; lane 0 issues the loads), starting at
 // tile index idx with the pipeline at stage s / phase. Returns the index past the launch's tiles, relative to
 // the next launch of a chain. CHAINED: GEMM2 of a chain (A waits, above).
-template <int BT, int WGS, int STAGES, int WPU, bool SYNC, bool CHAINED>
+// Dynamic schedule (p.tile_counter): the producer claims each next tile and writes it into the tile slot of the
+// stage that carries the tile's first k-tile; after the last, it hands the consumers an end slot.
+// DYNAMIC_OK: the launch may schedule dynamically (the plain kernel; a chain's tiles follow the static order,
+// which its GEMM2 waits rely on).
+template <int BT, int WGS, int STAGES, int WPU, bool SYNC, bool CHAINED, bool DYNAMIC_OK = false>
 __device__ __forceinline__ int produce_tiles(const CUtensorMap* tmap_a, const GemmParams& p, int idx, int& s,
                                              uint32_t& phase, uint8_t* smem_a, uint8_t* smem_w, uint32_t full0,
-                                             uint32_t empty0, const ChainSync& chain) {
+                                             uint32_t empty0, uint32_t slots, const ChainSync& chain) {
   using Tr = KernelTraits<BT, WGS, STAGES, Epilogue::kF32, WPU, SYNC>;  // stage sizes: the same for every EPI
   constexpr int UPT = Tr::kUnitsPerTile;
   const int n_ctiles = (p.units + UPT - 1) / UPT;
   const bool issuer = threadIdx.x == 0;
+  const bool dynamic = DYNAMIC_OK && p.tile_counter != nullptr;
   TileCursor<BT> cur;
-  for (; cur.template seek<kProducerExpertsPerLane>(p, n_ctiles, idx); idx += gridDim.x) {
+  while (cur.template seek<kProducerExpertsPerLane>(p, n_ctiles, idx)) {
     const int local = idx - cur.first;
     const int n_idx = local / cur.ttiles, t_idx = local - n_idx * cur.ttiles;
     const int row0 = cur.row_begin + t_idx * BT;
@@ -658,6 +688,7 @@ __device__ __forceinline__ int produce_tiles(const CUtensorMap* tmap_a, const Ge
         if (CHAINED && !ready && deferred == STAGES) become_ready();
         mbar_wait(empty0 + 8 * s, phase ^ 1);
         const uint32_t full = full0 + 8 * s;
+        if (dynamic && kt == 0) sts128(slots + s * sizeof(TileSlot), cur.e, local, cur.row_begin, cur.rows);
 #if NVFP4MOE_SM90_DEQUANT_EXPERIMENT == 3
         // Measurement hook (see dequant_experiment): A is loaded into each stage once, then left stale.
         const bool with_a = kt < STAGES;
@@ -684,7 +715,29 @@ __device__ __forceinline__ int produce_tiles(const CUtensorMap* tmap_a, const Ge
       }
       if (CHAINED && !ready) become_ready();
     }
-    __syncwarp();
+    if (dynamic) {
+      // Claimed once this tile's loads are all issued: the consumers still have up to STAGES k-tiles of it
+      // buffered, which hides the atomic's round trip, and a CTA holds at most one claimed tile in reserve.
+      int next = 0;
+      if (issuer) next = static_cast<int>(gridDim.x) + atomicAdd(p.tile_counter, 1);
+      idx = __shfl_sync(0xFFFFFFFFu, next, 0);
+    } else {
+      __syncwarp();
+      idx += gridDim.x;
+    }
+  }
+  if (dynamic && issuer) {
+    // The end slot, in the next stage once the consumers have released it (nothing is loaded into it).
+    mbar_wait(empty0 + 8 * s, phase ^ 1);
+    sts128(slots + s * sizeof(TileSlot), -1, 0, 0, 0);
+    mbar_arrive(full0 + 8 * s);
+    // After the failed seek cur.first is the launch's tile count n. The CTAs with a tile of their own
+    // (min(G, n)) each claim until a claim fails, and every tile past the first G is claimed once: the claims
+    // number max(n - G, 0) + min(G, n), and the one that returns the last value resets the counter (every other
+    // claim of this launch has returned by then; the next launch touches it only after this one completed).
+    const int G = static_cast<int>(gridDim.x), n = cur.first;
+    const int claims = max(n - G, 0) + min(G, n);
+    if (idx >= G && idx - G == claims - 1) atomicExch(p.tile_counter, 0);
   }
   return idx - cur.first;  // after the failed seek cur.first is the launch's tile count
 }
@@ -692,10 +745,10 @@ __device__ __forceinline__ int produce_tiles(const CUtensorMap* tmap_a, const Ge
 // The consumer warpgroups' walk over one launch's tiles, from tile index idx with the pipeline at stage s /
 // phase. Returns the index past the launch's tiles, relative to the next launch of a chain. SIGNAL: GEMM1 of a
 // chain (each storing warpgroup publishes its finished tiles in done[expert]).
-template <int BT, int WGS, int STAGES, Epilogue EPI, int WPU, bool SYNC, bool SIGNAL>
+template <int BT, int WGS, int STAGES, Epilogue EPI, int WPU, bool SYNC, bool SIGNAL, bool DYNAMIC_OK = false>
 __device__ __forceinline__ int consume_tiles(const GemmParams& p, int idx, int& s, uint32_t& phase,
                                              uint8_t* smem_a, uint8_t* smem_w, float* smem_xch, uint32_t full0,
-                                             uint32_t empty0, [[maybe_unused]] int32_t* done) {
+                                             uint32_t empty0, uint32_t slots, [[maybe_unused]] int32_t* done) {
   using Tr = KernelTraits<BT, WGS, STAGES, EPI, WPU, SYNC>;
   constexpr int UPT = Tr::kUnitsPerTile, NB = Tr::kBlocksPerWarpgroup;
   const int n_ctiles = (p.units + UPT - 1) / UPT;
@@ -704,10 +757,30 @@ __device__ __forceinline__ int consume_tiles(const GemmParams& p, int idx, int& 
   const uint32_t smem_w_u32 = smem_u32(smem_w);
   [[maybe_unused]] const uint32_t smem_a_u32 = smem_u32(smem_a);
   const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
+  // The dynamic schedule (produce_tiles): the tile comes from the slot of the stage that holds its first k-tile;
+  // the static one: every role walks blockIdx.x + i * gridDim.x with its own cursor.
+  const bool dynamic = DYNAMIC_OK && p.tile_counter != nullptr;
   TileCursor<BT> cur;
-  for (; cur.template seek<kConsumerExpertsPerLane>(p, n_ctiles, idx); idx += gridDim.x) {
-    const int local = idx - cur.first;
-    const int n_idx = local / cur.ttiles, t_idx = local - n_idx * cur.ttiles;
+  for (int iter = 0;; ++iter) {
+    int e, local, row_begin, rows;
+    if (dynamic) {
+      mbar_wait(full0 + 8 * s, phase);
+      const int4 ts = lds128_volatile(slots + s * sizeof(TileSlot));
+      if (ts.x < 0) break;
+      e = ts.x;
+      local = ts.y;
+      row_begin = ts.z;
+      rows = ts.w;
+    } else {
+      if (iter > 0) idx += gridDim.x;
+      if (!cur.template seek<kConsumerExpertsPerLane>(p, n_ctiles, idx)) break;
+      e = cur.e;
+      local = idx - cur.first;
+      row_begin = cur.row_begin;
+      rows = cur.rows;
+    }
+    const int ttiles = (rows + BT - 1) / BT;
+    const int n_idx = local / ttiles, t_idx = local - n_idx * ttiles;
     const int unit = n_idx * UPT + slot;
     float acc[NB][BT / 2];
 #pragma unroll
@@ -716,7 +789,7 @@ __device__ __forceinline__ int consume_tiles(const GemmParams& p, int idx, int& 
       for (int i = 0; i < BT / 2; ++i) acc[b][i] = 0.0f;
 
     // wgmma N for this tile (mma_n_for_rows).
-    const int tile_rows = min(BT, cur.rows - t_idx * BT);
+    const int tile_rows = min(BT, rows - t_idx * BT);
     const int n_mma = mma_n_for_rows<BT>(tile_rows);
 
     // Software pipeline: the dequantization of k-tile kt+1 runs while the wgmmas of k-tile kt execute.
@@ -931,9 +1004,8 @@ __device__ __forceinline__ int consume_tiles(const GemmParams& p, int idx, int& 
       for (int i = 0; i < BT / 2; ++i) up_acc[i] = xch[i * 128 + tid];
       named_bar_sync(1 + slot, 256);
     }
-    const int e = cur.e;
-    const int tok0 = t_idx * BT, rows_valid = min(BT, cur.rows - tok0);
-    const int64_t row_base = cur.row_begin + tok0;
+    const int tok0 = t_idx * BT, rows_valid = min(BT, rows - tok0);
+    const int64_t row_base = row_begin + tok0;
     const bool unit_ok = unit < p.units;
     const float gsv = p.gs != nullptr ? __ldg(p.gs + e) : 0.0f;
     if constexpr (EPI == Epilogue::kF32) {
@@ -1011,17 +1083,19 @@ __device__ __forceinline__ int consume_tiles(const GemmParams& p, int idx, int& 
       if (tid == 0) red_add_release_gpu(done + e, 1);
     }
   }
-  return idx - cur.first;
+  return dynamic ? 0 : idx - cur.first;  // (the dynamic schedule is never chained)
 }
 
 // Shared memory of a CTA: [STAGES][BT][128 B] A (swizzled), [STAGES][UPT][kUnitBytes] weights, the WPU = 2
-// SwiGLU exchange, then the full and empty barriers (initialized here, before the PDL wait: shared memory only).
+// SwiGLU exchange, then the full and empty barriers (initialized here, before the PDL wait: shared memory only)
+// and the dynamic schedule's tile slots.
 template <class Tr, int STAGES>
 struct CtaSmem {
   uint8_t* a;
   uint8_t* w;
   float* xch;
   uint32_t full0, empty0;
+  uint32_t slots;  // [STAGES] TileSlot (dynamic schedule), 16-byte aligned
   __device__ __forceinline__ explicit CtaSmem(uint8_t* raw) {
     uint8_t* base = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(raw) + 1023) & ~uintptr_t(1023));
     a = base;
@@ -1030,6 +1104,7 @@ struct CtaSmem {
     uint64_t* bars = reinterpret_cast<uint64_t*>(w + STAGES * Tr::kWBytes + Tr::kExchangeBytes);
     full0 = smem_u32(bars);
     empty0 = smem_u32(bars + STAGES);
+    slots = smem_u32(bars + 2 * STAGES);
     if (threadIdx.x == 0) {
       for (int s = 0; s < STAGES; ++s) {
         mbar_init(full0 + 8 * s, 1);
@@ -1058,13 +1133,13 @@ __global__ void __launch_bounds__((WGS + 1) * 128, 1)
     // Warp 0 walks the tiles (TileCursor::seek is warp-cooperative); its lane 0 issues the loads.
     if (threadIdx.x >= 32) return;
     if (threadIdx.x == 0) asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&tmap_a)) : "memory");
-    produce_tiles<BT, WGS, STAGES, WPU, SYNC, false>(&tmap_a, p, blockIdx.x, s, phase, sm.a, sm.w, sm.full0,
-                                                      sm.empty0, ChainSync{});
+    produce_tiles<BT, WGS, STAGES, WPU, SYNC, false, true>(&tmap_a, p, blockIdx.x, s, phase, sm.a, sm.w, sm.full0,
+                                                            sm.empty0, sm.slots, ChainSync{});
   } else {
     // ---------------------------------------------------------------- consumers
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(Tr::kConsumerRegs));
-    consume_tiles<BT, WGS, STAGES, EPI, WPU, SYNC, false>(p, blockIdx.x, s, phase, sm.a, sm.w, sm.xch, sm.full0,
-                                                          sm.empty0, nullptr);
+    consume_tiles<BT, WGS, STAGES, EPI, WPU, SYNC, false, true>(p, blockIdx.x, s, phase, sm.a, sm.w, sm.xch,
+                                                                sm.full0, sm.empty0, sm.slots, nullptr);
   }
 }
 
@@ -1091,15 +1166,16 @@ __global__ void __launch_bounds__((WGS + 1) * 128, 1)
       asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&tmap_a2)) : "memory");
     }
     const int idx = produce_tiles<BT, WGS, STAGES, WPU, SYNC, false>(&tmap_a1, p1, blockIdx.x, s, phase, sm.a,
-                                                                     sm.w, sm.full0, sm.empty0, chain);
+                                                                     sm.w, sm.full0, sm.empty0, sm.slots, chain);
     produce_tiles<BT, WGS, STAGES, WPU, SYNC, true>(&tmap_a2, p2, idx, s, phase, sm.a, sm.w, sm.full0, sm.empty0,
-                                                    chain);
+                                                    sm.slots, chain);
   } else {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(Tr::kConsumerRegs));
     const int idx = consume_tiles<BT, WGS, STAGES, EPI1, WPU, SYNC, true>(p1, blockIdx.x, s, phase, sm.a, sm.w,
-                                                                          sm.xch, sm.full0, sm.empty0, chain.done);
+                                                                          sm.xch, sm.full0, sm.empty0, sm.slots,
+                                                                          chain.done);
     consume_tiles<BT, WGS, STAGES, Epilogue::kF32, WPU, SYNC, false>(p2, idx, s, phase, sm.a, sm.w, sm.xch,
-                                                                     sm.full0, sm.empty0, nullptr);
+                                                                     sm.full0, sm.empty0, sm.slots, nullptr);
   }
 }
 

@@ -116,6 +116,15 @@ struct Sm90GemmArgs {
   // two or more launches back). The warp-streaming configs may then read them, seek their first piece and
   // start its weights before their PDL wait (the rolled k-loop); the other configs ignore it.
   bool prologue_before_pdl_wait = false;
+  // Dynamic tile schedule of the tile configs: a device int32, zero before the first launch that uses it; each CTA
+  // takes its first tile by its index and every further one from this counter (atomicAdd) as it finishes
+  // issuing the previous one's loads, so the SMs finish within about one tile of each other however unequal the
+  // tiles are (an expert's last token tile is partial; static round-robin gave some SMs 8-17% more cycles than
+  // others at prefill). The launch's last claim resets it to zero, so consecutive launches and graph replays
+  // need no memset; launches that may run at the same time need their own counters. Same bits as the static
+  // schedule (a tile's result does not depend on the CTA that computes it). nullptr: static round-robin.
+  // Ignored by the warp-streaming configs and by chained launches.
+  int32_t* tile_counter = nullptr;
 };
 
 // Launches the persistent grouped GEMM with config (one of sm90_gemm_configs()). Rows of out past offsets[E]

@@ -7,7 +7,9 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <random>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -156,9 +158,10 @@ struct GpuRun {
   int64_t overwritten = 0;    // elements written past offsets[E]
 };
 
-// Prepares the weights and runs one config; out poisoned with 0xFF bytes first.
+// Prepares the weights and runs one config; out poisoned with 0xFF bytes first. tile_counter: the dynamic tile
+// schedule (zero before the call; every launch must leave it zero); num_sms: the persistent grid (0: the SMs).
 void run_gpu(const Problem& p, Sm90GemmEpilogue epi, bool quant, const Sm90GemmConfig& cfg, GpuRun& res,
-             int repeats = 1, bool before_pdl_wait = false) {
+             int repeats = 1, bool before_pdl_wait = false, int32_t* tile_counter = nullptr, int num_sms = 0) {
   const Sm90PreparedShape shape = sm90_prepared_shape(p.E, p.N, p.K, p.gated);
   DevBuf<uint8_t> packed(p.packed), scales(p.scales), w(shape.bytes);
   DevBuf<uint16_t> a(p.a);
@@ -182,11 +185,17 @@ void run_gpu(const Problem& p, Sm90GemmEpilogue epi, bool quant, const Sm90GemmC
   args.out = out.p;
   args.epilogue = epi;
   args.prologue_before_pdl_wait = before_pdl_wait;
+  args.tile_counter = tile_counter;
   std::vector<uint8_t> first;
   for (int rep = 0; rep < repeats; ++rep) {
     CUDA_GEMM_OK(cudaMemset(out.p, 0xFF, out.n));
-    CUDA_GEMM_OK(sm90_nvfp4_grouped_gemm(args, cfg, nullptr));
+    CUDA_GEMM_OK(sm90_nvfp4_grouped_gemm(args, cfg, nullptr, num_sms));
     CUDA_GEMM_OK(cudaDeviceSynchronize());
+    if (tile_counter != nullptr) {
+      int32_t left = -1;
+      CUDA_GEMM_OK(cudaMemcpy(&left, tile_counter, sizeof(left), cudaMemcpyDeviceToHost));
+      ASSERT_EQ(left, 0) << "the dynamic schedule's last claim must reset the tile counter (run " << rep << ")";
+    }
     std::vector<uint8_t> h = out.get();
     if (rep == 0) first = h;
     else ASSERT_EQ(0, std::memcmp(first.data(), h.data(), h.size())) << "run " << rep << " differs bitwise";
@@ -244,6 +253,19 @@ void check(const Problem& p, Sm90GemmEpilogue epi, const Sm90GemmConfig& cfg, co
   if (::testing::Test::HasFatalFailure()) return;
   EXPECT_EQ(r.unwritten, 0);
   EXPECT_EQ(r.overwritten, 0);
+  // The dynamic tile schedule (what the layer launches) on the device's grid and on a grid of 5 CTAs (each
+  // claims many tiles): the static schedule's bits, every output written once, the counter left zero.
+  DevBuf<int32_t> counter(std::vector<int32_t>{0});
+  ASSERT_TRUE(counter.p);
+  for (const int sms : {0, 5}) {
+    if (cfg.warp_stream) break;  // (its pieces are spread statically; it ignores the counter)
+    GpuRun d;
+    run_gpu(p, epi, false, cfg, d, 2, false, counter.p, sms);
+    if (::testing::Test::HasFatalFailure()) return;
+    EXPECT_EQ(d.unwritten, 0) << "dynamic schedule, grid " << sms;
+    EXPECT_EQ(d.overwritten, 0) << "dynamic schedule, grid " << sms;
+    EXPECT_TRUE(d.bits == r.bits) << "dynamic schedule, grid " << sms << ": bits differ from the static schedule";
+  }
   const std::vector<float> ref = reference_out(p, epi, false, h);
   int64_t nonfinite = 0;
   const double err = rel_l2(r.out, ref, &nonfinite);
@@ -254,6 +276,12 @@ void check(const Problem& p, Sm90GemmEpilogue epi, const Sm90GemmConfig& cfg, co
     run_gpu(p, epi, true, cfg, q);
     if (::testing::Test::HasFatalFailure()) return;
     EXPECT_EQ(q.unwritten, 0);
+    if (!cfg.warp_stream) {
+      GpuRun qd;
+      run_gpu(p, epi, true, cfg, qd, 1, false, counter.p, 3);
+      if (::testing::Test::HasFatalFailure()) return;
+      EXPECT_TRUE(qd.bits == q.bits) << "dynamic schedule, quantizing epilogue: bits differ from the static one";
+    }
     const int n_out = epi == Sm90GemmEpilogue::kSwiGLU ? p.N / 2 : p.N;
     std::vector<float> expect = r.out;
     int64_t mism = 0;
@@ -691,6 +719,113 @@ TEST(Sm90GroupedGemm, ChainedRefusesMismatchedLaunches) {
   refused(g1, g2, big, counters, "no chained kernel");
   EXPECT_EQ(sm90_nvfp4_chained_gemms(g1, g2, cfg, counters, nullptr, 100000), cudaErrorInvalidValue);
   EXPECT_NE(std::string(sm90_gemm_last_error_message()).find("fit at once"), std::string::npos)
+      << sm90_gemm_last_error_message();
+}
+
+// The dynamic tile schedule across launches: launches on one stream back to back (programmatic dependent launch
+// between them, no host synchronization), with grids of 1, 7, the device's SMs and more CTAs than tiles, and the
+// same launches captured in a CUDA graph and replayed twice. Every launch must start from a zero counter, so
+// each relies on the one before having reset it; every output must equal the static schedule's bits.
+TEST(Sm90GroupedGemm, DynamicScheduleBackToBackAndGraphReplays) {
+  // Uneven experts: partial token tiles, an empty expert, one expert with many tiles.
+  const std::vector<int> counts = {150, 0, 17, 290, 1, 64, 145, 3};
+  const int E = static_cast<int>(counts.size());
+  Problem p = make_problem(E, 2 * 208, 272, true, counts, 8080);
+  const Sm90PreparedShape shape = sm90_prepared_shape(p.E, p.N, p.K, p.gated);
+  DevBuf<uint8_t> packed(p.packed), scales(p.scales), w(shape.bytes);
+  DevBuf<uint16_t> a(p.a);
+  DevBuf<int32_t> off(p.offsets), counter(std::vector<int32_t>{0});
+  DevBuf<float> al0(p.alpha0), al1(p.alpha1);
+  ASSERT_TRUE(packed.p && scales.p && w.p && a.p && off.p && counter.p && al0.p && al1.p);
+  CUDA_GEMM_OK(sm90_prepare_weights(packed.p, scales.p, shape, w.p, nullptr));
+  const size_t out_elems = static_cast<size_t>(p.cap) * (p.N / 2);
+  const int grids[] = {1, 7, 0, 1000};  // 0: the device's SMs
+  constexpr int kLaunches = 4;
+  cudaStream_t stream = nullptr;
+  CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  int tested = 0;
+  for (const auto& cfg : sm90_gemm_configs()) {
+    if (cfg.warp_stream) continue;
+    SCOPED_TRACE(to_string(cfg));
+    Sm90GemmArgs args;
+    args.a = a.p;
+    args.a_rows_capacity = p.cap;
+    args.w = w.p;
+    args.shape = shape;
+    args.offsets = off.p;
+    args.alpha0 = al0.p;
+    args.alpha1 = al1.p;
+    args.epilogue = Sm90GemmEpilogue::kSwiGLU;
+    DevBuf<uint16_t> ref(out_elems);
+    ASSERT_TRUE(ref.p);
+    CUDA_OK(cudaMemsetAsync(ref.p, 0xFF, out_elems * 2, stream));
+    args.out = ref.p;
+    CUDA_GEMM_OK(sm90_nvfp4_grouped_gemm(args, cfg, stream));  // static schedule
+    CUDA_OK(cudaStreamSynchronize(stream));
+    const std::vector<uint16_t> want = ref.get();
+    std::vector<std::unique_ptr<DevBuf<uint16_t>>> outs;
+    for (int i = 0; i < kLaunches; ++i) outs.push_back(std::make_unique<DevBuf<uint16_t>>(out_elems));
+    auto enqueue = [&]() {
+      for (int i = 0; i < kLaunches; ++i) {
+        Sm90GemmArgs d = args;
+        d.out = outs[i]->p;
+        d.tile_counter = counter.p;
+        const cudaError_t e = sm90_nvfp4_grouped_gemm(d, cfg, stream, grids[i]);
+        if (e != cudaSuccess) return e;
+      }
+      return cudaSuccess;
+    };
+    auto check_outs = [&](const char* how) {
+      for (int i = 0; i < kLaunches; ++i)
+        EXPECT_TRUE(outs[i]->get() == want) << how << ": launch " << i << " (grid " << grids[i] << ")";
+      int32_t left = -1;
+      EXPECT_EQ(cudaMemcpy(&left, counter.p, sizeof(left), cudaMemcpyDeviceToHost), cudaSuccess);
+      EXPECT_EQ(left, 0) << how << ": counter not reset";
+    };
+    for (auto& o : outs) CUDA_OK(cudaMemsetAsync(o->p, 0xFF, out_elems * 2, stream));
+    CUDA_GEMM_OK(enqueue());
+    CUDA_OK(cudaStreamSynchronize(stream));
+    check_outs("back to back");
+    cudaGraph_t graph = nullptr;
+    cudaGraphExec_t exec = nullptr;
+    CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+    const cudaError_t captured = enqueue();
+    CUDA_OK(cudaStreamEndCapture(stream, &graph));
+    CUDA_GEMM_OK(captured);
+    CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+    for (int replay = 0; replay < 2; ++replay) {
+      for (auto& o : outs) CUDA_OK(cudaMemsetAsync(o->p, 0xFF, out_elems * 2, stream));
+      CUDA_OK(cudaGraphLaunch(exec, stream));
+      CUDA_OK(cudaStreamSynchronize(stream));
+      check_outs(replay == 0 ? "graph replay 0" : "graph replay 1");
+    }
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+    if (HasFailure()) break;
+    ++tested;
+  }
+  cudaStreamDestroy(stream);
+  EXPECT_GE(tested, 13);  // every tile config of the list
+}
+
+TEST(Sm90GroupedGemm, RefusesMisalignedTileCounter) {
+  Problem p = make_problem(2, 128, 64, false, {3, 4}, 1);
+  const Sm90PreparedShape shape = sm90_prepared_shape(p.E, p.N, p.K, p.gated);
+  DevBuf<uint8_t> w(shape.bytes);
+  DevBuf<uint16_t> a(p.a);
+  DevBuf<int32_t> off(p.offsets), counter(2);
+  DevBuf<float> al0(p.alpha0), out(static_cast<size_t>(p.cap) * p.N);
+  Sm90GemmArgs args;
+  args.a = a.p;
+  args.a_rows_capacity = p.cap;
+  args.w = w.p;
+  args.shape = shape;
+  args.offsets = off.p;
+  args.alpha0 = al0.p;
+  args.out = out.p;
+  args.tile_counter = reinterpret_cast<int32_t*>(reinterpret_cast<uint8_t*>(counter.p) + 2);
+  EXPECT_EQ(sm90_nvfp4_grouped_gemm(args, sm90_gemm_configs()[0], nullptr), cudaErrorInvalidValue);
+  EXPECT_NE(std::string(sm90_gemm_last_error_message()).find("tile_counter"), std::string::npos)
       << sm90_gemm_last_error_message();
 }
 
