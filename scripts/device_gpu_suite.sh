@@ -81,6 +81,20 @@ if has sanitizer; then
     summary "sanitizer $tool (chained kernel): exit $rc"
     [ "$rc" = 0 ] || status=1
   done
+  # The tile kernels' dynamic schedule (dc5bd99): the tile slot handed from the producer to the consumers through
+  # the stage's full barrier, the end slot, and the counter's claims and reset, back to back and in graph replays.
+  # racecheck is recorded but not counted in the status: with stages reused (a grid of 1 CTA walks every tile) it
+  # reports the known WAR pairs of the TMA weight copy against the consumers' loads (docs/gemm.md), which any new
+  # report must be told apart from by reading the log.
+  for tool in memcheck synccheck racecheck; do
+    echo "=== compute-sanitizer --tool $tool --gtest_filter=Sm90GroupedGemm.DynamicSchedule*" >> "$OUT/$SHA-cuda-sanitizer.log"
+    timeout 150 "$SAN" --tool $tool --error-exitcode 9 "$CARRY/cuda_test_sm90_grouped_gemm" --gtest_color=no \
+      --gtest_brief=1 --gtest_filter='Sm90GroupedGemm.DynamicSchedule*' 2>&1 | tail -n 25 >> "$OUT/$SHA-cuda-sanitizer.log"
+    rc=${PIPESTATUS[0]}
+    echo "=== $tool (dynamic schedule) exit $rc" >> "$OUT/$SHA-cuda-sanitizer.log"
+    summary "sanitizer $tool (dynamic tile schedule): exit $rc"
+    [ "$rc" = 0 ] || [ "$tool" = racecheck ] || status=1
+  done
 fi
 
 if has python; then
