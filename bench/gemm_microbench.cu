@@ -8,6 +8,8 @@
 // 1..16, all 256 experts; and T=1 top-8) and prefill (T=4096, k=8, E=256, random routing) on the deepseek-v3
 // shapes (GEMM1 N=2*2048 K=7168 SwiGLU, GEMM2 N=7168 K=2048 f32). Each launch is timed by CUDA events, median
 // of 50 after warm-up, rotating over 8 distinct prepared weight sets so L2 never holds the weights.
+// The tile configs run the dynamic tile schedule, as the layer launches them (Sm90GemmArgs::tile_counter; since
+// dc5bd99); GEMM_MICROBENCH_STATIC=1 runs the static round-robin of the results before it. The JSON says which.
 // Prints one JSON object per line (and the summary table last).
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
@@ -186,7 +188,15 @@ static Result run_case(const WeightSets& w, const std::vector<int>& counts, Sm90
   std::vector<float> al(E, 1e-3f);
   CK(cudaMemcpy(doff, off.data(), (E + 1) * 4, cudaMemcpyHostToDevice));
   CK(cudaMemcpy(alpha, al.data(), E * 4, cudaMemcpyHostToDevice));
+  // The dynamic tile schedule's counter (zero once; every launch leaves it zero).
+  const bool dynamic = std::getenv("GEMM_MICROBENCH_STATIC") == nullptr;
+  int32_t* tile_counter = nullptr;
+  if (dynamic) {
+    CK(cudaMalloc(&tile_counter, sizeof(int32_t)));
+    CK(cudaMemset(tile_counter, 0, sizeof(int32_t)));
+  }
   Sm90GemmArgs args;
+  args.tile_counter = tile_counter;
   args.a = a;
   args.a_rows_capacity = rows;
   args.shape = w.shape;
@@ -218,11 +228,12 @@ static Result run_case(const WeightSets& w, const std::vector<int>& counts, Sm90
   std::fprintf(json,
                "{\"case\":\"%s\",\"N\":%d,\"K\":%d,\"E\":%d,\"rows\":%d,\"experts_touched\":%d,\"config\":\"%s\","
                "\"us\":%.2f,\"weight_MB\":%.1f,\"weight_TBps\":%.3f,\"frac_read_bw\":%.3f,\"TFLOPs\":%.1f,"
-               "\"frac_bf16\":%.3f}\n",
+               "\"frac_bf16\":%.3f,\"schedule\":\"%s\"}\n",
                name.c_str(), N, K, E, off[E], touched, to_string(cfg).c_str(), us, wbytes / 1e6, r.tbs,
-               r.tbs / c.read_tbs, r.tflops, r.tflops / c.bf16_tflops);
+               r.tbs / c.read_tbs, r.tflops, r.tflops / c.bf16_tflops,
+               cfg.warp_stream ? "warp-stream" : dynamic ? "dynamic" : "static");
   std::fflush(json);
-  cudaFree(a); cudaFree(out); cudaFree(doff); cudaFree(alpha);
+  cudaFree(a); cudaFree(out); cudaFree(doff); cudaFree(alpha); cudaFree(tile_counter);
   cudaEventDestroy(e0); cudaEventDestroy(e1);
   return r;
 }
