@@ -488,7 +488,7 @@ sm90::GemmParams make_params(const Sm90GemmArgs& args) {
   p.units = s.units;
   p.k_tiles = s.k_tiles;
   p.n_out = s.gated ? s.n / 2 : s.n;
-  p.tile_counter = args.tile_counter;  // the tile kernel's launcher only; the others clear it
+  p.tile_counter = args.tile_counter;  // read by the plain tile kernel only (its DYNAMIC_OK walks)
   return p;
 }
 
@@ -508,8 +508,7 @@ cudaError_t sm90_nvfp4_grouped_gemm(const Sm90GemmArgs& args, const Sm90GemmConf
   if (args.tile_counter != nullptr && (reinterpret_cast<uintptr_t>(args.tile_counter) & 3) != 0)
     return fail(who + ": tile_counter must be a 4-byte aligned device int32 (zero before the first launch)");
   if (config.warp_stream) {  // no TMA: every warp copies its own rows; its pieces are spread statically
-    sm90::GemmParams p = make_params(args);
-    p.tile_counter = nullptr;
+    const sm90::GemmParams p = make_params(args);
     if (num_sms <= 0)
       if (const cudaError_t e = device_sm_count(&num_sms); e != cudaSuccess) return e;
 #define NVFP4MOE_X(warps, depth, spw, unrolled)                                                    \
@@ -570,9 +569,9 @@ cudaError_t sm90_nvfp4_chained_gemms(const Sm90GemmArgs& gemm1, const Sm90GemmAr
   CUtensorMap map1, map2;
   if (std::string m = make_a_map(gemm1, config.block_t, &map1, who); !m.empty()) return fail(m);
   if (std::string m = make_a_map(gemm2, config.block_t, &map2, who); !m.empty()) return fail(m);
-  // A chain's tiles follow the static order (its GEMM2 tiles wait for GEMM1 tiles of other CTAs).
-  sm90::GemmParams p1 = make_params(gemm1), p2 = make_params(gemm2);
-  p1.tile_counter = p2.tile_counter = nullptr;
+  // A chain's tiles follow the static order (its GEMM2 tiles wait for GEMM1 tiles of other CTAs): the chained
+  // kernel's walks are compiled without the dynamic schedule, so a counter in the arguments is never read.
+  const sm90::GemmParams p1 = make_params(gemm1), p2 = make_params(gemm2);
   int device_sms = 0;
   if (const cudaError_t e = device_sm_count(&device_sms); e != cudaSuccess) return e;
   if (num_sms <= 0) num_sms = device_sms;
