@@ -10,6 +10,7 @@
 // of 50 after warm-up, rotating over 8 distinct prepared weight sets so L2 never holds the weights.
 // The tile configs run the dynamic tile schedule, as the layer launches them (Sm90GemmArgs::tile_counter; since
 // dc5bd99); GEMM_MICROBENCH_STATIC=1 runs the static round-robin of the results before it. The JSON says which.
+// GEMM_MICROBENCH_STAGGER_NS=N: the consumer stagger (Sm90GemmArgs::consumer_stagger_ns; default 0), in the JSON.
 // Prints one JSON object per line (and the summary table last).
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
@@ -195,8 +196,11 @@ static Result run_case(const WeightSets& w, const std::vector<int>& counts, Sm90
     CK(cudaMalloc(&tile_counter, sizeof(int32_t)));
     CK(cudaMemset(tile_counter, 0, sizeof(int32_t)));
   }
+  const char* stagger_env = std::getenv("GEMM_MICROBENCH_STAGGER_NS");
+  const int stagger_ns = stagger_env != nullptr ? std::atoi(stagger_env) : 0;
   Sm90GemmArgs args;
   args.tile_counter = tile_counter;
+  args.consumer_stagger_ns = stagger_ns;
   args.a = a;
   args.a_rows_capacity = rows;
   args.shape = w.shape;
@@ -228,10 +232,10 @@ static Result run_case(const WeightSets& w, const std::vector<int>& counts, Sm90
   std::fprintf(json,
                "{\"case\":\"%s\",\"N\":%d,\"K\":%d,\"E\":%d,\"rows\":%d,\"experts_touched\":%d,\"config\":\"%s\","
                "\"us\":%.2f,\"weight_MB\":%.1f,\"weight_TBps\":%.3f,\"frac_read_bw\":%.3f,\"TFLOPs\":%.1f,"
-               "\"frac_bf16\":%.3f,\"schedule\":\"%s\"}\n",
+               "\"frac_bf16\":%.3f,\"schedule\":\"%s\",\"consumer_stagger_ns\":%d}\n",
                name.c_str(), N, K, E, off[E], touched, to_string(cfg).c_str(), us, wbytes / 1e6, r.tbs,
                r.tbs / c.read_tbs, r.tflops, r.tflops / c.bf16_tflops,
-               cfg.warp_stream ? "warp-stream" : dynamic ? "dynamic" : "static");
+               cfg.warp_stream ? "warp-stream" : dynamic ? "dynamic" : "static", stagger_ns);
   std::fflush(json);
   cudaFree(a); cudaFree(out); cudaFree(doff); cudaFree(alpha); cudaFree(tile_counter);
   cudaEventDestroy(e0); cudaEventDestroy(e1);

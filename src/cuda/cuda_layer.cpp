@@ -204,6 +204,35 @@ Sm90ConfigOverride sm90_config_override_from_env() {
   return parse_sm90_config_override(v ? v : "");
 }
 
+ConsumerStagger parse_consumer_stagger(const std::string& value) {
+  ConsumerStagger st;
+  if (value.empty()) return st;
+  auto refuse = [&]() {
+    throw ArgumentError("NVFP4MOE_CONSUMER_STAGGER_NS: expected N (both GEMMs) or N1,N2 (GEMM1, GEMM2), each a "
+                        "decimal integer in [0, " + std::to_string(kSm90MaxConsumerStaggerNs) + "], got '" +
+                        value + "'");
+  };
+  auto number = [&](const std::string& t) {
+    if (t.empty() || t.size() > 9 || t.find_first_not_of("0123456789") != std::string::npos) refuse();
+    const long v = std::stol(t);
+    if (v > kSm90MaxConsumerStaggerNs) refuse();
+    return static_cast<int>(v);
+  };
+  const size_t comma = value.find(',');
+  if (comma == std::string::npos) {
+    st.gemm1 = st.gemm2 = number(value);
+  } else {
+    st.gemm1 = number(value.substr(0, comma));
+    st.gemm2 = number(value.substr(comma + 1));  // a second comma makes this part non-numeric: refused
+  }
+  return st;
+}
+
+ConsumerStagger consumer_stagger_from_env() {
+  const char* v = std::getenv("NVFP4MOE_CONSUMER_STAGGER_NS");
+  return parse_consumer_stagger(v ? v : "");
+}
+
 bool device_available() {
   int n = 0;
   return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
@@ -255,6 +284,7 @@ CudaMoeLayer::CudaMoeLayer(MoeWeights w, const MoeLayerOptions& options, GemmPat
       warp_stream_enabled_ = env_switch("NVFP4MOE_WARP_STREAM");  // A/B: "0" = the tile rule at decode too
       early_gemm2_enabled_ = env_switch("NVFP4MOE_EARLY_GEMM2");  // A/B: "0" = GEMM2 waits first
       dynamic_tiles_enabled_ = env_switch("NVFP4MOE_DYNAMIC_TILES");  // A/B: "0" = static tile round-robin
+      consumer_stagger_ = consumer_stagger_from_env();                 // A/B: ns, default 0
       // Zero once; every chained launch leaves its counters zero (sm90_nvfp4_chained_gemms), every dynamically
       // scheduled one its tile counter.
       const size_t routed_n = sm90_chain_counter_count(static_cast<int>(spec_.num_experts) + 1);
@@ -764,6 +794,9 @@ void CudaMoeLayer::forward(const TensorRef& hidden, const RoutingArgs& routing, 
         s1.tile_counter = tile_counters_ + (routed ? 0 : 2);
         s2.tile_counter = tile_counters_ + (routed ? 1 : 3);
       }
+      // The consumer stagger (same bits; the configs with one unit per consumer warpgroup read it).
+      s1.consumer_stagger_ns = consumer_stagger_.gemm1;
+      s2.consumer_stagger_ns = consumer_stagger_.gemm2;
       // Calibration measures GEMM1's output between the two GEMMs: never chained then.
       if (!calibrating_ && chained(c1, c2, T, d.gated)) {
         s2.out = chain_y;

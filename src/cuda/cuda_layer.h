@@ -41,6 +41,16 @@ struct Sm90ConfigOverride {
 Sm90ConfigOverride parse_sm90_config_override(const std::string& value);
 Sm90ConfigOverride sm90_config_override_from_env();
 
+// The consumer stagger of the tile GEMMs (Sm90GemmArgs::consumer_stagger_ns), for A/B measurements:
+// NVFP4MOE_CONSUMER_STAGGER_NS unset / empty = 0 for both GEMMs; "N" = N ns for GEMM1 and GEMM2;
+// "N1,N2" = per GEMM. Each a decimal integer in [0, kSm90MaxConsumerStaggerNs]; anything else:
+// ArgumentError naming the variable, the accepted form and the value. Read at layer creation.
+struct ConsumerStagger {
+  int gemm1 = 0, gemm2 = 0;
+};
+ConsumerStagger parse_consumer_stagger(const std::string& value);
+ConsumerStagger consumer_stagger_from_env();
+
 // Device staging for the sm90 upload: checkpoint-layout bytes of a chunk of experts go here, then
 // sm90_prepare_weights writes them into the final allocation. The chunk is as many experts as fit, at least one,
 // so the staging is at most max(kSm90UploadStagingBytes, one expert's codes + scales of its largest tensor).
@@ -195,6 +205,9 @@ class CudaMoeLayer final : public MoeLayer {
   // (routed GEMM1, GEMM2, shared GEMM1, GEMM2), in the counters' allocation. NVFP4MOE_DYNAMIC_TILES=0 (read at
   // creation): the static round-robin, for A/B.
   bool dynamic_tiles_enabled_ = true;
+  // NVFP4MOE_CONSUMER_STAGGER_NS (read at creation): the second consumer warpgroup's start delay in the
+  // tile GEMMs with one unit per consumer warpgroup (same bits; for A/B, default 0).
+  ConsumerStagger consumer_stagger_;
   int32_t* chain_counters_ = nullptr;         // routed group [2 * (E + 1)], the shared expert's [2], 4 tile counters
   int32_t* shared_chain_counters_ = nullptr;
   int32_t* tile_counters_ = nullptr;          // [4]: routed GEMM1, routed GEMM2, shared GEMM1, shared GEMM2

@@ -489,6 +489,7 @@ sm90::GemmParams make_params(const Sm90GemmArgs& args) {
   p.k_tiles = s.k_tiles;
   p.n_out = s.gated ? s.n / 2 : s.n;
   p.tile_counter = args.tile_counter;  // read by the plain tile kernel only (its DYNAMIC_OK walks)
+  p.consumer_stagger_ns = args.consumer_stagger_ns;  // read by the plain tile kernel only
   return p;
 }
 
@@ -507,6 +508,9 @@ cudaError_t sm90_nvfp4_grouped_gemm(const Sm90GemmArgs& args, const Sm90GemmConf
   if (std::string m = check_args(args, who); !m.empty()) return fail(m);
   if (args.tile_counter != nullptr && (reinterpret_cast<uintptr_t>(args.tile_counter) & 3) != 0)
     return fail(who + ": tile_counter must be a 4-byte aligned device int32 (zero before the first launch)");
+  if (args.consumer_stagger_ns < 0 || args.consumer_stagger_ns > kSm90MaxConsumerStaggerNs)
+    return fail(who + ": consumer_stagger_ns must be in [0, " + std::to_string(kSm90MaxConsumerStaggerNs) +
+                "], got " + std::to_string(args.consumer_stagger_ns));
   if (config.warp_stream) {  // no TMA: every warp copies its own rows; its pieces are spread statically
     const sm90::GemmParams p = make_params(args);
     if (num_sms <= 0)
@@ -570,7 +574,8 @@ cudaError_t sm90_nvfp4_chained_gemms(const Sm90GemmArgs& gemm1, const Sm90GemmAr
   if (std::string m = make_a_map(gemm1, config.block_t, &map1, who); !m.empty()) return fail(m);
   if (std::string m = make_a_map(gemm2, config.block_t, &map2, who); !m.empty()) return fail(m);
   // A chain's tiles follow the static order (its GEMM2 tiles wait for GEMM1 tiles of other CTAs): the chained
-  // kernel's walks are compiled without the dynamic schedule, so a counter in the arguments is never read.
+  // kernel's walks are compiled without the dynamic schedule, so a counter in the arguments is never read (nor
+  // a consumer stagger: the chained kernel starts its consumers together).
   const sm90::GemmParams p1 = make_params(gemm1), p2 = make_params(gemm2);
   int device_sms = 0;
   if (const cudaError_t e = device_sm_count(&device_sms); e != cudaSuccess) return e;

@@ -69,6 +69,10 @@ struct GemmParams {
   // issuing a tile's loads, and hands each tile to its consumers through shared memory (TileSlot). Zero before the
   // launch; the launch's last claim resets it to zero, so consecutive launches (and graph replays) need no memset.
   int32_t* tile_counter = nullptr;
+  // Consumer stagger (plain tile kernel, two consumer warpgroups with a unit each: the prefill tiles): the
+  // second warpgroup starts this many nanoseconds (__nanosleep) after the first, so that their epilogues stop
+  // coinciding (sm90_nvfp4_grouped_gemm_kernel). 0: both start together. Same bits either way.
+  int consumer_stagger_ns = 0;
 };
 
 // A tile as the producer hands it to the consumers in the dynamic schedule: one per pipeline stage, written with
@@ -1125,6 +1129,18 @@ __global__ void __launch_bounds__((WGS + 1) * 128, 1)
   // Everything above touches only shared memory and the kernel parameters; from here on the offsets, A and
   // the outputs are read and written: after the previous kernel of the stream (PDL, launch_pdl.cuh).
   kernels::pdl_wait_then_allow_next();
+  // The consumer stagger (GemmParams::consumer_stagger_ns). The two consumer warpgroups of a prefill tile read
+  // the same stages (one token tile, a unit each), so started together they run in step: both reach the tile's
+  // epilogue together, and no wgmma issues until both are back (qwen3-30b T = 4096: the tensor pipe is 61% active
+  // in GEMM1, 41% with the quantizing epilogue; docs/gemm.md, "The consumer stagger"). Started apart, they keep
+  // the offset tile after tile (both do the same work per tile; the stage ring bounds the lead, since a stage is
+  // refilled only once both have released it), so each one's epilogue overlaps the other's k-loop, which then
+  // runs alone on the tensor cores (faster than when it shares them) for up to the lead's k-tiles. The second
+  // consumer warpgroup (threads 256..383) sleeps once, here; every other thread sleeps 0 ns: no branch, so
+  // ptxas keeps every role's code (a branched wait loop before the consumers made it serialize the wgmmas,
+  // C7520). A lead larger than the ring allows is capped by the ring (the first warpgroup waits for stages;
+  // nothing can deadlock). Each accumulator sums the same wgmmas in the same order: the same bits.
+  if constexpr (WGS == 2 && WPU == 1 && !SYNC) __nanosleep(threadIdx.x >= 256 ? p.consumer_stagger_ns : 0);
   int s = 0;
   uint32_t phase = 0;
   if (threadIdx.x < 128) {

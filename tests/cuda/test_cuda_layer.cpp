@@ -778,7 +778,8 @@ TEST(CudaLayer, ChainedGemmsBitIdenticalToTwoLaunches) {
 // (NVFP4MOE_DYNAMIC_TILES=0, read at creation) at every T where the tile kernels run (the warp-streaming decode
 // kernel ignores the counter), with the routed group, the shared expert's own group and the shared expert as
 // expert E; after the workspace is poisoned (the counters are not in it) and in a captured graph replayed 3 times
-// (each launch must leave its counter zero for the next).
+// (each launch must leave its counter zero for the next). The same with the consumer stagger on
+// (NVFP4MOE_CONSUMER_STAGGER_NS, GEMM1 and GEMM2 apart).
 TEST(CudaLayer, DynamicTileScheduleBitIdenticalToStatic) {
   LayerDims merged = kSmallSigmoid;
   merged.name = "sigmoid-grouped+shared(I) E32 k6";
@@ -792,44 +793,51 @@ TEST(CudaLayer, DynamicTileScheduleBitIdenticalToStatic) {
       Harness fixed(d, mode, 1500, 31);
       ASSERT_EQ(unsetenv("NVFP4MOE_DYNAMIC_TILES"), 0);
       Harness dyn(d, mode, 1500, 31);
+      // The consumer stagger (NVFP4MOE_CONSUMER_STAGGER_NS, read at creation) on the dynamic schedule.
+      ASSERT_EQ(setenv("NVFP4MOE_CONSUMER_STAGGER_NS", "3000,1500", 1), 0);
+      Harness stag(d, mode, 1500, 31);
+      ASSERT_EQ(unsetenv("NVFP4MOE_CONSUMER_STAGGER_NS"), 0);
       const int64_t H = dyn.H(), E = dyn.spec().num_experts;
       for (int64_t T : {7, 40, 129, 700, 1500}) {
         SCOPED_TRACE("T=" + std::to_string(T));
         for (const auto& l : dyn.cuda->sm90_launches(T)) tile_points += l.config.warp_stream ? 0 : 1;
         const auto hidden = random_hidden(T, H, 500 + T);
         const auto logits = random_logits(T, E, 600 + T);
-        for (Harness* h : {&fixed, &dyn}) {
+        for (Harness* h : {&fixed, &dyn, &stag}) {
           h->hidden.put(hidden);
           h->logits.put(logits);
         }
         fixed.forward_logits(T, fixed.out.p, DType::F32);
         CUDA_OK(cudaDeviceSynchronize());
         const auto ref = fixed.out.get(T * H);
-        for (int poison : {-1, 0xD5}) {
-          if (poison >= 0) CUDA_OK(cudaMemset(dyn.cuda->workspace(), poison, dyn.layer->workspace_bytes()));
-          CUDA_OK(cudaMemset(dyn.out.p, 0x7F, dyn.out.n * 4));
-          dyn.forward_logits(T, dyn.out.p, DType::F32);
-          CUDA_OK(cudaDeviceSynchronize());
-          ASSERT_EQ(std::memcmp(dyn.out.get(T * H).data(), ref.data(), ref.size() * 4), 0) << "poison " << poison;
-        }
-        if (T == 700) {
-          cudaStream_t s;
-          CUDA_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-          cudaGraph_t g;
-          cudaGraphExec_t ge;
-          CUDA_OK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-          dyn.forward_logits(T, dyn.out.p, DType::F32, s);
-          CUDA_OK(cudaStreamEndCapture(s, &g));
-          CUDA_OK(cudaGraphInstantiate(&ge, g, 0));
-          for (int rep = 0; rep < 3; ++rep) {
-            CUDA_OK(cudaMemsetAsync(dyn.out.p, 0x7F, dyn.out.n * 4, s));
-            CUDA_OK(cudaGraphLaunch(ge, s));
-            CUDA_OK(cudaStreamSynchronize(s));
-            ASSERT_EQ(std::memcmp(dyn.out.get(T * H).data(), ref.data(), ref.size() * 4), 0) << "replay " << rep;
+        for (Harness* h : {&dyn, &stag}) {
+          SCOPED_TRACE(h == &stag ? "dynamic schedule + consumer stagger" : "dynamic schedule");
+          for (int poison : {-1, 0xD5}) {
+            if (poison >= 0) CUDA_OK(cudaMemset(h->cuda->workspace(), poison, h->layer->workspace_bytes()));
+            CUDA_OK(cudaMemset(h->out.p, 0x7F, h->out.n * 4));
+            h->forward_logits(T, h->out.p, DType::F32);
+            CUDA_OK(cudaDeviceSynchronize());
+            ASSERT_EQ(std::memcmp(h->out.get(T * H).data(), ref.data(), ref.size() * 4), 0) << "poison " << poison;
           }
-          CUDA_OK(cudaGraphExecDestroy(ge));
-          CUDA_OK(cudaGraphDestroy(g));
-          CUDA_OK(cudaStreamDestroy(s));
+          if (T == 700) {
+            cudaStream_t s;
+            CUDA_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+            cudaGraph_t g;
+            cudaGraphExec_t ge;
+            CUDA_OK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+            h->forward_logits(T, h->out.p, DType::F32, s);
+            CUDA_OK(cudaStreamEndCapture(s, &g));
+            CUDA_OK(cudaGraphInstantiate(&ge, g, 0));
+            for (int rep = 0; rep < 3; ++rep) {
+              CUDA_OK(cudaMemsetAsync(h->out.p, 0x7F, h->out.n * 4, s));
+              CUDA_OK(cudaGraphLaunch(ge, s));
+              CUDA_OK(cudaStreamSynchronize(s));
+              ASSERT_EQ(std::memcmp(h->out.get(T * H).data(), ref.data(), ref.size() * 4), 0) << "replay " << rep;
+            }
+            CUDA_OK(cudaGraphExecDestroy(ge));
+            CUDA_OK(cudaGraphDestroy(g));
+            CUDA_OK(cudaStreamDestroy(s));
+          }
         }
       }
     }

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstdint>
 #include <cstring>
 #include <memory>
@@ -159,9 +160,11 @@ struct GpuRun {
 };
 
 // Prepares the weights and runs one config; out poisoned with 0xFF bytes first. tile_counter: the dynamic tile
-// schedule (zero before the call; every launch must leave it zero); num_sms: the persistent grid (0: the SMs).
+// schedule (zero before the call; every launch must leave it zero); num_sms: the persistent grid (0: the SMs);
+// stagger_ns: Sm90GemmArgs::consumer_stagger_ns.
 void run_gpu(const Problem& p, Sm90GemmEpilogue epi, bool quant, const Sm90GemmConfig& cfg, GpuRun& res,
-             int repeats = 1, bool before_pdl_wait = false, int32_t* tile_counter = nullptr, int num_sms = 0) {
+             int repeats = 1, bool before_pdl_wait = false, int32_t* tile_counter = nullptr, int num_sms = 0,
+             int stagger_ns = 0) {
   const Sm90PreparedShape shape = sm90_prepared_shape(p.E, p.N, p.K, p.gated);
   DevBuf<uint8_t> packed(p.packed), scales(p.scales), w(shape.bytes);
   DevBuf<uint16_t> a(p.a);
@@ -186,6 +189,7 @@ void run_gpu(const Problem& p, Sm90GemmEpilogue epi, bool quant, const Sm90GemmC
   args.epilogue = epi;
   args.prologue_before_pdl_wait = before_pdl_wait;
   args.tile_counter = tile_counter;
+  args.consumer_stagger_ns = stagger_ns;
   std::vector<uint8_t> first;
   for (int rep = 0; rep < repeats; ++rep) {
     CUDA_GEMM_OK(cudaMemset(out.p, 0xFF, out.n));
@@ -254,17 +258,20 @@ void check(const Problem& p, Sm90GemmEpilogue epi, const Sm90GemmConfig& cfg, co
   EXPECT_EQ(r.unwritten, 0);
   EXPECT_EQ(r.overwritten, 0);
   // The dynamic tile schedule (what the layer launches) on the device's grid and on a grid of 5 CTAs (each
-  // claims many tiles): the static schedule's bits, every output written once, the counter left zero.
+  // claims many tiles; there with the consumer stagger, so the two consumer warpgroups run apart over many
+  // tiles): the static schedule's bits, every output written once, the counter left zero.
   DevBuf<int32_t> counter(std::vector<int32_t>{0});
   ASSERT_TRUE(counter.p);
   for (const int sms : {0, 5}) {
     if (cfg.warp_stream) break;  // (its pieces are spread statically; it ignores the counter)
+    const int stagger = sms == 5 ? 3000 : 0;
     GpuRun d;
-    run_gpu(p, epi, false, cfg, d, 2, false, counter.p, sms);
+    run_gpu(p, epi, false, cfg, d, 2, false, counter.p, sms, stagger);
     if (::testing::Test::HasFatalFailure()) return;
-    EXPECT_EQ(d.unwritten, 0) << "dynamic schedule, grid " << sms;
-    EXPECT_EQ(d.overwritten, 0) << "dynamic schedule, grid " << sms;
-    EXPECT_TRUE(d.bits == r.bits) << "dynamic schedule, grid " << sms << ": bits differ from the static schedule";
+    EXPECT_EQ(d.unwritten, 0) << "dynamic schedule, grid " << sms << ", stagger " << stagger;
+    EXPECT_EQ(d.overwritten, 0) << "dynamic schedule, grid " << sms << ", stagger " << stagger;
+    EXPECT_TRUE(d.bits == r.bits) << "dynamic schedule, grid " << sms << ", stagger " << stagger
+                                  << ": bits differ from the static schedule";
   }
   const std::vector<float> ref = reference_out(p, epi, false, h);
   int64_t nonfinite = 0;
@@ -281,6 +288,10 @@ void check(const Problem& p, Sm90GemmEpilogue epi, const Sm90GemmConfig& cfg, co
       run_gpu(p, epi, true, cfg, qd, 1, false, counter.p, 3);
       if (::testing::Test::HasFatalFailure()) return;
       EXPECT_TRUE(qd.bits == q.bits) << "dynamic schedule, quantizing epilogue: bits differ from the static one";
+      GpuRun qs;  // the static schedule with the consumer stagger, on the device's grid
+      run_gpu(p, epi, true, cfg, qs, 1, false, nullptr, 0, 5000);
+      if (::testing::Test::HasFatalFailure()) return;
+      EXPECT_TRUE(qs.bits == q.bits) << "consumer stagger, quantizing epilogue: bits differ";
     }
     const int n_out = epi == Sm90GemmEpilogue::kSwiGLU ? p.N / 2 : p.N;
     std::vector<float> expect = r.out;
@@ -725,7 +736,9 @@ TEST(Sm90GroupedGemm, ChainedRefusesMismatchedLaunches) {
 // The dynamic tile schedule across launches: launches on one stream back to back (programmatic dependent launch
 // between them, no host synchronization), with grids of 1, 7, the device's SMs and more CTAs than tiles, and the
 // same launches captured in a CUDA graph and replayed twice. Every launch must start from a zero counter, so
-// each relies on the one before having reset it; every output must equal the static schedule's bits.
+// each relies on the one before having reset it; every output must equal the static schedule's bits. Two of the
+// launches run with a consumer stagger (one of 100 us: the first warpgroup meets the end of the stage ring
+// and waits there; the same bits, no hang).
 TEST(Sm90GroupedGemm, DynamicScheduleBackToBackAndGraphReplays) {
   // Uneven experts: partial token tiles, an empty expert, one expert with many tiles.
   const std::vector<int> counts = {150, 0, 17, 290, 1, 64, 145, 3};
@@ -740,6 +753,7 @@ TEST(Sm90GroupedGemm, DynamicScheduleBackToBackAndGraphReplays) {
   CUDA_GEMM_OK(sm90_prepare_weights(packed.p, scales.p, shape, w.p, nullptr));
   const size_t out_elems = static_cast<size_t>(p.cap) * (p.N / 2);
   const int grids[] = {1, 7, 0, 1000};  // 0: the device's SMs
+  const int staggers[] = {0, 2000, 0, 100000};  // consumer stagger (ns) of each launch
   constexpr int kLaunches = 4;
   cudaStream_t stream = nullptr;
   CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
@@ -770,6 +784,7 @@ TEST(Sm90GroupedGemm, DynamicScheduleBackToBackAndGraphReplays) {
         Sm90GemmArgs d = args;
         d.out = outs[i]->p;
         d.tile_counter = counter.p;
+        d.consumer_stagger_ns = staggers[i];
         const cudaError_t e = sm90_nvfp4_grouped_gemm(d, cfg, stream, grids[i]);
         if (e != cudaSuccess) return e;
       }
@@ -827,6 +842,66 @@ TEST(Sm90GroupedGemm, RefusesMisalignedTileCounter) {
   EXPECT_EQ(sm90_nvfp4_grouped_gemm(args, sm90_gemm_configs()[0], nullptr), cudaErrorInvalidValue);
   EXPECT_NE(std::string(sm90_gemm_last_error_message()).find("tile_counter"), std::string::npos)
       << sm90_gemm_last_error_message();
+}
+
+// What the consumer stagger's one __nanosleep gives on this GPU (PTX promises only a sleep in [0, 2 t]): the
+// measured sleep of one thread per request, in SM cycles and in globaltimer nanoseconds, printed for the A/B's
+// reading, and checked against PTX's upper bound (with 2 us of slack for the timers and the issue).
+__global__ void nanosleep_probe_kernel(const int* ns, long long* cycles, unsigned long long* wall_ns, int n) {
+  for (int i = 0; i < n; ++i) {
+    unsigned long long g0, g1;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(g0));
+    const long long c0 = clock64();
+    __nanosleep(ns[i]);
+    const long long c1 = clock64();
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(g1));
+    cycles[i] = c1 - c0;
+    wall_ns[i] = g1 - g0;
+  }
+}
+
+TEST(Sm90GroupedGemm, NanosleepOfTheConsumerStagger) {
+  const std::vector<int> asked = {0, 250, 500, 1000, 2000, 4000, 8000, 100000};
+  const int n = static_cast<int>(asked.size());
+  DevBuf<int> ns(asked);
+  DevBuf<long long> cycles(asked.size());
+  DevBuf<unsigned long long> wall(asked.size());
+  ASSERT_TRUE(ns.p && cycles.p && wall.p);
+  for (int rep = 0; rep < 2; ++rep) {  // the first launch also loads the code
+    nanosleep_probe_kernel<<<1, 1>>>(ns.p, cycles.p, wall.p, n);
+    CUDA_OK(cudaGetLastError());
+    CUDA_OK(cudaDeviceSynchronize());
+  }
+  const std::vector<long long> c = cycles.get();
+  const std::vector<unsigned long long> w = wall.get();
+  for (int i = 0; i < n; ++i) {
+    std::printf("nanosleep(%d ns): %lld SM cycles, %llu ns of globaltimer\n", asked[i], c[i], w[i]);
+    EXPECT_LE(static_cast<double>(w[i]), 2.0 * asked[i] + 2000.0) << "nanosleep(" << asked[i] << ")";
+  }
+}
+
+TEST(Sm90GroupedGemm, RefusesConsumerStaggerOutOfRange) {
+  Problem p = make_problem(2, 128, 64, false, {3, 4}, 1);
+  const Sm90PreparedShape shape = sm90_prepared_shape(p.E, p.N, p.K, p.gated);
+  DevBuf<uint8_t> w(shape.bytes);
+  DevBuf<uint16_t> a(p.a);
+  DevBuf<int32_t> off(p.offsets);
+  DevBuf<float> al0(p.alpha0), out(static_cast<size_t>(p.cap) * p.N);
+  Sm90GemmArgs args;
+  args.a = a.p;
+  args.a_rows_capacity = p.cap;
+  args.w = w.p;
+  args.shape = shape;
+  args.offsets = off.p;
+  args.alpha0 = al0.p;
+  args.out = out.p;
+  for (const int bad : {-1, kSm90MaxConsumerStaggerNs + 1}) {
+    args.consumer_stagger_ns = bad;
+    EXPECT_EQ(sm90_nvfp4_grouped_gemm(args, sm90_gemm_configs()[0], nullptr), cudaErrorInvalidValue);
+    const std::string msg = sm90_gemm_last_error_message();
+    EXPECT_NE(msg.find("consumer_stagger_ns"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("got " + std::to_string(bad)), std::string::npos) << msg;
+  }
 }
 
 // The heuristic itself is host code: tests/cuda_host/test_sm90_pick_config.cpp (label cpu, runs in CI).

@@ -301,5 +301,37 @@ TEST(Sm90ConfigOverride, BadValuesAreRefusedNamingTheChoices) {
   }
 }
 
+TEST(ConsumerStagger, TheSettingParses) {
+  const ConsumerStagger none = parse_consumer_stagger("");
+  EXPECT_EQ(none.gemm1, 0);
+  EXPECT_EQ(none.gemm2, 0);
+  const ConsumerStagger both = parse_consumer_stagger("2500");
+  EXPECT_EQ(both.gemm1, 2500);
+  EXPECT_EQ(both.gemm2, 2500);
+  const ConsumerStagger each = parse_consumer_stagger("4000,0");
+  EXPECT_EQ(each.gemm1, 4000);
+  EXPECT_EQ(each.gemm2, 0);
+  const ConsumerStagger edge = parse_consumer_stagger("0," + std::to_string(kSm90MaxConsumerStaggerNs));
+  EXPECT_EQ(edge.gemm1, 0);
+  EXPECT_EQ(edge.gemm2, kSm90MaxConsumerStaggerNs);
+}
+
+TEST(ConsumerStagger, BadValuesAreRefusedNamingTheVariableAndTheValue) {
+  const std::string too_big = std::to_string(kSm90MaxConsumerStaggerNs + 1);
+  for (const std::string& bad : {std::string("-1"), std::string("1e3"), std::string("12,"), std::string(",12"),
+                                 std::string("1,2,3"), std::string(" 5"), std::string("0x10"), too_big,
+                                 std::string("99999999999"), std::string("5,") + too_big}) {
+    try {
+      parse_consumer_stagger(bad);
+      ADD_FAILURE() << "accepted '" << bad << "'";
+    } catch (const ArgumentError& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find("NVFP4MOE_CONSUMER_STAGGER_NS"), std::string::npos) << what;
+      EXPECT_NE(what.find("'" + bad + "'"), std::string::npos) << what;
+      EXPECT_NE(what.find(std::to_string(kSm90MaxConsumerStaggerNs)), std::string::npos) << what;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace nvfp4moe::cuda
