@@ -25,6 +25,9 @@ METRICS=$METRICS,sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_elapsed
 METRICS=$METRICS,smsp__inst_executed.sum,smsp__issue_active.avg.pct_of_peak_sustained_active
 # DRAM bytes per launch: whether a schedule re-reads weights that CTAs running together would share through L2.
 METRICS=$METRICS,dram__bytes_read.sum,lts__t_sector_hit_rate.pct
+# The L2's own load (% of its peak sector throughput): whether the stages' token tiles, re-read for every weight
+# n-tile, are near what the L2 can deliver (the ping-pong question, docs/gemm.md "The consumer stagger").
+METRICS=$METRICS,lts__t_sectors.avg.pct_of_peak_sustained_elapsed
 for c in $CASES; do
   IFS=: read -r preset tokens mode routing cfg extra <<< "$c"
   IFS=';' read -r -a extra_env <<< "${extra:-}"
@@ -46,7 +49,8 @@ ik, im, iv, iid = h.index("Kernel Name"), h.index("Metric Name"), h.index("Metri
 short = {"gpu__time_duration.sum": "ns", "sm__cycles_active.avg": "act_avg", "sm__cycles_active.max": "act_max",
          "sm__cycles_active.min": "act_min", "sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_elapsed": "tensor%",
          "smsp__inst_executed.sum": "inst", "smsp__issue_active.avg.pct_of_peak_sustained_active": "issue%",
-         "dram__bytes_read.sum": "dram_rd", "lts__t_sector_hit_rate.pct": "l2_hit%"}
+         "dram__bytes_read.sum": "dram_rd", "lts__t_sector_hit_rate.pct": "l2_hit%",
+         "lts__t_sectors.avg.pct_of_peak_sustained_elapsed": "l2_load%"}
 launches = {}
 for r in rows[1:]:
     k = r[ik]
