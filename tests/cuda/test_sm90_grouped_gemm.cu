@@ -823,7 +823,9 @@ TEST(Sm90GroupedGemm, DynamicScheduleBackToBackAndGraphReplays) {
   EXPECT_GE(tested, 13);  // every tile config of the list
 }
 
-TEST(Sm90GroupedGemm, RefusesMisalignedTileCounter) {
+// The schedule arguments are checked before anything is launched: a misaligned tile counter, a consumer stagger
+// outside [0, kSm90MaxConsumerStaggerNs]; each refusal names the argument (and the stagger's the value given).
+TEST(Sm90GroupedGemm, RefusesBadScheduleArguments) {
   Problem p = make_problem(2, 128, 64, false, {3, 4}, 1);
   const Sm90PreparedShape shape = sm90_prepared_shape(p.E, p.N, p.K, p.gated);
   DevBuf<uint8_t> w(shape.bytes);
@@ -842,6 +844,14 @@ TEST(Sm90GroupedGemm, RefusesMisalignedTileCounter) {
   EXPECT_EQ(sm90_nvfp4_grouped_gemm(args, sm90_gemm_configs()[0], nullptr), cudaErrorInvalidValue);
   EXPECT_NE(std::string(sm90_gemm_last_error_message()).find("tile_counter"), std::string::npos)
       << sm90_gemm_last_error_message();
+  args.tile_counter = nullptr;  // (a launch past a wrongly passed check must not read an unset counter)
+  for (const int bad : {-1, kSm90MaxConsumerStaggerNs + 1}) {
+    args.consumer_stagger_ns = bad;
+    EXPECT_EQ(sm90_nvfp4_grouped_gemm(args, sm90_gemm_configs()[0], nullptr), cudaErrorInvalidValue);
+    const std::string msg = sm90_gemm_last_error_message();
+    EXPECT_NE(msg.find("consumer_stagger_ns"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("got " + std::to_string(bad)), std::string::npos) << msg;
+  }
 }
 
 // What the consumer stagger's one __nanosleep gives on this GPU (PTX promises only a sleep in [0, 2 t]): the
@@ -877,30 +887,6 @@ TEST(Sm90GroupedGemm, NanosleepOfTheConsumerStagger) {
   for (int i = 0; i < n; ++i) {
     std::printf("nanosleep(%d ns): %lld SM cycles, %llu ns of globaltimer\n", asked[i], c[i], w[i]);
     EXPECT_LE(static_cast<double>(w[i]), 2.0 * asked[i] + 2000.0) << "nanosleep(" << asked[i] << ")";
-  }
-}
-
-TEST(Sm90GroupedGemm, RefusesConsumerStaggerOutOfRange) {
-  Problem p = make_problem(2, 128, 64, false, {3, 4}, 1);
-  const Sm90PreparedShape shape = sm90_prepared_shape(p.E, p.N, p.K, p.gated);
-  DevBuf<uint8_t> w(shape.bytes);
-  DevBuf<uint16_t> a(p.a);
-  DevBuf<int32_t> off(p.offsets);
-  DevBuf<float> al0(p.alpha0), out(static_cast<size_t>(p.cap) * p.N);
-  Sm90GemmArgs args;
-  args.a = a.p;
-  args.a_rows_capacity = p.cap;
-  args.w = w.p;
-  args.shape = shape;
-  args.offsets = off.p;
-  args.alpha0 = al0.p;
-  args.out = out.p;
-  for (const int bad : {-1, kSm90MaxConsumerStaggerNs + 1}) {
-    args.consumer_stagger_ns = bad;
-    EXPECT_EQ(sm90_nvfp4_grouped_gemm(args, sm90_gemm_configs()[0], nullptr), cudaErrorInvalidValue);
-    const std::string msg = sm90_gemm_last_error_message();
-    EXPECT_NE(msg.find("consumer_stagger_ns"), std::string::npos) << msg;
-    EXPECT_NE(msg.find("got " + std::to_string(bad)), std::string::npos) << msg;
   }
 }
 
