@@ -1139,8 +1139,11 @@ __global__ void __launch_bounds__((WGS + 1) * 128, 1)
   // consumer warpgroup (threads 256..383) sleeps once, here; every other thread sleeps 0 ns: no branch, so
   // ptxas keeps every role's code (a branched wait loop before the consumers made it serialize the wgmmas,
   // C7520). A lead larger than the ring allows is capped by the ring (the first warpgroup waits for stages;
-  // nothing can deadlock). Each accumulator sums the same wgmmas in the same order: the same bits.
-  if constexpr (WGS == 2 && WPU == 1 && !SYNC) __nanosleep(threadIdx.x >= 256 ? p.consumer_stagger_ns : 0);
+  // nothing can deadlock). Each accumulator sums the same wgmmas in the same order: the same bits. Only the tiles
+  // of 64 rows and more: the smaller ones run where a CTA has one or two tiles, so the trailer's lag at the
+  // CTA's end (about the stagger itself) would not be paid back by the epilogues it overlaps.
+  if constexpr (WGS == 2 && WPU == 1 && !SYNC && BT >= 64)
+    __nanosleep(threadIdx.x >= 256 ? p.consumer_stagger_ns : 0);
   int s = 0;
   uint32_t phase = 0;
   if (threadIdx.x < 128) {

@@ -125,8 +125,8 @@ struct Sm90GemmArgs {
   // schedule (a tile's result does not depend on the CTA that computes it). nullptr: static round-robin.
   // Ignored by the warp-streaming configs and by chained launches.
   int32_t* tile_counter = nullptr;
-  // Consumer stagger of the tile configs with two consumer warpgroups of one unit each (bt16_s14_wg2,
-  // bt32_s12_wg2, bt64_s10_wg2, bt128_s8_wg2, bt144_s8_wg2): the second warpgroup of every CTA starts about this
+  // Consumer stagger of the tile configs of 64 rows and more (two consumer warpgroups of one unit each:
+  // bt64_s10_wg2, bt128_s8_wg2, bt144_s8_wg2): the second warpgroup of every CTA starts about this
   // many nanoseconds after the first (one __nanosleep; PTX guarantees only a sleep in [0, 2 t]), so that the two
   // no longer reach their epilogues together (each epilogue then overlaps the other's k-loop; the stage ring caps
   // the lead). 0: together. In [0, kSm90MaxConsumerStaggerNs]; the same bits for every value. Ignored by the
