@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 # Compares the device SASS of two object files (or cubins) per kernel, addresses and encodings stripped: which
-# kernels are identical, which differ (instruction counts). CUOBJDUMP: the cuobjdump binary (default: cuobjdump on
+# kernels are identical, which differ (instruction counts). Instruction addresses (4 to 6 hex digits: kernels past
+# 64 KB of code have 5) are stripped. CUOBJDUMP: the cuobjdump binary (default: cuobjdump on
 # PATH; this machine has none: the triton wheel ships one, triton/backends/nvidia/bin/cuobjdump).
 #   python3 scripts/sass_compare.py old.o new.o
 import os, re, subprocess, sys
@@ -14,7 +15,7 @@ def funcs(o):
         if cur is None: continue
         # the per-file header after a file's last function names the source path: not that function's code
         if re.match(r'\s*(identifier|Fatbin|code for|arch =|code version|host =|compile_size|=+$)', l): continue
-        l=re.sub(r'/\*[0-9a-f]{4}\*/','',l); l=re.sub(r'/\* 0x[0-9a-f]+ \*/','',l).rstrip()
+        l=re.sub(r'/\*[0-9a-f]{4,6}\*/','',l); l=re.sub(r'/\* 0x[0-9a-f]+ \*/','',l).rstrip()
         if l.strip(): d[cur].append(l)
     return d
 a=funcs(sys.argv[1]); b=funcs(sys.argv[2])
