@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Packs the binaries one device call needs into .carry/ (ignored by git), xz-compressed: the GPU test binaries
 # and the CLI of build dir B (default build), optionally a second CLI as .carry/base/nvfp4moe (BASE_CLI=path),
-# and libgomp. scripts/device_bundle.sh unpacks it on the device.
-#   BASE_CLI=/tmp/old/nvfp4moe bash scripts/pack_carry.sh [build]
+# optionally whole A/B trees (VARIANT_BUILDS="x17:build-x17 ...": each one's CLI and its GEMM and layer test
+# binaries as .carry/<name>/, for CARRY=.carry/<name> STEPS="gemm layer" scripts/device_gpu_suite.sh and an A/B
+# variant name:.carry/<name>/nvfp4moe), and libgomp. scripts/device_bundle.sh unpacks it on the device.
+#   BASE_CLI=/tmp/old/nvfp4moe VARIANT_BUILDS="x17:build-x17" bash scripts/pack_carry.sh [build]
 set -euo pipefail
 B=${1:-build}
 rm -rf .carry/stage && mkdir -p .carry/stage/base
@@ -12,6 +14,12 @@ for t in cuda_test_cuda_layer cuda_test_sm90_grouped_gemm cuda_test_decode_route
   cp "$B/tests/$t" .carry/stage/
 done
 [ -n "${BASE_CLI:-}" ] && cp "$BASE_CLI" .carry/stage/base/nvfp4moe
+for v in ${VARIANT_BUILDS:-}; do
+  name=${v%%:*} dir=${v#*:}
+  mkdir -p ".carry/stage/$name"
+  cp "$dir/nvfp4moe" ".carry/stage/$name/"
+  for t in cuda_test_cuda_layer cuda_test_sm90_grouped_gemm; do cp "$dir/tests/$t" ".carry/stage/$name/"; done
+done
 cp /lib/x86_64-linux-gnu/libgomp.so.1 .carry/stage/ 2>/dev/null || cp "$(g++ -print-file-name=libgomp.so.1)" .carry/stage/
 rm -f .carry/bins.tar.xz
 tar cf - -C .carry/stage . | xz -T2 -6 > .carry/bins.tar.xz

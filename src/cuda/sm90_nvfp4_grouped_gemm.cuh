@@ -366,7 +366,9 @@ __device__ __forceinline__ void dequant_ktile(const uint4 (&codes)[NB], uint32_t
 // loading anything (launch, tile cursor, barrier round trips and epilogue alone). (9, GEMM1's idle CTAs
 // prefetching GEMM2's weights into L2, and 10, 9 plus an L2 evict_first hint on every weight load, measured
 // slower at 4df64cb and removed: docs/gemm.md.) (13, 14 and 15, whole-layer A/B builds of the
-// warp-streaming path, measured at deb21f8 / cde2f8d and removed: docs/gemm.md.)
+// warp-streaming path, measured at deb21f8 / cde2f8d and removed: docs/gemm.md.) 17 (a whole-tree A/B build with
+// correct results, `cmake -DNVFP4MOE_SM90_EXPERIMENT=17`): the tile kernels' SwiGLU epilogue computes its silus
+// in batches without a branch per division (silu_batch, swiglu_values).
 #if NVFP4MOE_SM90_DEQUANT_EXPERIMENT == 1 || NVFP4MOE_SM90_DEQUANT_EXPERIMENT == 2
 __device__ __forceinline__ void dequant_experiment(const uint4 (&codes)[2], const uint2 (&sc)[2],
                                                    uint32_t (&a)[2][16]) {
@@ -523,6 +525,62 @@ __device__ __forceinline__ float activation_value(float acc, float up, float al0
   }
   return fmt::bf16_round(x);
 }
+// silu's division v / d (d = 1 + expf(-v)), the IEEE quotient, for N values at once without a branch per value.
+// `v / d` compiles to the fast path (MUFU.RCP, one Newton step, the quotient and one remainder correction: five
+// FFMA) behind FCHK, a range check that branches to a slow-path subroutine for operands it cannot vouch for; each
+// branch is a convergence region (BSSY / BSYNC) that ptxas does not schedule across, so the SwiGLU epilogue runs
+// its 72 silus a thread (bt144) one after another, ~100 cycles of dependent latency each. Here every value takes
+// the same fast-path arithmetic, written out, and one check for the whole batch decides whether it may stand:
+// every |v| in [2^-60, 2^60] (or v == 0, whose quotient is v itself) and every d <= 2^60 (d >= 1 always), a range
+// deep inside FCHK's (no intermediate can be subnormal, overflow or special); otherwise the batch takes `v / d` as
+// before. So the bits are the IEEE quotient's wherever the fast path is the compiler's own result, which the GPU
+// test SiluBatchIsTheIeeeDivisionForEveryFloat checks for all 2^32 inputs.
+__device__ __forceinline__ float div_fast_path(float v, float d) {
+  float r;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(d));
+  const float e = __fmaf_rn(-d, r, 1.0f);
+  const float r1 = __fmaf_rn(r, e, r);
+  const float q0 = __fmul_rn(v, r1);
+  const float rem = __fmaf_rn(-d, q0, v);
+  return __fmaf_rn(r1, rem, q0);
+}
+template <int N>
+__device__ __forceinline__ void silu_batch(const float (&v)[N], float (&out)[N]) {
+  float d[N];
+  bool in_range = true;
+#pragma unroll
+  for (int i = 0; i < N; ++i) {
+    d[i] = 1.0f + expf(-v[i]);
+    const float a = fabsf(v[i]);
+    // (written so that a NaN fails it)
+    in_range = in_range && ((a >= 0x1p-60f && a <= 0x1p60f) || a == 0.0f) && d[i] <= 0x1p60f;
+    out[i] = a == 0.0f ? v[i] : div_fast_path(v[i], d[i]);
+  }
+  if (!in_range) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) out[i] = v[i] / d[i];
+  }
+}
+
+// N SwiGLU outputs of the activation epilogue, each activation_value<kSwiGLU>(gate, up, al0, al1): with
+// NVFP4MOE_SM90_DEQUANT_EXPERIMENT == 17 (an A/B build) through silu_batch, so that ptxas can interleave the N
+// values; otherwise one value at a time, as the engine has always computed them.
+template <int N>
+__device__ __forceinline__ void swiglu_values(const float (&gate)[N], const float (&up)[N], float al0, float al1,
+                                              float (&x)[N]) {
+#if NVFP4MOE_SM90_DEQUANT_EXPERIMENT == 17
+  float g[N], s[N];
+#pragma unroll
+  for (int i = 0; i < N; ++i) g[i] = gate[i] * al0;
+  silu_batch<N>(g, s);
+#pragma unroll
+  for (int i = 0; i < N; ++i) x[i] = fmt::bf16_round(s[i] * (up[i] * al1));
+#else
+#pragma unroll
+  for (int i = 0; i < N; ++i) x[i] = activation_value<Epilogue::kSwiGLU>(gate[i], up[i], al0, al1);
+#endif
+}
+
 // The stored bits of N quantization groups' values: NVFP4 operand values (quantize_groups) with gs, else bf16.
 template <int N>
 __device__ __forceinline__ void output_bits(const float (&v)[N][2], bool quantize, float gs, uint16_t (&o)[N][2]) {
@@ -1041,19 +1099,29 @@ __device__ __forceinline__ int consume_tiles(const GemmParams& p, int idx, int& 
       auto batch = [&](int q0, auto n_const) {
         constexpr int N = decltype(n_const)::value;
         float v[N][2];
+        if constexpr (EPI == Epilogue::kSwiGLU) {
+          float gate[2 * N], up[2 * N], x[2 * N];  // value 2 qq + h
 #pragma unroll
-        for (int qq = 0; qq < N; ++qq) {
-          const auto [b, i0, ip] = group_pos(q0 + qq);
+          for (int qq = 0; qq < N; ++qq) {
+            const auto [b, i0, ip] = group_pos(q0 + qq);
 #pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            const int i = i0 + ip + 2 * h;
-            if constexpr (EPI == Epilogue::kSwiGLU) {
-              float up;
-              if constexpr (WPU == 2) up = up_acc[i]; else up = acc[NB - 1][i];
-              v[qq][h] = activation_value<EPI>(acc[0][i], up, al0, al1);
-            } else {
-              v[qq][h] = activation_value<EPI>(acc[b][i], 0.0f, al0, al1);
+            for (int h = 0; h < 2; ++h) {
+              const int i = i0 + ip + 2 * h;
+              gate[2 * qq + h] = acc[0][i];
+              if constexpr (WPU == 2) up[2 * qq + h] = up_acc[i]; else up[2 * qq + h] = acc[NB - 1][i];
             }
+          }
+          swiglu_values<2 * N>(gate, up, al0, al1, x);
+#pragma unroll
+          for (int qq = 0; qq < N; ++qq)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) v[qq][h] = x[2 * qq + h];
+        } else {
+#pragma unroll
+          for (int qq = 0; qq < N; ++qq) {
+            const auto [b, i0, ip] = group_pos(q0 + qq);
+#pragma unroll
+            for (int h = 0; h < 2; ++h) v[qq][h] = activation_value<EPI>(acc[b][i0 + ip + 2 * h], 0.0f, al0, al1);
           }
         }
         uint16_t o[N][2];

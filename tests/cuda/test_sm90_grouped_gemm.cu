@@ -370,6 +370,53 @@ TEST(Sm90GroupedGemm, DequantIsExactForEveryCodeAndScale) {
   }
 }
 
+// silu_batch (the branch-free silu of the experiment-17 epilogue) against the engine's silu_f32, v / (1 + expf(-v))
+// with the IEEE division, bit for bit for every one of the 2^32 float inputs: once with each value alone in its
+// batch (the fast path wherever the batch's range check lets it stand) and once in batches of 16 consecutive bit
+// patterns (the check for a whole batch, and the fallback where one of them is out of range). Counts the
+// mismatches and keeps the first few inputs.
+template <int N>
+__global__ void silu_batch_vs_ieee_kernel(unsigned long long* mismatches, uint32_t* first_bad) {
+  const uint64_t batches = (uint64_t{1} << 32) / N;
+  for (uint64_t bi = blockIdx.x * uint64_t{blockDim.x} + threadIdx.x; bi < batches;
+       bi += uint64_t{gridDim.x} * blockDim.x) {
+    float v[N], got[N];
+#pragma unroll
+    for (int i = 0; i < N; ++i) v[i] = __uint_as_float(static_cast<uint32_t>(bi * N + i));
+    sm90::silu_batch<N>(v, got);
+#pragma unroll
+    for (int i = 0; i < N; ++i) {
+      const float want = sm90::silu_f32(v[i]);
+      if (__float_as_uint(got[i]) != __float_as_uint(want)) {
+        const unsigned long long k = atomicAdd(mismatches, 1ull);
+        if (k < 8) first_bad[k] = __float_as_uint(v[i]);
+      }
+    }
+  }
+}
+
+TEST(Sm90GroupedGemm, SiluBatchIsTheIeeeDivisionForEveryFloat) {
+  DevBuf<unsigned long long> mismatches(std::vector<unsigned long long>{0, 0});
+  DevBuf<uint32_t> first_bad(16);
+  ASSERT_TRUE(mismatches.p && first_bad.p);
+  silu_batch_vs_ieee_kernel<1><<<132 * 8, 256>>>(mismatches.p, first_bad.p);
+  CUDA_GEMM_OK(cudaGetLastError());
+  silu_batch_vs_ieee_kernel<16><<<132 * 8, 256>>>(mismatches.p + 1, first_bad.p + 8);
+  CUDA_GEMM_OK(cudaGetLastError());
+  CUDA_GEMM_OK(cudaDeviceSynchronize());
+  const std::vector<unsigned long long> m = mismatches.get();
+  const std::vector<uint32_t> bad = first_bad.get();
+  for (int n = 0; n < 2; ++n) {
+    std::string inputs;
+    for (unsigned long long k = 0; k < std::min<unsigned long long>(m[n], 8); ++k) {
+      char buf[32];
+      std::snprintf(buf, sizeof buf, " 0x%08x", bad[8 * n + k]);
+      inputs += buf;
+    }
+    EXPECT_EQ(m[n], 0ull) << (n == 0 ? "batches of 1" : "batches of 16") << ", first inputs:" << inputs;
+  }
+}
+
 TEST(Sm90GroupedGemm, EveryConfigEveryEpilogueRandomOffsets) {
   std::mt19937 rng(7);
   for (const auto& cfg : sm90_gemm_configs()) {
