@@ -794,7 +794,7 @@ void CudaMoeLayer::forward(const TensorRef& hidden, const RoutingArgs& routing, 
         s1.tile_counter = tile_counters_ + (routed ? 0 : 2);
         s2.tile_counter = tile_counters_ + (routed ? 1 : 3);
       }
-      // The consumer stagger (same bits; the configs with one unit per consumer warpgroup read it).
+      // The consumer stagger (same bits; the tile configs of 64 rows and more read it, the others ignore it).
       s1.consumer_stagger_ns = consumer_stagger_.gemm1;
       s2.consumer_stagger_ns = consumer_stagger_.gemm2;
       // Calibration measures GEMM1's output between the two GEMMs: never chained then.

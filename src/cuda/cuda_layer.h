@@ -206,7 +206,7 @@ class CudaMoeLayer final : public MoeLayer {
   // creation): the static round-robin, for A/B.
   bool dynamic_tiles_enabled_ = true;
   // NVFP4MOE_CONSUMER_STAGGER_NS (read at creation): the second consumer warpgroup's start delay in the
-  // tile GEMMs with one unit per consumer warpgroup (same bits; for A/B, default 0).
+  // tile GEMMs of 64 rows and more (same bits; for A/B, default 0).
   ConsumerStagger consumer_stagger_;
   int32_t* chain_counters_ = nullptr;         // routed group [2 * (E + 1)], the shared expert's [2], 4 tile counters
   int32_t* shared_chain_counters_ = nullptr;

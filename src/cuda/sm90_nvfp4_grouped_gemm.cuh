@@ -69,7 +69,7 @@ struct GemmParams {
   // issuing a tile's loads, and hands each tile to its consumers through shared memory (TileSlot). Zero before the
   // launch; the launch's last claim resets it to zero, so consecutive launches (and graph replays) need no memset.
   int32_t* tile_counter = nullptr;
-  // Consumer stagger (plain tile kernel, two consumer warpgroups with a unit each: the prefill tiles): the
+  // Consumer stagger (plain tile kernel, tiles of 64 rows and more: two consumer warpgroups of a unit each): the
   // second warpgroup starts this many nanoseconds (__nanosleep) after the first, so that their epilogues stop
   // coinciding (sm90_nvfp4_grouped_gemm_kernel). 0: both start together. Same bits either way.
   int consumer_stagger_ns = 0;
