@@ -79,9 +79,16 @@ NVFP4_HD uint8_t e2m1_encode(float x) {
 // (x < 0 only, so -0.0 -> +0 and -0.1 -> -0, as the code 0x8 decodes). A few instructions instead of a chain
 // of compares and a decode: the activation quantizers on the GPU run it per value. Tested equal to the
 // composition for every float in [2^-4, 2^4) and at the boundaries (tests/format/test_nvfp4.cpp).
+// Written as ONE rint of a times a selected power of two (then times its inverse), not as three rints picked by
+// a ternary: ptxas compiled the ternary's three FRND into branches, one convergence region per value, so the
+// quantizing GEMM1 epilogue ran its 72 values a thread one after another (docs/gemm.md, "The quantizing
+// epilogue's branches"). The same bits for every float (a * 2^k and the product back are exact, rint is the same
+// operation on the same argument; checked against the ternary form for all 2^32 inputs in test_nvfp4.cpp).
 NVFP4_HD float e2m1_round(float x) {
   const float a = fabsf(x);
-  float r = a < 2.0f ? rintf(2.0f * a) * 0.5f : a < 4.0f ? rintf(a) : 2.0f * rintf(0.5f * a);
+  const float to_grid = a < 2.0f ? 2.0f : (a < 4.0f ? 1.0f : 0.5f);  // NaN: 0.5, as the ternary's last arm
+  const float from_grid = a < 2.0f ? 0.5f : (a < 4.0f ? 1.0f : 2.0f);
+  float r = rintf(a * to_grid) * from_grid;
   r = fminf(r, 6.0f);
   return x < 0.0f ? -r : r;
 }

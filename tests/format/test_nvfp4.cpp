@@ -21,6 +21,7 @@
 #include <mutex>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "format/nvfp4.h"
@@ -268,6 +269,34 @@ TEST(E2m1, SaturationAndNonFinitePolicy) {
   // Tiny and float-subnormal values are zero.
   EXPECT_EQ(fmt::e2m1_encode(f_from_bits(1)), 0);
   EXPECT_EQ(fmt::e2m1_encode(0.0f), 0);
+}
+
+// e2m1_round's one-rint form (the grid spacing as a selected power of two, then its inverse) against the
+// three-rint ternary it replaced (whose three FRND ptxas compiled into branches, one convergence region per value
+// in the GPU quantizers): the same bits for all 2^32 floats, NaNs included.
+TEST(E2m1, RoundIsTheThreeRintTernaryForEveryFloat) {
+  auto ternary = [](float x) {
+    const float a = std::fabs(x);
+    float r = a < 2.0f ? std::rint(2.0f * a) * 0.5f : a < 4.0f ? std::rint(a) : 2.0f * std::rint(0.5f * a);
+    r = std::fmin(r, 6.0f);
+    return x < 0.0f ? -r : r;
+  };
+  const unsigned workers = std::max(1u, std::thread::hardware_concurrency());
+  std::vector<uint64_t> bad(workers, 0);
+  std::vector<uint32_t> first_bad(workers, 0);
+  std::vector<std::thread> pool;
+  for (unsigned w = 0; w < workers; ++w)
+    pool.emplace_back([&, w] {
+      const uint64_t begin = (uint64_t{1} << 32) * w / workers, end = (uint64_t{1} << 32) * (w + 1) / workers;
+      for (uint64_t i = begin; i < end; ++i) {
+        const float x = f_from_bits(static_cast<uint32_t>(i));
+        if (fmt::float_bits(fmt::e2m1_round(x)) != fmt::float_bits(ternary(x)) && bad[w]++ == 0)
+          first_bad[w] = static_cast<uint32_t>(i);
+      }
+    });
+  for (auto& t : pool) t.join();
+  for (unsigned w = 0; w < workers; ++w)
+    EXPECT_EQ(bad[w], 0u) << "first mismatch at bits 0x" << std::hex << first_bad[w];
 }
 
 // e2m1_round (the GPU quantizers' shortcut) is bit-identical to decode(encode(x)): every float with |x| in
