@@ -4,11 +4,14 @@
 # optionally whole A/B trees (VARIANT_BUILDS="x17:build-x17 ...": each one's CLI and its GEMM and layer test
 # binaries as .carry/<name>/, for CARRY=.carry/<name> STEPS="gemm layer" scripts/device_gpu_suite.sh and an A/B
 # variant name:.carry/<name>/nvfp4moe), and libgomp. scripts/device_bundle.sh unpacks it on the device.
+# A gemm_microbench built in B (`cmake --build B --target gemm_microbench`) or in a variant tree is packed beside
+# its CLI when present (.carry/gemm_microbench, .carry/<name>/gemm_microbench): GEMM-only A/Bs in the same call.
 #   BASE_CLI=/tmp/old/nvfp4moe VARIANT_BUILDS="x17:build-x17" bash scripts/pack_carry.sh [build]
 set -euo pipefail
 B=${1:-build}
 rm -rf .carry/stage && mkdir -p .carry/stage/base
 cp "$B/nvfp4moe" .carry/stage/
+[ -f "$B/gemm_microbench" ] && cp "$B/gemm_microbench" .carry/stage/
 for t in cuda_test_cuda_layer cuda_test_sm90_grouped_gemm cuda_test_decode_route_kernels cuda_test_cuda_stress \
          ${EXTRA_TESTS:-}; do
   cp "$B/tests/$t" .carry/stage/
@@ -18,6 +21,7 @@ for v in ${VARIANT_BUILDS:-}; do
   name=${v%%:*} dir=${v#*:}
   mkdir -p ".carry/stage/$name"
   cp "$dir/nvfp4moe" ".carry/stage/$name/"
+  [ -f "$dir/gemm_microbench" ] && cp "$dir/gemm_microbench" ".carry/stage/$name/"
   for t in cuda_test_cuda_layer cuda_test_sm90_grouped_gemm; do cp "$dir/tests/$t" ".carry/stage/$name/"; done
 done
 cp /lib/x86_64-linux-gnu/libgomp.so.1 .carry/stage/ 2>/dev/null || cp "$(g++ -print-file-name=libgomp.so.1)" .carry/stage/
