@@ -384,6 +384,12 @@ void run_on_device(const BenchOpts& o, const BenchPlan& p, json& doc) {
   cuda::sm90_config_override_from_env();  // refused here, before any work, if malformed
   doc["sm90_config_override"] = forced ? forced : "";
   if (forced && forced[0]) std::printf("bench: sm90 tile config fixed by NVFP4MOE_SM90_CONFIG=%s\n", forced);
+  // The prefill tiles' consumer stagger (A/B), likewise refused here if malformed and recorded with the numbers.
+  const cuda::ConsumerStagger stagger = cuda::consumer_stagger_from_env();
+  doc["consumer_stagger_ns"] = {{"gemm1", stagger.gemm1}, {"gemm2", stagger.gemm2}};
+  if (stagger.gemm1 != 0 || stagger.gemm2 != 0)
+    std::printf("bench: consumer stagger %d ns (GEMM1), %d ns (GEMM2) from NVFP4MOE_CONSUMER_STAGGER_NS\n",
+                stagger.gemm1, stagger.gemm2);
   const auto t_start = std::chrono::steady_clock::now();
   const MoeSpec& spec = p.spec;
   const int64_t H = spec.hidden, E = spec.num_experts, maxT = p.tokens.back();
