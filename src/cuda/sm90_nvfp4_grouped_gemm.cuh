@@ -1131,10 +1131,12 @@ __device__ __forceinline__ int consume_tiles(const GemmParams& p, int idx, int& 
           const auto [b, i0, ip] = group_pos(q0 + qq);
           const int tok = 8 * (i0 >> 2) + 2 * t + ip;
           const int colb = (EPI == Epilogue::kSwiGLU ? unit * 64 : unit * 128 + (b + half) * 64) + 16 * warp + g;
-          if (unit_ok && tok < rows_valid) {
-            if (colb < p.n_out) out[(row_base + tok) * p.n_out + colb] = o[qq][0];
-            if (colb + 8 < p.n_out) out[(row_base + tok) * p.n_out + colb + 8] = o[qq][1];
-          }
+          // The address always, the two stores predicated: a branch around the pair made one convergence region
+          // per group, which ptxas does not schedule across (8 a batch).
+          uint16_t* const dst = out + (row_base + tok) * p.n_out + colb;
+          const bool row_ok = unit_ok && tok < rows_valid;
+          if (row_ok && colb < p.n_out) dst[0] = o[qq][0];
+          if (row_ok && colb + 8 < p.n_out) dst[8] = o[qq][1];
         }
       };
       if constexpr (kGroups < 8) {
