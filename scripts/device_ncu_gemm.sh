@@ -4,7 +4,8 @@
 # forward (kernel replay, clocks left alone) and writes the details page and the per-SASS-instruction source
 # page (stall samples per instruction) as text next to the .ncu-rep.
 #   NVFP4MOE_GIT_SHA=<sha> OUT=out bash scripts/device_ncu_gemm.sh
-# Env: CARRY (.carry), NCU_CASES: "layer:<preset>:<T>" (the CLI bench) or "mb:<microbench case prefix>"
+# Env: CARRY (.carry), NCU_CASES: "layer:<preset>:<T>[:<mode>]" (the CLI bench; mode w4a16 unless given) or
+# "mb:<microbench case prefix>"
 # (default "layer:deepseek-v3:1 mb:decode_T1_k8 mb:decode_rpe1"), NCU_MB (the microbench binary), NCU_SKIP
 # (microbench launches to skip, default 8: the first config's warm-up; each config of a case runs 64 GEMM1
 # launches then 64 GEMM2).
@@ -26,10 +27,12 @@ for c in $CASES; do
   if [ "$kind" = layer ]; then
     # One eager forward before the graph (bench --profile-eager: the layers' creation-time warm-up launches of
     # every config stay outside the profiled range): its GEMM1 + GEMM2 pair, caches as the forward left them.
-    preset=${rest%%:*} tokens=${rest##*:}
-    name="layer-$preset-t$tokens" skip=0 count=2
+    IFS=: read -r preset tokens mode <<< "$rest"
+    mode=${mode:-w4a16}
+    name="layer-$preset-t$tokens-$mode" skip=0 count=2
     range=(--profile-from-start off --cache-control none)
-    cmd=("$CARRY/nvfp4moe" bench --preset "$preset" --tokens "$tokens" --iters 1 --warmup 1 --layers 8 --profile-eager)
+    cmd=("$CARRY/nvfp4moe" bench --preset "$preset" --tokens "$tokens" --mode "$mode" --iters 1 --warmup 1 --layers 8
+         --profile-eager)
   else
     # bench/gemm_microbench.cu, one case (GEMM_MICROBENCH_ONLY), after its 8 warm-up launches.
     name="mb-$rest${NCU_SKIP:+-skip$NCU_SKIP}" skip=${NCU_SKIP:-8} count=1
