@@ -159,6 +159,24 @@ struct GpuRun {
   int64_t overwritten = 0;    // elements written past offsets[E]
 };
 
+// The arguments of one launch over problem p's device copies (a, prepared w, offsets, the factors, out);
+// gs, the schedule and the stagger are left at their defaults for the caller to set.
+Sm90GemmArgs problem_args(const Problem& p, const Sm90PreparedShape& shape, const uint16_t* a, const uint8_t* w,
+                          const int32_t* offsets, const float* alpha0, const float* alpha1, void* out,
+                          Sm90GemmEpilogue epi) {
+  Sm90GemmArgs args;
+  args.a = a;
+  args.a_rows_capacity = p.cap;
+  args.w = w;
+  args.shape = shape;
+  args.offsets = offsets;
+  args.alpha0 = alpha0;
+  args.alpha1 = alpha1;
+  args.out = out;
+  args.epilogue = epi;
+  return args;
+}
+
 // Prepares the weights and runs one config; out poisoned with 0xFF bytes first. tile_counter: the dynamic tile
 // schedule (zero before the call; every launch must leave it zero); num_sms: the persistent grid (0: the SMs);
 // stagger_ns: Sm90GemmArgs::consumer_stagger_ns.
@@ -176,17 +194,8 @@ void run_gpu(const Problem& p, Sm90GemmEpilogue epi, bool quant, const Sm90GemmC
   ASSERT_TRUE(packed.p && scales.p && w.p && a.p && off.p && out.p);
   CUDA_GEMM_OK(cudaMemset(w.p, 0xAB, shape.bytes));  // prepare must write every byte it owns
   CUDA_GEMM_OK(sm90_prepare_weights(packed.p, scales.p, shape, w.p, nullptr));
-  Sm90GemmArgs args;
-  args.a = a.p;
-  args.a_rows_capacity = p.cap;
-  args.w = w.p;
-  args.shape = shape;
-  args.offsets = off.p;
-  args.alpha0 = al0.p;
-  args.alpha1 = al1.p;
+  Sm90GemmArgs args = problem_args(p, shape, a.p, w.p, off.p, al0.p, al1.p, out.p, epi);
   args.gs = quant ? gs.p : nullptr;
-  args.out = out.p;
-  args.epilogue = epi;
   args.prologue_before_pdl_wait = before_pdl_wait;
   args.tile_counter = tile_counter;
   args.consumer_stagger_ns = stagger_ns;
@@ -808,19 +817,11 @@ TEST(Sm90GroupedGemm, DynamicScheduleBackToBackAndGraphReplays) {
   for (const auto& cfg : sm90_gemm_configs()) {
     if (cfg.warp_stream) continue;
     SCOPED_TRACE(to_string(cfg));
-    Sm90GemmArgs args;
-    args.a = a.p;
-    args.a_rows_capacity = p.cap;
-    args.w = w.p;
-    args.shape = shape;
-    args.offsets = off.p;
-    args.alpha0 = al0.p;
-    args.alpha1 = al1.p;
-    args.epilogue = Sm90GemmEpilogue::kSwiGLU;
     DevBuf<uint16_t> ref(out_elems);
     ASSERT_TRUE(ref.p);
     CUDA_OK(cudaMemsetAsync(ref.p, 0xFF, out_elems * 2, stream));
-    args.out = ref.p;
+    Sm90GemmArgs args =
+        problem_args(p, shape, a.p, w.p, off.p, al0.p, al1.p, ref.p, Sm90GemmEpilogue::kSwiGLU);
     CUDA_GEMM_OK(sm90_nvfp4_grouped_gemm(args, cfg, stream));  // static schedule
     CUDA_OK(cudaStreamSynchronize(stream));
     const std::vector<uint16_t> want = ref.get();
@@ -879,14 +880,7 @@ TEST(Sm90GroupedGemm, RefusesBadScheduleArguments) {
   DevBuf<uint16_t> a(p.a);
   DevBuf<int32_t> off(p.offsets), counter(2);
   DevBuf<float> al0(p.alpha0), out(static_cast<size_t>(p.cap) * p.N);
-  Sm90GemmArgs args;
-  args.a = a.p;
-  args.a_rows_capacity = p.cap;
-  args.w = w.p;
-  args.shape = shape;
-  args.offsets = off.p;
-  args.alpha0 = al0.p;
-  args.out = out.p;
+  Sm90GemmArgs args = problem_args(p, shape, a.p, w.p, off.p, al0.p, nullptr, out.p, Sm90GemmEpilogue::kF32);
   args.tile_counter = reinterpret_cast<int32_t*>(reinterpret_cast<uint8_t*>(counter.p) + 2);
   EXPECT_EQ(sm90_nvfp4_grouped_gemm(args, sm90_gemm_configs()[0], nullptr), cudaErrorInvalidValue);
   EXPECT_NE(std::string(sm90_gemm_last_error_message()).find("tile_counter"), std::string::npos)
