@@ -502,13 +502,15 @@ __device__ __forceinline__ void quantize_groups(const float (&v)[NB][2], float g
 #pragma unroll
     for (int q = 0; q + w < NB; q += 2 * w) sel[q] = hi ? sel[q + w] : sel[q];
   }
-  const fmt::ActivationBlockScale mine = fmt::activation_block_scales(sel[0], gs);
+  // fmaxf with 0: the reference's max starts from 0, so a group of 16 NaNs has vmax 0 there (sf 0, operands 0),
+  // not NaN (which would have given sf 0x7F and NaN operands).
+  const fmt::ActivationBlockScale mine = fmt::activation_block_scales(fmaxf(sel[0], 0.0f), gs);
 #pragma unroll
   for (int q = 0; q < NB; ++q) {
     const float os = __shfl_sync(0xFFFFFFFFu, mine.output_scale, 4 * q + t);  // lane g = q of this t: group q
     const float sff = __shfl_sync(0xFFFFFFFFu, mine.value, 4 * q + t);
 #pragma unroll
-    for (int h = 0; h < 2; ++h) o[q][h] = fmt::bf16_from_float(fmt::e2m1_round(v[q][h] * os) * sff);
+    for (int h = 0; h < 2; ++h) o[q][h] = fmt::bf16_bits_exact(fmt::e2m1_round(v[q][h] * os) * sff);
   }
 }
 
@@ -581,7 +583,9 @@ __device__ __forceinline__ void swiglu_values(const float (&gate)[N], const floa
 #endif
 }
 
-// The stored bits of N quantization groups' values: NVFP4 operand values (quantize_groups) with gs, else bf16.
+// The stored bits of N quantization groups' values (activation_value results, bf16 numbers already): NVFP4
+// operand values (quantize_groups) with gs, else the values' own bf16 bits (no second rounding: it could not
+// change them, and cost ~5 instructions a value).
 template <int N>
 __device__ __forceinline__ void output_bits(const float (&v)[N][2], bool quantize, float gs, uint16_t (&o)[N][2]) {
   if (quantize) {
@@ -590,7 +594,7 @@ __device__ __forceinline__ void output_bits(const float (&v)[N][2], bool quantiz
 #pragma unroll
     for (int q = 0; q < N; ++q)
 #pragma unroll
-      for (int h = 0; h < 2; ++h) o[q][h] = fmt::bf16_from_float(v[q][h]);
+      for (int h = 0; h < 2; ++h) o[q][h] = fmt::bf16_bits_exact(v[q][h]);
   }
 }
 // The wgmma N of a token tile with `rows` rows (1..BT): the smallest of 16 / 32 / 64 / 128 / 144 (<= BT) that holds

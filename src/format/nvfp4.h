@@ -103,35 +103,72 @@ NVFP4_HD float e4m3_decode(uint8_t code) {
   return (code & 0x80u) ? -v : v;
 }
 
-// Round to nearest even, saturating to +-448 (satfinite), NaN -> 0x7F. Integer-only on the fp32 bits.
+// IEEE single-precision add / multiply / fma, never contracted or reassociated: nvcc fuses a * b + c into one
+// FMA by default (-fmad=true), which would change a result that must be bit-exact; on the host these are the
+// plain operations (the build has no -ffast-math and no FMA contraction target).
+NVFP4_HD float add_rn(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fadd_rn(a, b);
+#else
+  return a + b;
+#endif
+}
+NVFP4_HD float mul_rn(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fmul_rn(a, b);
+#else
+  return a * b;
+#endif
+}
+NVFP4_HD float fma_rn(float a, float b, float c) {
+#if defined(__CUDA_ARCH__)
+  return __fmaf_rn(a, b, c);
+#else
+  return std::fma(a, b, c);
+#endif
+}
+
+// Round to nearest even, saturating to +-448 (satfinite), NaN -> 0x7F|sign. Integer ops, one fp32 add and
+// selects, no branch: the quantizing epilogue computes one per batch and the gather one per 16 values, and
+// ptxas had compiled the former if-chain into four convergence regions that nothing schedules across.
+// - |x| >= 2^-6 (normal e4m3): the fp32 bits rounded to 3 mantissa bits, ties to even, as bf16_from_float
+//   rounds to 7 (a carry rolls into the exponent, as it must); the exponent rebiased 127 -> 7 (-120 << 3);
+//   saturated at 0x7E.
+// - |x| < 2^-6 (subnormal e4m3, quantum 2^-9): |x| + 2^14 is |x| rounded to a multiple of 2^-9 by the fp32 add
+//   itself (the ulp of 2^14 is 2^-9: the add rounds to nearest even on exactly the bits to drop), and its bits
+//   minus those of 2^14 count the quanta, 0..8 (8 = 2^-6 is the code of the first normal: the same integer).
+// Bit-identical to the former branchy form for all 2^32 inputs (tests/format/test_nvfp4.cpp).
 NVFP4_HD uint8_t e4m3_encode(float x) {
   const uint32_t u = float_bits(x);
-  const uint8_t sign = static_cast<uint8_t>((u >> 24) & 0x80u);
+  const uint32_t sign = (u >> 24) & 0x80u;
   const uint32_t a = u & 0x7FFFFFFFu;
-  if (a > 0x7F800000u) return static_cast<uint8_t>(0x7Fu | sign);
-  if (a >= 0x43E00000u) return static_cast<uint8_t>(0x7Eu | sign);  // >= 448 (and Inf)
-  uint32_t code;
-  if (a < 0x3C800000u) {
-    // Below 2^-6: subnormal grid of step 2^-9. Shift the 24-bit significand so that the integer part
-    // counts 2^-9 units, then round to nearest even on the bits shifted out.
-    const uint32_t exp = a >> 23;
-    if (exp < 110u) return sign;  // < 2^-17: far below half of 2^-9 (and keeps the shift < 32)
-    const uint32_t sig = (a & 0x7FFFFFu) | 0x800000u;   // value = sig * 2^(exp-150)
-    const uint32_t shift = 150u - 9u - exp;              // units of 2^-9: sig >> (141 - exp)
-    const uint32_t q = sig >> shift;
-    const uint32_t rem = sig & ((1u << shift) - 1u);
-    const uint32_t half = 1u << (shift - 1u);
-    code = q + ((rem > half || (rem == half && (q & 1u))) ? 1u : 0u);  // 8 == 2^-6, the first normal
-  } else {
-    const uint32_t exp = (a >> 23) - 127u + 7u;  // 1..15
-    const uint32_t mant = a & 0x7FFFFFu;
-    uint32_t keep = mant >> 20;
-    const uint32_t rem = mant & 0xFFFFFu;
-    if (rem > 0x80000u || (rem == 0x80000u && (keep & 1u))) ++keep;  // carry may roll into the exponent
-    code = (exp << 3) + keep;
-    if (code > 0x7Eu) code = 0x7Eu;
-  }
+  const uint32_t rounded = (a + 0x7FFFFu + ((a >> 20) & 1u)) >> 20;  // (exponent << 3) + mantissa, rounded
+  const uint32_t normal = rounded - (120u << 3) < 0x7Eu ? rounded - (120u << 3) : 0x7Eu;
+  const uint32_t subnormal = float_bits(add_rn(bits_float(a), 16384.0f)) - 0x46800000u;  // 0x46800000 = 2^14
+  uint32_t code = a >= 0x3C800000u ? normal : subnormal;  // 0x3C800000 = 2^-6
+  code = a >= 0x43E00000u ? 0x7Eu : code;                 // >= 448, Inf included
+  code = a > 0x7F800000u ? 0x7Fu : code;                  // NaN
   return static_cast<uint8_t>(code | sign);
+}
+
+// e4m3_encode(x / 6.0f) without the division, for every float x but NaN (NaN -> 0x7F, without its sign, as
+// the GPU's division returns its canonical positive NaN): the block scale of an activation block is
+// e4m3(gs * vmax / 6). The quotient is q0 = x * RN(1/6), corrected once by its exact remainder
+// (fma(-q0, 6, x)): q = fma(r, RN(1/6), q0), three FMA-pipe instructions where the IEEE division is a
+// reciprocal, a Newton step, the same three, and a range check that branches to a slow path (a convergence
+// region). q is not always RN(x / 6) (subnormal quotients differ), but its e4m3 code always is that of RN(x / 6):
+// checked for all 2^32 inputs (tests/format/test_nvfp4.cpp; q0 alone differs at 30 of them, exact ties).
+// |x| is clamped to 8192 first (x / 6 > 448 saturates either way), which keeps Inf out of the FMAs.
+NVFP4_HD uint8_t e4m3_encode_div6(float x) {
+  const uint32_t u = float_bits(x);
+  const uint32_t a = u & 0x7FFFFFFFu;
+  const bool nan = a > 0x7F800000u;
+  const float m = bits_float(nan || a < 0x46000000u ? a : 0x46000000u);  // 0x46000000 = 8192
+  constexpr float kSixth = 1.0f / 6.0f;
+  const float q0 = mul_rn(m, kSixth);
+  const float q = fma_rn(fma_rn(-q0, 6.0f, m), kSixth, q0);
+  // (a NaN's sign may flip in the fmas on the host: the code is taken without it)
+  return static_cast<uint8_t>((e4m3_encode(q) & 0x7Fu) | (nan ? 0u : (u >> 24) & 0x80u));
 }
 
 // ---------------------------------------------------------------- bf16
@@ -141,6 +178,12 @@ NVFP4_HD uint16_t bf16_from_float(float f) {
   return static_cast<uint16_t>((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
 }
 NVFP4_HD float bf16_to_float(uint16_t h) { return bits_float(static_cast<uint32_t>(h) << 16); }
+// The bf16 bits of a value that already is a bf16 number: a bf16_round result (a NaN among them quiet, bit 22
+// set) or an exact e2m1 * e4m3 product (a NaN from a NaN scale is quiet as well). The top half of its fp32
+// bits, which bf16_from_float would return too after its rounding add and NaN check: the epilogues that
+// store such values save those ~5 instructions per value. Equal to bf16_from_float for every bf16_round result
+// and every e2m1 x e4m3 product (tests/format/test_nvfp4.cpp).
+NVFP4_HD uint16_t bf16_bits_exact(float v) { return static_cast<uint16_t>(float_bits(v) >> 16); }
 NVFP4_HD float bf16_round(float f) { return bf16_to_float(bf16_from_float(f)); }
 
 // ---------------------------------------------------------------- packing (element 2i in the low nibble)
@@ -177,15 +220,17 @@ NVFP4_HD uint8_t quantize_weight_block(const float* w, int n, float weight_scale
 // Fixed global scale gs = 1 / input_scale. Exact division, in the order nvfp4-format.md writes it.
 NVFP4_HD float activation_global_scale(float input_scale) { return 1.0f / input_scale; }
 
-NVFP4_HD uint8_t activation_block_scale(float block_vmax, float gs) { return e4m3_encode((gs * block_vmax) / 6.0f); }
+// e4m3((gs * vmax) / 6): the product, then the division by 6 done by e4m3_encode_div6 (the same code as the
+// IEEE quotient's for every product).
+NVFP4_HD uint8_t activation_block_scale(float block_vmax, float gs) { return e4m3_encode_div6(gs * block_vmax); }
 
+NVFP4_HD float activation_block_output_scale_of(float sff, float gs) { return sff != 0.0f ? 1.0f / (sff / gs) : 0.0f; }
 NVFP4_HD float activation_block_output_scale(uint8_t sf, float gs) {
-  const float sff = e4m3_decode(sf);
-  return sff != 0.0f ? 1.0f / (sff / gs) : 0.0f;
+  return activation_block_output_scale_of(e4m3_decode(sf), gs);
 }
 
 // The three numbers every user of one block's scale needs: the e4m3 code, its value, and the output scale
-// the values are multiplied by before the e2m1 rounding (sections 4.4 and 4.5).
+// the values are multiplied by before the e2m1 rounding (sections 4.4 and 4.5). The code is decoded once.
 struct ActivationBlockScale {
   uint8_t code;
   float value;
@@ -193,7 +238,8 @@ struct ActivationBlockScale {
 };
 NVFP4_HD ActivationBlockScale activation_block_scales(float block_vmax, float gs) {
   const uint8_t sf = activation_block_scale(block_vmax, gs);
-  return {sf, e4m3_decode(sf), activation_block_output_scale(sf, gs)};
+  const float sff = e4m3_decode(sf);
+  return {sf, sff, activation_block_output_scale_of(sff, gs)};
 }
 
 // Quantizes one block of n <= 16 activations. Returns the block scale code; codes[i] for i < n.

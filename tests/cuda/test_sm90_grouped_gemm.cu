@@ -464,6 +464,44 @@ TEST(Sm90GroupedGemm, EveryWgmmaWidthOfATile) {
   }
 }
 
+// Rows of A that are NaN or +-Inf make whole GEMM1 output rows non-finite (one NaN in a row reaches every
+// output of it). The quantizing epilogue must give the CPU quantizer's bits there as well: a group of 16 NaNs has
+// vmax 0 in fmt::quantize_activation_block (its max starts from 0), so scale 0 and operands 0, where a max over
+// the group alone would be NaN (scale 0x7F, NaN operands); a group with an Inf has scale 448 and saturated values.
+// Every config, both activations (relu^2 maps NaN to 0 and keeps +Inf).
+TEST(Sm90GroupedGemm, QuantizingEpilogueOnNonFiniteRows) {
+  const std::vector<int> counts = {9, 0, 20, 3};
+  for (const bool gated : {true, false}) {
+    Problem p = make_problem(4, gated ? 2 * 208 : 320, 144, gated, counts, gated ? 99 : 98);
+    const struct { int64_t row; uint16_t bits; } fills[] = {{2, 0x7FC0}, {11, 0x7F80}, {25, 0xFF80}, {30, 0x7FC0}};
+    for (const auto& f : fills) std::fill_n(&p.a[f.row * p.K], p.K, f.bits);
+    p.a[17 * p.K + 5] = 0x7FC0;  // one NaN in an otherwise finite row
+    const Sm90GemmEpilogue epi = gated ? Sm90GemmEpilogue::kSwiGLU : Sm90GemmEpilogue::kRelu2;
+    const int n_out = gated ? p.N / 2 : p.N;
+    for (const auto& cfg : sm90_gemm_configs()) {
+      SCOPED_TRACE(to_string(cfg) + (gated ? " SwiGLU" : " relu2"));
+      GpuRun r, q;
+      run_gpu(p, epi, false, cfg, r);
+      if (::testing::Test::HasFatalFailure()) return;
+      run_gpu(p, epi, true, cfg, q);
+      if (::testing::Test::HasFatalFailure()) return;
+      EXPECT_EQ(q.unwritten, 0);
+      std::vector<float> expect = r.out;
+      int64_t mism = 0, nan_row_nonzero = 0;
+      for (int64_t row = 0; row < p.offsets[p.E]; ++row) {
+        quantize_row_inplace(&expect[row * n_out], n_out, p.gs[expert_of(p, row)]);
+        for (int n = 0; n < n_out; ++n) {
+          const uint16_t got = static_cast<uint16_t>(q.bits[row * n_out + n]);
+          if (fmt::bf16_from_float(expect[row * n_out + n]) != got) ++mism;
+          if (gated && (row == 2 || row == 17) && got != 0) ++nan_row_nonzero;
+        }
+      }
+      EXPECT_EQ(mism, 0) << "quantized non-finite rows differ from fmt::quantize_activation_block";
+      EXPECT_EQ(nan_row_nonzero, 0) << "a SwiGLU row of NaNs must quantize to zero operands";
+    }
+  }
+}
+
 TEST(Sm90GroupedGemm, AdversarialOffsets) {
   const std::vector<std::vector<int>> cases = {
       {0, 0, 0, 0},        // no rows at all

@@ -274,29 +274,92 @@ TEST(E2m1, SaturationAndNonFinitePolicy) {
 // e2m1_round's one-rint form (the grid spacing as a selected power of two, then its inverse) against the
 // three-rint ternary it replaced (whose three FRND ptxas compiled into branches, one convergence region per value
 // in the GPU quantizers): the same bits for all 2^32 floats, NaNs included.
-TEST(E2m1, RoundIsTheThreeRintTernaryForEveryFloat) {
+// The shortcuts the GPU kernels take, each against the form it replaced or the operation it stands for, for all
+// 2^32 floats in one threaded pass (one pass: ~25 s on 2 cores for all four, where four passes took ~60):
+//   - e2m1_round: one rint of a times a selected power of two, against the three-rint ternary it replaced;
+//   - e4m3_encode: the branch-free form, against the former integer if-chain (kept below, itself checked
+//     against the brute-force ref::e4m3_encode at every tie and on random values by the tests further down);
+//   - e4m3_encode_div6(x): against e4m3_encode(x / 6.0f) (the IEEE division), NaN -> 0x7F;
+//   - bf16_bits_exact: against bf16_from_float on every bf16_round result.
+// Each fails on a one-constant mutation of its shortcut (checked when each was written).
+uint8_t e4m3_encode_if_chain(float x) {
+  const uint32_t u = bits_of(x);
+  const uint8_t sign = static_cast<uint8_t>((u >> 24) & 0x80u);
+  const uint32_t a = u & 0x7FFFFFFFu;
+  if (a > 0x7F800000u) return static_cast<uint8_t>(0x7Fu | sign);
+  if (a >= 0x43E00000u) return static_cast<uint8_t>(0x7Eu | sign);
+  uint32_t code;
+  if (a < 0x3C800000u) {
+    const uint32_t exp = a >> 23;
+    if (exp < 110u) return sign;
+    const uint32_t sig = (a & 0x7FFFFFu) | 0x800000u;
+    const uint32_t shift = 150u - 9u - exp;
+    const uint32_t q = sig >> shift;
+    const uint32_t rem = sig & ((1u << shift) - 1u);
+    const uint32_t half = 1u << (shift - 1u);
+    code = q + ((rem > half || (rem == half && (q & 1u))) ? 1u : 0u);
+  } else {
+    const uint32_t exp = (a >> 23) - 127u + 7u;
+    const uint32_t mant = a & 0x7FFFFFu;
+    uint32_t keep = mant >> 20;
+    const uint32_t rem = mant & 0xFFFFFu;
+    if (rem > 0x80000u || (rem == 0x80000u && (keep & 1u))) ++keep;
+    code = (exp << 3) + keep;
+    if (code > 0x7Eu) code = 0x7Eu;
+  }
+  return static_cast<uint8_t>(code | sign);
+}
+
+TEST(Shortcuts, EqualTheirDefinitionsForEveryFloat) {
   auto ternary = [](float x) {
     const float a = std::fabs(x);
     float r = a < 2.0f ? std::rint(2.0f * a) * 0.5f : a < 4.0f ? std::rint(a) : 2.0f * std::rint(0.5f * a);
     r = std::fmin(r, 6.0f);
     return x < 0.0f ? -r : r;
   };
+  constexpr int kChecks = 4;
+  const char* const names[kChecks] = {"e2m1_round vs the three-rint ternary", "e4m3_encode vs the if-chain",
+                                      "e4m3_encode_div6(x) vs e4m3_encode(x / 6)",
+                                      "bf16_bits_exact vs bf16_from_float of bf16_round(x)"};
   const unsigned workers = std::max(1u, std::thread::hardware_concurrency());
-  std::vector<uint64_t> bad(workers, 0);
-  std::vector<uint32_t> first_bad(workers, 0);
+  std::vector<std::array<uint64_t, kChecks>> bad(workers);
+  std::vector<std::array<uint32_t, kChecks>> first_bad(workers);
   std::vector<std::thread> pool;
   for (unsigned w = 0; w < workers; ++w)
     pool.emplace_back([&, w] {
+      bad[w].fill(0);
+      first_bad[w].fill(0);
+      auto record = [&](int check, bool ok, uint64_t i) {
+        if (!ok && bad[w][check]++ == 0) first_bad[w][check] = static_cast<uint32_t>(i);
+      };
       const uint64_t begin = (uint64_t{1} << 32) * w / workers, end = (uint64_t{1} << 32) * (w + 1) / workers;
       for (uint64_t i = begin; i < end; ++i) {
         const float x = f_from_bits(static_cast<uint32_t>(i));
-        if (fmt::float_bits(fmt::e2m1_round(x)) != fmt::float_bits(ternary(x)) && bad[w]++ == 0)
-          first_bad[w] = static_cast<uint32_t>(i);
+        record(0, fmt::float_bits(fmt::e2m1_round(x)) == fmt::float_bits(ternary(x)), i);
+        record(1, fmt::e4m3_encode(x) == e4m3_encode_if_chain(x), i);
+        record(2, fmt::e4m3_encode_div6(x) == (std::isnan(x) ? 0x7F : fmt::e4m3_encode(x / 6.0f)), i);
+        const float b = fmt::bf16_round(x);
+        record(3, fmt::bf16_bits_exact(b) == fmt::bf16_from_float(b) && fmt::bf16_bits_exact(b) == fmt::bf16_from_float(x),
+               i);
       }
     });
   for (auto& t : pool) t.join();
-  for (unsigned w = 0; w < workers; ++w)
-    EXPECT_EQ(bad[w], 0u) << "first mismatch at bits 0x" << std::hex << first_bad[w];
+  for (int c = 0; c < kChecks; ++c)
+    for (unsigned w = 0; w < workers; ++w)
+      EXPECT_EQ(bad[w][c], 0u) << names[c] << ": first mismatch at bits 0x" << std::hex << first_bad[w][c];
+}
+
+// bf16_bits_exact on the other values the quantizing epilogue stores: every e2m1 value (both signs, -0 included)
+// times every e4m3 value (NaN included): the product is exact in bf16 (or a quiet NaN), so its top 16 bits are
+// what bf16_from_float returns.
+TEST(Bf16, BitsExactIsBf16FromFloatOnEveryE2m1TimesE4m3Product) {
+  for (int c = 0; c < 16; ++c)
+    for (int s = 0; s < 256; ++s) {
+      const float v = fmt::e2m1_decode(static_cast<uint8_t>(c)) * fmt::e4m3_decode(static_cast<uint8_t>(s));
+      EXPECT_EQ(fmt::bf16_bits_exact(v), fmt::bf16_from_float(v)) << "e2m1 code " << c << " e4m3 code " << s;
+    }
+  for (float v : {6.0f, -6.0f, 0.0f, -0.0f})  // e2m1_round's outputs times a NaN scale
+    EXPECT_EQ(fmt::bf16_bits_exact(v * kNaN), fmt::bf16_from_float(v * kNaN));
 }
 
 // e2m1_round (the GPU quantizers' shortcut) is bit-identical to decode(encode(x)): every float with |x| in
