@@ -45,6 +45,31 @@ NVFP4_HD float bits_float(uint32_t u) {
 #endif
 }
 
+// IEEE single-precision add / multiply / fma, never contracted or reassociated: nvcc fuses a * b + c into one
+// FMA by default (-fmad=true), which would change a result that must be bit-exact; on the host these are the
+// plain operations (the build has no -ffast-math and no FMA contraction target).
+NVFP4_HD float add_rn(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fadd_rn(a, b);
+#else
+  return a + b;
+#endif
+}
+NVFP4_HD float mul_rn(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fmul_rn(a, b);
+#else
+  return a * b;
+#endif
+}
+NVFP4_HD float fma_rn(float a, float b, float c) {
+#if defined(__CUDA_ARCH__)
+  return __fmaf_rn(a, b, c);
+#else
+  return std::fma(a, b, c);
+#endif
+}
+
 // ---------------------------------------------------------------- e2m1 (4-bit: sign, 2 exponent, 1 mantissa)
 // Magnitude of code & 7: 0, 0.5, 1, 1.5, 2, 3, 4, 6.
 NVFP4_HD float e2m1_decode(uint8_t code) {
@@ -74,21 +99,20 @@ NVFP4_HD uint8_t e2m1_encode(float x) {
 }
 
 // e2m1_decode(e2m1_encode(x)) without the code: the value x rounds to. On the e2m1 grid, round to nearest
-// even is rint on the grid's spacing (0.5 below 2, 1 below 4, 2 above): rint(2a) / 2, rint(a), 2 rint(a / 2),
-// all exact in fp32, then the saturation at 6 (fminf also maps NaN to 6, as e2m1_encode does) and the sign
-// (x < 0 only, so -0.0 -> +0 and -0.1 -> -0, as the code 0x8 decodes). A few instructions instead of a chain
-// of compares and a decode: the activation quantizers on the GPU run it per value. Tested equal to the
-// composition for every float in [2^-4, 2^4) and at the boundaries (tests/format/test_nvfp4.cpp).
-// Written as ONE rint of a times a selected power of two (then times its inverse), not as three rints picked by
-// a ternary: ptxas compiled the ternary's three FRND into branches, one convergence region per value, so the
-// quantizing GEMM1 epilogue ran its 72 values a thread one after another (docs/gemm.md, "The quantizing
-// epilogue's branches"). The same bits for every float (a * 2^k and the product back are exact, rint is the same
-// operation on the same argument; checked against the ternary form for all 2^32 inputs in test_nvfp4.cpp).
+// even is rounding to a multiple of the grid's spacing (0.5 below 2, 1 below 4, 2 above), then the saturation at
+// 6 (fminf also maps NaN to 6, as e2m1_encode does) and the sign (x < 0 only, so -0.0 -> +0 and -0.1 -> -0, as
+// the code 0x8 decodes). The rounding is done by the fp32 adder itself: (a + C) - C with C = spacing * 2^23
+// (2^22, 2^23 or 2^24, whose ulp is the spacing) rounds a to nearest even on exactly the bits below the spacing,
+// and the subtraction is exact; Inf stays Inf (then 6), NaN stays NaN (then 6). Two adds and one select of C
+// per value, where rint on a scaled value took two selects, two multiplies and an FRND (and the earlier ternary
+// of three rints a convergence region per value: docs/gemm.md, "The quantizing epilogue's branches"): the
+// activation quantizers on the GPU run it per value. The same bits as the three-rint ternary for all 2^32 floats
+// (tests/format/test_nvfp4.cpp, Shortcuts.EqualTheirDefinitionsForEveryFloat), and as decode(encode(x)) over
+// every float with |x| in [2^-4, 2^4) and at the boundaries (same file).
 NVFP4_HD float e2m1_round(float x) {
   const float a = fabsf(x);
-  const float to_grid = a < 2.0f ? 2.0f : (a < 4.0f ? 1.0f : 0.5f);  // NaN: 0.5, as the ternary's last arm
-  const float from_grid = a < 2.0f ? 0.5f : (a < 4.0f ? 1.0f : 2.0f);
-  float r = rintf(a * to_grid) * from_grid;
+  const float c = a < 2.0f ? 0x1p22f : (a < 4.0f ? 0x1p23f : 0x1p24f);  // NaN: 2^24, as the ternary's last arm
+  float r = add_rn(add_rn(a, c), -c);
   r = fminf(r, 6.0f);
   return x < 0.0f ? -r : r;
 }
@@ -101,31 +125,6 @@ NVFP4_HD float e4m3_decode(uint8_t code) {
   else if (e == 0) v = static_cast<float>(m) * 0.001953125f;            // subnormal: m * 2^-9
   else v = bits_float(((e + 120u) << 23) | (m << 20));                  // (1 + m/8) * 2^(e-7)
   return (code & 0x80u) ? -v : v;
-}
-
-// IEEE single-precision add / multiply / fma, never contracted or reassociated: nvcc fuses a * b + c into one
-// FMA by default (-fmad=true), which would change a result that must be bit-exact; on the host these are the
-// plain operations (the build has no -ffast-math and no FMA contraction target).
-NVFP4_HD float add_rn(float a, float b) {
-#if defined(__CUDA_ARCH__)
-  return __fadd_rn(a, b);
-#else
-  return a + b;
-#endif
-}
-NVFP4_HD float mul_rn(float a, float b) {
-#if defined(__CUDA_ARCH__)
-  return __fmul_rn(a, b);
-#else
-  return a * b;
-#endif
-}
-NVFP4_HD float fma_rn(float a, float b, float c) {
-#if defined(__CUDA_ARCH__)
-  return __fmaf_rn(a, b, c);
-#else
-  return std::fma(a, b, c);
-#endif
 }
 
 // Round to nearest even, saturating to +-448 (satfinite), NaN -> 0x7F|sign. Integer ops, one fp32 add and

@@ -276,7 +276,7 @@ TEST(E2m1, SaturationAndNonFinitePolicy) {
 // in the GPU quantizers): the same bits for all 2^32 floats, NaNs included.
 // The shortcuts the GPU kernels take, each against the form it replaced or the operation it stands for, for all
 // 2^32 floats in one threaded pass (one pass: ~25 s on 2 cores for all four, where four passes took ~60):
-//   - e2m1_round: one rint of a times a selected power of two, against the three-rint ternary it replaced;
+//   - e2m1_round: the rounding by the fp32 adder ((a + C) - C), against the three-rint ternary it replaced;
 //   - e4m3_encode: the branch-free form, against the former integer if-chain (kept below, itself checked
 //     against the brute-force ref::e4m3_encode at every tie and on random values by the tests further down);
 //   - e4m3_encode_div6(x): against e4m3_encode(x / 6.0f) (the IEEE division), NaN -> 0x7F;
