@@ -118,12 +118,16 @@ NVFP4_HD float e2m1_round(float x) {
 }
 
 // ---------------------------------------------------------------- e4m3fn (bias 7, max 448, NaN 0x7F/0xFF)
+// Without a branch (the activation quantizers decode one scale per block in their serial scale chain): a normal
+// code is its bits moved into place, (1 + m/8) 2^(e-7); a subnormal one, m 2^-9, is the normal pattern with
+// exponent 2^-6, (1 + m/8) 2^-6, minus 2^-6 (exact: both in one binade). Equal to the former if-chain for all 256
+// codes (tests/format/test_nvfp4.cpp).
 NVFP4_HD float e4m3_decode(uint8_t code) {
   const uint32_t e = (code >> 3) & 0xFu, m = code & 7u;
-  float v;
-  if ((code & 0x7Fu) == 0x7Fu) v = bits_float(0x7FC00000u);           // NaN
-  else if (e == 0) v = static_cast<float>(m) * 0.001953125f;            // subnormal: m * 2^-9
-  else v = bits_float(((e + 120u) << 23) | (m << 20));                  // (1 + m/8) * 2^(e-7)
+  const bool subnormal = e == 0;
+  const float pattern = bits_float(((subnormal ? 121u : e + 120u) << 23) | (m << 20));
+  float v = add_rn(pattern, subnormal ? -0x1p-6f : 0.0f);                   // 2^-6 + m 2^-9 - 2^-6
+  v = (code & 0x7Fu) == 0x7Fu ? bits_float(0x7FC00000u) : v;                // NaN
   return (code & 0x80u) ? -v : v;
 }
 
