@@ -11,30 +11,43 @@
 # shell snippet, evaluated with $W the work folder). Everything lands
 # in $OUT/work and is packed into $OUT/<sha>-logs.tgz (the device returns at most 8 files), beside the suites'
 # summary and one line per measured point ($OUT/<sha>-points.txt).
+# DEADLINE_S (default 570, for the device call's 600 s limit): every step is bounded so that the logs are packed
+# before it: the suites get what is left (or SUITE_BUDGET_S if less) as their BUDGET_S (each step's limit cut to it),
+# the A/B groups and EXTRA run under `timeout` with what is left, and a step with under 30 s left is skipped.
 set -u -o pipefail
 OUT=${OUT:-out}
 SHA=${NVFP4MOE_GIT_SHA:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
 W=$OUT/work
 mkdir -p "$W"
+DEADLINE_S=${DEADLINE_S:-570}
+T0=$SECONDS
+left() { echo $(( DEADLINE_S - (SECONDS - T0) - 25 )); }  # seconds a step may still take (25 s kept for packing)
 for b in .carry/*.tar.xz; do [ -f "$b" ] && tar xJf "$b" -C .carry; done
 export LD_LIBRARY_PATH=$PWD/.carry:${LD_LIBRARY_PATH:-}  # libgomp, which the device image may lack
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,clocks.mem --format=csv > "$W/gpu-info.txt" 2>&1
 status=0
 if [ -n "${SUITE_STEPS:-}" ]; then
-  STEPS=$SUITE_STEPS NVFP4MOE_GIT_SHA=$SHA OUT=$W/suites bash scripts/device_gpu_suite.sh > "$W/suites-driver.log" 2>&1
+  budget=$(left); [ -n "${SUITE_BUDGET_S:-}" ] && [ "$SUITE_BUDGET_S" -lt "$budget" ] && budget=$SUITE_BUDGET_S
+  BUDGET_S=$budget STEPS=$SUITE_STEPS NVFP4MOE_GIT_SHA=$SHA OUT=$W/suites bash scripts/device_gpu_suite.sh \
+    > "$W/suites-driver.log" 2>&1
   status=$?
   cp "$W/suites/$SHA-summary.log" "$OUT/" 2>/dev/null
 fi
 for i in 1 2 3; do
   v=AB${i}_VARIANTS p=AB${i}_POINTS r=AB${i}_REPEAT
   [ -n "${!v:-}" ] || continue
+  if [ "$(left)" -lt 30 ]; then echo "ab$i: skipped (deadline: $(( SECONDS - T0 ))s used of ${DEADLINE_S}s)" \
+    | tee -a "$OUT/$SHA-points.txt"; continue; fi
   VARIANTS=${!v} POINTS=${!p} REPEAT=${!r:-1} NVFP4MOE_GIT_SHA=$SHA OUT=$W/ab$i \
-    bash scripts/device_variant_ab.sh 2>&1 | tee -a "$OUT/$SHA-points.txt"
+    timeout "$(left)" bash scripts/device_variant_ab.sh 2>&1 | tee -a "$OUT/$SHA-points.txt"
+  [ "${PIPESTATUS[0]}" = 124 ] && echo "ab$i: stopped at the deadline" | tee -a "$OUT/$SHA-points.txt"
 done
 # EXTRA: one more shell snippet (e.g. a bench with --routing or a compute-sanitizer run), its output into $W.
-if [ -n "${EXTRA:-}" ]; then
-  ( export W; eval "$EXTRA" ) > "$W/extra.log" 2>&1
-  echo "extra: exit $?" | tee -a "$OUT/$SHA-points.txt"
+if [ -n "${EXTRA:-}" ] && [ "$(left)" -lt 30 ]; then
+  echo "extra: skipped (deadline: $(( SECONDS - T0 ))s used of ${DEADLINE_S}s)" | tee -a "$OUT/$SHA-points.txt"
+elif [ -n "${EXTRA:-}" ]; then
+  W=$W SHA=$SHA timeout "$(left)" bash -c "$EXTRA" > "$W/extra.log" 2>&1
+  echo "extra: exit $? (124: stopped at the deadline)" | tee -a "$OUT/$SHA-points.txt"
   grep -hE "us/layer|SUMMARY|PASSED|FAILED| exit " "$W/extra.log" | tee -a "$OUT/$SHA-points.txt"
 fi
 ( cd "$OUT" && tar czf "$SHA-logs.tgz" work --remove-files ) || true

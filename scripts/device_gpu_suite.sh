@@ -7,7 +7,10 @@
 # <sha>-<suite>.log and, at the end, packed into $OUT/<sha>-gpu-logs.tgz next to $OUT/<sha>-summary.log.
 #
 #   NVFP4MOE_GIT_SHA=<sha> OUT=out bash scripts/device_gpu_suite.sh
-# Env: CARRY (.carry), STEPS (default "layer gemm quant stress sanitizer python cli").
+# Env: CARRY (.carry), STEPS (default "layer gemm quant stress sanitizer python cli"), BUDGET_S (optional: seconds
+# this script may use in all: each step's (or sanitizer run's) time limit is cut to what is left of it, and a step
+# with under 20 s left is skipped with a "skipped (budget)" line, so that the logs are packed before the device
+# call's limit instead of lost).
 set -u -o pipefail
 OUT=${OUT:-out}
 mkdir -p "$OUT"
@@ -22,8 +25,20 @@ SAN=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer
 T0=$SECONDS
 status=0
 summary() { echo "[$(( SECONDS - T0 ))s] $*" | tee -a "$OUT/$SHA-summary.log"; }
+limit=0
+fits() {  # fits LIMIT NAME: sets $limit to LIMIT cut to what is left of BUDGET_S; false (and a summary line) under 20 s
+  limit=$1
+  [ -z "${BUDGET_S:-}" ] && return 0
+  local rest=$(( BUDGET_S - (SECONDS - T0) ))
+  [ "$rest" -lt "$limit" ] && limit=$rest
+  [ "$limit" -ge 20 ] && return 0
+  summary "$2: skipped (budget: ${BUDGET_S}s, $(( SECONDS - T0 ))s used)"
+  status=1
+  return 1
+}
 suite() {  # suite NAME TIMEOUT BINARY ARGS...
-  local name=$1 limit=$2; shift 2
+  local name=$1; fits "$2" "$1" || return 0
+  shift 2
   timeout "$limit" "$@" --gtest_color=no > "$OUT/$SHA-$name.log" 2>&1
   local rc=$?
   summary "$name: exit $rc; $(grep -E '^\[  (PASSED|FAILED)  \]|tests ran' "$OUT/$SHA-$name.log" | tr '\n' ' ')"
@@ -48,7 +63,8 @@ if has sanitizer; then
     filter=$SUB
     [ "$tool" = racecheck ] && filter='Modes/ModeTest.AdversarialRouting/w4a4:CudaLayer.Calibration'
     echo "=== compute-sanitizer --tool $tool --gtest_filter=$filter" >> "$OUT/$SHA-cuda-sanitizer.log"
-    limit=120; [ "$tool" = racecheck ] && limit=240  # racecheck of the layer subset: 119 s at 3d97e92, > 120 at 8404347
+    max=120; [ "$tool" = racecheck ] && max=240  # racecheck of the layer subset: 119 s at 3d97e92, > 120 at 8404347
+    fits $max "sanitizer $tool" || continue
     timeout $limit "$SAN" --tool $tool --error-exitcode 9 "$CARRY/cuda_test_cuda_layer" --gtest_color=no \
       --gtest_brief=1 --gtest_filter="$filter" 2>&1 | tail -n 25 >> "$OUT/$SHA-cuda-sanitizer.log"
     rc=${PIPESTATUS[0]}
@@ -60,20 +76,23 @@ if has sanitizer; then
   # stages; the first 3 tile launches, racecheck is slow). AdversarialOffsets never wraps the stages. Known to
   # report WAR pairs (TMA weight copy vs the consumers' shared loads) with any arrival scheme tried so far:
   # docs/gemm.md, "The wgmma consumers' stage release under racecheck".
+  if fits 180 "sanitizer racecheck (tile kernels, stage reuse)"; then
   echo "=== compute-sanitizer --tool racecheck --kernel-name kns=sm90_nvfp4_grouped_gemm_kernel (RealShapesDeterministic)" \
     >> "$OUT/$SHA-cuda-sanitizer.log"
-  timeout 180 "$SAN" --tool racecheck --kernel-name kns=sm90_nvfp4_grouped_gemm_kernel --launch-count 3 --error-exitcode 9 \
+  timeout "$limit" "$SAN" --tool racecheck --kernel-name kns=sm90_nvfp4_grouped_gemm_kernel --launch-count 3 --error-exitcode 9 \
     "$CARRY/cuda_test_sm90_grouped_gemm" --gtest_color=no --gtest_brief=1 \
     --gtest_filter='Sm90GroupedGemm.RealShapesDeterministic' 2>&1 | tail -n 25 >> "$OUT/$SHA-cuda-sanitizer.log"
   rc=${PIPESTATUS[0]}
   echo "=== racecheck (tile kernels, stage reuse) exit $rc" >> "$OUT/$SHA-cuda-sanitizer.log"
   summary "sanitizer racecheck (tile kernels, stage reuse): exit $rc"
   [ "$rc" = 0 ] || status=1
+  fi
   # The chained GEMM1 -> GEMM2 kernel (its own barriers and phases): every tool, instrumenting that kernel only.
   for tool in racecheck synccheck memcheck; do
+    fits 120 "sanitizer $tool (chained kernel)" || continue
     echo "=== compute-sanitizer --tool $tool --kernel-name kns=chained --gtest_filter=CudaLayer.ChainedGemms*" \
       >> "$OUT/$SHA-cuda-sanitizer.log"
-    timeout 120 "$SAN" --tool $tool --kernel-name kns=chained --error-exitcode 9 "$CARRY/cuda_test_cuda_layer" \
+    timeout "$limit" "$SAN" --tool $tool --kernel-name kns=chained --error-exitcode 9 "$CARRY/cuda_test_cuda_layer" \
       --gtest_color=no --gtest_brief=1 --gtest_filter='CudaLayer.ChainedGemms*' 2>&1 | tail -n 25 \
       >> "$OUT/$SHA-cuda-sanitizer.log"
     rc=${PIPESTATUS[0]}
@@ -87,8 +106,9 @@ if has sanitizer; then
   # reports the known WAR pairs of the TMA weight copy against the consumers' loads (docs/gemm.md), which any new
   # report must be told apart from by reading the log.
   for tool in memcheck synccheck racecheck; do
+    fits 150 "sanitizer $tool (dynamic tile schedule)" || continue
     echo "=== compute-sanitizer --tool $tool --gtest_filter=Sm90GroupedGemm.DynamicSchedule*" >> "$OUT/$SHA-cuda-sanitizer.log"
-    timeout 150 "$SAN" --tool $tool --error-exitcode 9 "$CARRY/cuda_test_sm90_grouped_gemm" --gtest_color=no \
+    timeout "$limit" "$SAN" --tool $tool --error-exitcode 9 "$CARRY/cuda_test_sm90_grouped_gemm" --gtest_color=no \
       --gtest_brief=1 --gtest_filter='Sm90GroupedGemm.DynamicSchedule*' 2>&1 | tail -n 25 >> "$OUT/$SHA-cuda-sanitizer.log"
     rc=${PIPESTATUS[0]}
     echo "=== $tool (dynamic schedule) exit $rc" >> "$OUT/$SHA-cuda-sanitizer.log"
@@ -97,17 +117,17 @@ if has sanitizer; then
   done
 fi
 
-if has python; then
-  OUT=$OUT NVFP4MOE_GIT_SHA=$SHA timeout 240 bash scripts/device_python_gpu.sh > "$OUT/$SHA-python-driver.log" 2>&1
+if has python && fits 240 python; then
+  OUT=$OUT NVFP4MOE_GIT_SHA=$SHA timeout "$limit" bash scripts/device_python_gpu.sh > "$OUT/$SHA-python-driver.log" 2>&1
   rc=$?
   summary "python: exit $rc; $(tail -n 1 "$OUT/$SHA-python-driver.log")"
   [ "$rc" = 0 ] || status=1
 fi
 
-if has cli; then
+if has cli && fits 120 cli; then
   {
-    "$CARRY/nvfp4moe" demo --backend cuda
-    "$CARRY/nvfp4moe" bench --preset qwen3-30b --tokens 1,64 --mode w4a16 --iters 50 --json "$OUT/$SHA-bench-smoke.json"
+    timeout 60 "$CARRY/nvfp4moe" demo --backend cuda
+    timeout 60 "$CARRY/nvfp4moe" bench --preset qwen3-30b --tokens 1,64 --mode w4a16 --iters 50 --json "$OUT/$SHA-bench-smoke.json"
   } > "$OUT/$SHA-cuda-cli.log" 2>&1
   rc=$?
   summary "cli: exit $rc"
