@@ -103,10 +103,10 @@ NVFP4_HD uint8_t e2m1_encode(float x) {
 // 6 (fminf also maps NaN to 6, as e2m1_encode does) and the sign (x < 0 only, so -0.0 -> +0 and -0.1 -> -0, as
 // the code 0x8 decodes). The rounding is done by the fp32 adder itself: (a + C) - C with C = spacing * 2^23
 // (2^22, 2^23 or 2^24, whose ulp is the spacing) rounds a to nearest even on exactly the bits below the spacing,
-// and the subtraction is exact; Inf stays Inf (then 6), NaN stays NaN (then 6). Two adds and one select of C
-// per value, where rint on a scaled value took two selects, two multiplies and an FRND (and the earlier ternary
-// of three rints a convergence region per value: docs/gemm.md, "The quantizing epilogue's branches"): the
-// activation quantizers on the GPU run it per value. The same bits as the three-rint ternary for all 2^32 floats
+// and the subtraction is exact; Inf stays Inf (then 6), NaN stays NaN (then 6). Per value: C selected (two
+// compares, two selects) and two adds, where rint on a scaled value took the same compares, four selects, two
+// multiplies and an FRND (and the earlier ternary of three rints a convergence region per value: docs/gemm.md,
+// "The quantizing epilogue's branches"): the activation quantizers on the GPU run it per value. The same bits as the three-rint ternary for all 2^32 floats
 // (tests/format/test_nvfp4.cpp, Shortcuts.EqualTheirDefinitionsForEveryFloat), and as decode(encode(x)) over
 // every float with |x| in [2^-4, 2^4) and at the boundaries (same file).
 NVFP4_HD float e2m1_round(float x) {
