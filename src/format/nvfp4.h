@@ -106,9 +106,9 @@ NVFP4_HD uint8_t e2m1_encode(float x) {
 // and the subtraction is exact; Inf stays Inf (then 6), NaN stays NaN (then 6). Per value: C selected (two
 // compares, two selects) and two adds, where rint on a scaled value took the same compares, four selects, two
 // multiplies and an FRND (and the earlier ternary of three rints a convergence region per value: docs/gemm.md,
-// "The quantizing epilogue's branches"): the activation quantizers on the GPU run it per value. The same bits as the three-rint ternary for all 2^32 floats
-// (tests/format/test_nvfp4.cpp, Shortcuts.EqualTheirDefinitionsForEveryFloat), and as decode(encode(x)) over
-// every float with |x| in [2^-4, 2^4) and at the boundaries (same file).
+// "The quantizing epilogue's branches"): the activation quantizers on the GPU run it per value. The same bits as
+// the three-rint ternary for all 2^32 floats (tests/format/test_nvfp4.cpp, Shortcuts.EqualTheirDefinitionsFor-
+// EveryFloat), and as decode(encode(x)) over every float with |x| in [2^-4, 2^4) and at the boundaries (same file).
 NVFP4_HD float e2m1_round(float x) {
   const float a = fabsf(x);
   const float c = a < 2.0f ? 0x1p22f : (a < 4.0f ? 0x1p23f : 0x1p24f);  // NaN: 2^24, as the ternary's last arm
