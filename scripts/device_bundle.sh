@@ -47,7 +47,8 @@ if [ -n "${EXTRA:-}" ] && [ "$(left)" -lt 30 ]; then
   echo "extra: skipped (deadline: $(( SECONDS - T0 ))s used of ${DEADLINE_S}s)" | tee -a "$OUT/$SHA-points.txt"
 elif [ -n "${EXTRA:-}" ]; then
   W=$W SHA=$SHA timeout "$(left)" bash -c "$EXTRA" > "$W/extra.log" 2>&1
-  echo "extra: exit $? (124: stopped at the deadline)" | tee -a "$OUT/$SHA-points.txt"
+  rc=$?
+  echo "extra: exit $rc$([ "$rc" = 124 ] && echo ' (stopped at the deadline)')" | tee -a "$OUT/$SHA-points.txt"
   grep -hE "us/layer|SUMMARY|PASSED|FAILED| exit " "$W/extra.log" | tee -a "$OUT/$SHA-points.txt"
 fi
 ( cd "$OUT" && tar czf "$SHA-logs.tgz" work --remove-files ) || true
