@@ -77,15 +77,15 @@ if has sanitizer; then
   # report WAR pairs (TMA weight copy vs the consumers' shared loads) with any arrival scheme tried so far:
   # docs/gemm.md, "The wgmma consumers' stage release under racecheck".
   if fits 180 "sanitizer racecheck (tile kernels, stage reuse)"; then
-  echo "=== compute-sanitizer --tool racecheck --kernel-name kns=sm90_nvfp4_grouped_gemm_kernel (RealShapesDeterministic)" \
-    >> "$OUT/$SHA-cuda-sanitizer.log"
-  timeout "$limit" "$SAN" --tool racecheck --kernel-name kns=sm90_nvfp4_grouped_gemm_kernel --launch-count 3 --error-exitcode 9 \
-    "$CARRY/cuda_test_sm90_grouped_gemm" --gtest_color=no --gtest_brief=1 \
-    --gtest_filter='Sm90GroupedGemm.RealShapesDeterministic' 2>&1 | tail -n 25 >> "$OUT/$SHA-cuda-sanitizer.log"
-  rc=${PIPESTATUS[0]}
-  echo "=== racecheck (tile kernels, stage reuse) exit $rc" >> "$OUT/$SHA-cuda-sanitizer.log"
-  summary "sanitizer racecheck (tile kernels, stage reuse): exit $rc"
-  [ "$rc" = 0 ] || status=1
+    echo "=== compute-sanitizer --tool racecheck --kernel-name kns=sm90_nvfp4_grouped_gemm_kernel (RealShapesDeterministic)" \
+      >> "$OUT/$SHA-cuda-sanitizer.log"
+    timeout "$limit" "$SAN" --tool racecheck --kernel-name kns=sm90_nvfp4_grouped_gemm_kernel --launch-count 3 --error-exitcode 9 \
+      "$CARRY/cuda_test_sm90_grouped_gemm" --gtest_color=no --gtest_brief=1 \
+      --gtest_filter='Sm90GroupedGemm.RealShapesDeterministic' 2>&1 | tail -n 25 >> "$OUT/$SHA-cuda-sanitizer.log"
+    rc=${PIPESTATUS[0]}
+    echo "=== racecheck (tile kernels, stage reuse) exit $rc" >> "$OUT/$SHA-cuda-sanitizer.log"
+    summary "sanitizer racecheck (tile kernels, stage reuse): exit $rc"
+    [ "$rc" = 0 ] || status=1
   fi
   # The chained GEMM1 -> GEMM2 kernel (its own barriers and phases): every tool, instrumenting that kernel only.
   for tool in racecheck synccheck memcheck; do

@@ -47,11 +47,10 @@ __device__ __forceinline__ void store_act16(uint16_t* dst, const float (&v)[16],
     const float s = fmt::e4m3_decode(sf);
 #pragma unroll
     for (int i = 0; i < 8; ++i)
-      bits[i] = (fmt::float_bits(fmt::e2m1_decode(codes[2 * i]) * s) >> 16) |
-                (fmt::float_bits(fmt::e2m1_decode(codes[2 * i + 1]) * s) & 0xFFFF0000u);
+      bits[i] = fmt::bf16x2_bits_exact(fmt::e2m1_decode(codes[2 * i]) * s, fmt::e2m1_decode(codes[2 * i + 1]) * s);
   } else {
 #pragma unroll
-    for (int i = 0; i < 8; ++i) bits[i] = (fmt::float_bits(v[2 * i]) >> 16) | (fmt::float_bits(v[2 * i + 1]) & 0xFFFF0000u);
+    for (int i = 0; i < 8; ++i) bits[i] = fmt::bf16x2_bits_exact(v[2 * i], v[2 * i + 1]);
   }
   if (amax_arr) {
     float m = 0.0f;
@@ -165,9 +164,8 @@ __global__ void __launch_bounds__(kMmaThreads) grouped_gemm_mma_kernel(GroupedGe
         for (int q = 0; q < 8; ++q) {
           const uint32_t byte = ((q < 4 ? lo32 : hi32) >> ((q & 3) * 8)) & 0xFFu;
           // e2m1 * e4m3 is exact in bf16: truncating the fp32 bits loses nothing.
-          const uint32_t v0 = fmt::float_bits(fmt::e2m1_decode(static_cast<uint8_t>(byte & 0xF)) * s) >> 16;
-          const uint32_t v1 = fmt::float_bits(fmt::e2m1_decode(static_cast<uint8_t>(byte >> 4)) * s) & 0xFFFF0000u;
-          bits[q] = v0 | v1;
+          bits[q] = fmt::bf16x2_bits_exact(fmt::e2m1_decode(static_cast<uint8_t>(byte & 0xF)) * s,
+                                           fmt::e2m1_decode(static_cast<uint8_t>(byte >> 4)) * s);
         }
         uint4* d = reinterpret_cast<uint4*>(Ws + w_row[i] * kMmaLds + w_col[i]);
         d[0] = make_uint4(bits[0], bits[1], bits[2], bits[3]);

@@ -33,8 +33,7 @@ __device__ __forceinline__ void load_block16(const void* row, int col, float (&x
       }
     }
 #pragma unroll
-    for (int i = 0; i < 8; ++i)
-      bits[i] = (fmt::float_bits(x[2 * i]) >> 16) | (fmt::float_bits(x[2 * i + 1]) & 0xFFFF0000u);
+    for (int i = 0; i < 8; ++i) bits[i] = fmt::bf16x2_bits_exact(x[2 * i], x[2 * i + 1]);
   } else {
     const uint4* src = reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(row) + col);
     const uint4 v0 = src[0], v1 = src[1];
@@ -76,12 +75,9 @@ __device__ __forceinline__ void quant_block16_operand(const float (&x)[16], floa
   for (int i = 0; i < 16; ++i) vmax = fmaxf(vmax, fabsf(x[i]));
   const fmt::ActivationBlockScale sc = fmt::activation_block_scales(vmax, gs);
 #pragma unroll
-  for (int i = 0; i < 8; ++i) {
-    // e2m1 * e4m3 is exact in bf16: truncating the fp32 bits loses nothing.
-    const uint32_t lo = fmt::float_bits(fmt::e2m1_round(x[2 * i] * sc.output_scale) * sc.value) >> 16;
-    const uint32_t hi = fmt::float_bits(fmt::e2m1_round(x[2 * i + 1] * sc.output_scale) * sc.value) & 0xFFFF0000u;
-    bits[i] = lo | hi;
-  }
+  for (int i = 0; i < 8; ++i)  // e2m1 * e4m3 is exact in bf16: its bits are the top half of the fp32 ones
+    bits[i] = fmt::bf16x2_bits_exact(fmt::e2m1_round(x[2 * i] * sc.output_scale) * sc.value,
+                                     fmt::e2m1_round(x[2 * i + 1] * sc.output_scale) * sc.value);
 }
 
 // One work item of the gather, by one warp: columns [col0, col_end) of row r = hidden[t] with expert e's

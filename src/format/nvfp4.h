@@ -187,6 +187,10 @@ NVFP4_HD float bf16_to_float(uint16_t h) { return bits_float(static_cast<uint32_
 // store such values save those ~5 instructions per value. Equal to bf16_from_float for every bf16_round result
 // and every e2m1 x e4m3 product (tests/format/test_nvfp4.cpp).
 NVFP4_HD uint16_t bf16_bits_exact(float v) { return static_cast<uint16_t>(float_bits(v) >> 16); }
+// Two such values as one bf16x2 word (lo in the low half): the operand rows the kernels store 16 bytes at a time.
+NVFP4_HD uint32_t bf16x2_bits_exact(float lo, float hi) {
+  return (float_bits(lo) >> 16) | (float_bits(hi) & 0xFFFF0000u);
+}
 NVFP4_HD float bf16_round(float f) { return bf16_to_float(bf16_from_float(f)); }
 
 // ---------------------------------------------------------------- packing (element 2i in the low nibble)

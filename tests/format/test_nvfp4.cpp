@@ -370,6 +370,8 @@ TEST(Bf16, BitsExactIsBf16FromFloatOnEveryE2m1TimesE4m3Product) {
     for (int s = 0; s < 256; ++s) {
       const float v = fmt::e2m1_decode(static_cast<uint8_t>(c)) * fmt::e4m3_decode(static_cast<uint8_t>(s));
       EXPECT_EQ(fmt::bf16_bits_exact(v), fmt::bf16_from_float(v)) << "e2m1 code " << c << " e4m3 code " << s;
+      const float w = -v;  // the other half of a pair
+      EXPECT_EQ(fmt::bf16x2_bits_exact(v, w), fmt::bf16_from_float(v) | (uint32_t{fmt::bf16_from_float(w)} << 16));
     }
   for (float v : {6.0f, -6.0f, 0.0f, -0.0f})  // e2m1_round's outputs times a NaN scale
     EXPECT_EQ(fmt::bf16_bits_exact(v * kNaN), fmt::bf16_from_float(v * kNaN));
