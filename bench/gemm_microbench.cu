@@ -165,9 +165,18 @@ static WeightSets make_sets(int E, int N, int K, bool gated, int nsets) {
 
 struct Result { double us, tbs, tflops; };
 
+// A gathered A (Sm90GemmArgs::a_gather_*): GEMM row r reads src[perm[r] / top_k].
+struct GatherCase {
+  const uint16_t* src = nullptr;
+  int64_t src_rows = 0;
+  const int32_t* perm = nullptr;
+  int top_k = 1;
+};
+
 // counts[e] rows per expert; returns the median time of one launch.
 static Result run_case(const WeightSets& w, const std::vector<int>& counts, Sm90GemmEpilogue epi,
-                       const Sm90GemmConfig& cfg, FILE* json, const std::string& name, const Ceil& c) {
+                       const Sm90GemmConfig& cfg, FILE* json, const std::string& name, const Ceil& c,
+                       const GatherCase* gather = nullptr) {
   const int E = w.shape.num_experts, N = w.shape.n, K = w.shape.k;
   std::vector<int32_t> off(E + 1, 0);
   int touched = 0;
@@ -209,6 +218,12 @@ static Result run_case(const WeightSets& w, const std::vector<int>& counts, Sm90
   args.alpha1 = alpha;
   args.out = out;
   args.epilogue = epi;
+  if (gather != nullptr) {
+    args.a_gather_src = gather->src;
+    args.a_gather_src_rows = gather->src_rows;
+    args.a_gather_perm = gather->perm;
+    args.a_gather_top_k = gather->top_k;
+  }
   cudaEvent_t e0, e1;
   cudaEventCreate(&e0);
   cudaEventCreate(&e1);
@@ -232,10 +247,11 @@ static Result run_case(const WeightSets& w, const std::vector<int>& counts, Sm90
   std::fprintf(json,
                "{\"case\":\"%s\",\"N\":%d,\"K\":%d,\"E\":%d,\"rows\":%d,\"experts_touched\":%d,\"config\":\"%s\","
                "\"us\":%.2f,\"weight_MB\":%.1f,\"weight_TBps\":%.3f,\"frac_read_bw\":%.3f,\"TFLOPs\":%.1f,"
-               "\"frac_bf16\":%.3f,\"schedule\":\"%s\",\"consumer_stagger_ns\":%d}\n",
+               "\"frac_bf16\":%.3f,\"schedule\":\"%s\",\"consumer_stagger_ns\":%d,\"a_gathered\":%s}\n",
                name.c_str(), N, K, E, off[E], touched, to_string(cfg).c_str(), us, wbytes / 1e6, r.tbs,
                r.tbs / c.read_tbs, r.tflops, r.tflops / c.bf16_tflops,
-               cfg.warp_stream ? "warp-stream" : dynamic ? "dynamic" : "static", stagger_ns);
+               cfg.warp_stream ? "warp-stream" : dynamic ? "dynamic" : "static", stagger_ns,
+               gather != nullptr ? "true" : "false");
   std::fflush(json);
   cudaFree(a); cudaFree(out); cudaFree(doff); cudaFree(alpha); cudaFree(tile_counter);
   cudaEventDestroy(e0); cudaEventDestroy(e1);
@@ -318,22 +334,43 @@ int main(int argc, char** argv) {
       row(n.c_str(), "gemm2", cfg, run_case(g2, counts, Sm90GemmEpilogue::kF32, cfg, json, n + "_gemm2", c));
     }
   }
-  // prefill: T = 4096, k = 8, uniform random distinct experts per token.
+  // prefill: T = 4096, k = 8, uniform random distinct experts per token. GEMM1 also with its A gathered by the
+  // kernel (sm90_gather_configs(): `hidden` [4096, 7168] read through the permutation of the (token, slot) pairs
+  // in expert order, token order within an expert, as the plan makes it) against the pre-gathered rows.
   {
+    const int T = 4096, k = 8;
     std::vector<int> counts(E, 0);
-    for (int tkn = 0; tkn < 4096; ++tkn) {
+    std::vector<std::vector<int32_t>> pairs_of(E);
+    for (int tkn = 0; tkn < T; ++tkn) {
       std::vector<int> ids;
-      while (ids.size() < 8) {
+      while (static_cast<int>(ids.size()) < k) {
         const int e = rng() % E;
         if (std::find(ids.begin(), ids.end(), e) == ids.end()) ids.push_back(e);
       }
-      for (int e : ids) ++counts[e];
+      for (int j = 0; j < k; ++j) {
+        ++counts[ids[j]];
+        pairs_of[ids[j]].push_back(tkn * k + j);
+      }
     }
+    std::vector<int32_t> perm;
+    for (const auto& v : pairs_of) perm.insert(perm.end(), v.begin(), v.end());
+    uint16_t* hidden;
+    int32_t* dperm;
+    CK(cudaMalloc(&hidden, size_t(T) * 7168 * 2));
+    CK(cudaMalloc(&dperm, perm.size() * 4));
+    fill_bf16<<<1024, 256>>>(hidden, size_t(T) * 7168, 6);
+    CK(cudaMemcpy(dperm, perm.data(), perm.size() * 4, cudaMemcpyHostToDevice));
+    const GatherCase gc{hidden, T, dperm, k};
     for (const auto& cfg : sm90_gemm_configs()) {
       if (cfg.block_t < (quick ? 128 : 64) || !wanted("prefill")) continue;
       row("prefill_T4096_k8", "gemm1", cfg, run_case(g1, counts, Sm90GemmEpilogue::kSwiGLU, cfg, json, "prefill_T4096_k8_gemm1", c));
+      if (sm90_gather_available(cfg))
+        row("prefill_T4096_k8", "gemm1g", cfg, run_case(g1, counts, Sm90GemmEpilogue::kSwiGLU, cfg, json,
+                                                        "prefill_T4096_k8_gemm1_gathered", c, &gc));
       row("prefill_T4096_k8", "gemm2", cfg, run_case(g2, counts, Sm90GemmEpilogue::kF32, cfg, json, "prefill_T4096_k8_gemm2", c));
     }
+    cudaFree(hidden);
+    cudaFree(dperm);
   }
   std::fclose(json);
   return 0;

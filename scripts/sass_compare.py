@@ -4,6 +4,8 @@
 # 64 KB of code have 5) are stripped. CUOBJDUMP: the cuobjdump binary (default: cuobjdump on
 # PATH; this machine has none: the triton wheel ships one, triton/backends/nvidia/bin/cuobjdump).
 #   python3 scripts/sass_compare.py old.o new.o
+# SASS_RENAME_NEW='regex=>replacement': applied to the new object's kernel names first (a template parameter
+# added with a default keeps the old kernels' code under longer names), e.g. 'ELb([01])ELb0EEEv14=>ELb\\1EEEv14'.
 import os, re, subprocess, sys
 CU=os.environ.get('CUOBJDUMP','cuobjdump')
 def funcs(o):
@@ -19,6 +21,9 @@ def funcs(o):
         if l.strip(): d[cur].append(l)
     return d
 a=funcs(sys.argv[1]); b=funcs(sys.argv[2])
+if os.environ.get('SASS_RENAME_NEW'):
+    pat,rep=os.environ['SASS_RENAME_NEW'].split('=>',1)
+    b={re.sub(pat,rep,k):v for k,v in b.items()}
 same=diff=0
 for k in sorted(set(a)&set(b)):
     if a[k]==b[k]: same+=1

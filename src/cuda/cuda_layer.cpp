@@ -285,6 +285,8 @@ CudaMoeLayer::CudaMoeLayer(MoeWeights w, const MoeLayerOptions& options, GemmPat
       early_gemm2_enabled_ = env_switch("NVFP4MOE_EARLY_GEMM2");  // A/B: "0" = GEMM2 waits first
       dynamic_tiles_enabled_ = env_switch("NVFP4MOE_DYNAMIC_TILES");  // A/B: "0" = static tile round-robin
       consumer_stagger_ = consumer_stagger_from_env();                 // A/B: ns, default 0
+      if (const char* v = std::getenv("NVFP4MOE_GEMM1_GATHER"); v != nullptr)  // A/B: "1" = gathered A
+        gemm1_gather_enabled_ = std::strcmp(v, "1") == 0;
       // Zero once; every chained launch leaves its counters zero (sm90_nvfp4_chained_gemms), every dynamically
       // scheduled one its tile counter.
       const size_t routed_n = sm90_chain_counter_count(static_cast<int>(spec_.num_experts) + 1);
@@ -581,6 +583,15 @@ void CudaMoeLayer::warm_up_sm90() {
       g1.out = routed ? act_ : sact_;
       g1.epilogue = d->gated ? Sm90GemmEpilogue::kSwiGLU : Sm90GemmEpilogue::kRelu2;
       check_sm90(sm90_nvfp4_grouped_gemm(g1, c, nullptr, device_sm_count()), "sm90 gemm1 (warm-up)");
+      if (routed && gemm1_gather_enabled_ && sm90_gather_available(c)) {  // its gathered-A kernel (no rows)
+        Sm90GemmArgs gg = g1;
+        gg.a_gather_src = a1_;
+        gg.a_gather_src_rows = 1;
+        gg.a_gather_perm = perm_;
+        gg.a_gather_top_k = static_cast<int>(spec_.top_k);
+        gg.a_gather_perm_experts = static_cast<int>(spec_.num_experts);
+        check_sm90(sm90_nvfp4_grouped_gemm(gg, c, nullptr, device_sm_count()), "sm90 gemm1 gathered (warm-up)");
+      }
       Sm90GemmArgs g2 = g1;
       g2.a = routed ? act_ : sact_;
       g2.w = d->w2_sm90;
@@ -741,11 +752,23 @@ void CudaMoeLayer::forward(const TensorRef& hidden, const RoutingArgs& routing, 
     return g;
   };
   // With router logits the routed group's gather is launched with the routing and the plan (one launch at
-  // decode, launch_route_plan_gather); with caller ids, by run_group after the plan.
+  // decode, launch_route_plan_gather); with caller ids, by run_group after the plan. With GEMM1 gathering its A
+  // itself (gemm1_gather_enabled_, a host decision on T and the shapes), no routed gather runs at all.
+  const GatherArgs routed_gather = merged ? gather_args(routed_, E + 1, perm_, offsets_, pairs + T, a1_)
+                                          : gather_args(routed_, E, perm_, offsets_, pairs, a1_);
+  bool gemm1_gathers = false;
+  if (gemm_ == GemmPath::kSm90Wgmma && gemm1_gather_enabled_ && !a4 && !f32_in && !calibrating_) {
+    const int64_t rows = pairs + (merged ? T : 0), experts = E + (merged ? 1 : 0);
+    const Sm90GemmConfig c1 = pick_sm90(routed_launch_shape(routed_.w13_shape), rows, experts, true);
+    const Sm90GemmConfig c2 = pick_sm90(routed_launch_shape(routed_.w2_shape), rows, experts, false);
+    gemm1_gathers = sm90_gather_available(c1) && !chained(c1, c2, T, routed_.gated) &&
+                    !(route && route_plan_gather_fuses(*route, pl, routed_gather));
+  }
   if (route) {
-    const GatherArgs g = merged ? gather_args(routed_, E + 1, perm_, offsets_, pairs + T, a1_)
-                                : gather_args(routed_, E, perm_, offsets_, pairs, a1_);
-    check_launch(launch_route_plan_gather(*route, pl, g, stream), "route + plan + gather");
+    if (gemm1_gathers)
+      check_launch(launch_route_plan(*route, pl, stream), "route + plan");
+    else
+      check_launch(launch_route_plan_gather(*route, pl, routed_gather, stream), "route + plan + gather");
   } else {
     check_launch(launch_plan(pl, stream), "plan");
   }
@@ -755,7 +778,7 @@ void CudaMoeLayer::forward(const TensorRef& hidden, const RoutingArgs& routing, 
                        const int32_t* tiles, int max_rows, int64_t capacity, uint16_t* a1, uint16_t* act, float* y,
                        float* chain_y, int32_t* chain_counters, const char* what) -> float* {
     const bool routed = what[0] == 'r';
-    if (!(routed && route))
+    if (!(routed && (route || gemm1_gathers)))
       check_launch(launch_gather(gather_args(d, experts, perm, offsets, max_rows, a1), stream),
                    routed ? "gather (routed)" : "gather (shared)");
 
@@ -775,6 +798,13 @@ void CudaMoeLayer::forward(const TensorRef& hidden, const RoutingArgs& routing, 
       s1.gs = (a4 && !calibrating_) ? d.gs2 : nullptr;
       s1.out = act;
       s1.epilogue = d.gated ? Sm90GemmEpilogue::kSwiGLU : Sm90GemmEpilogue::kRelu2;
+      if (routed && gemm1_gathers) {  // row r = hidden[perm[r] / k], the merged shared expert's r - offsets[E]
+        s1.a_gather_src = static_cast<const uint16_t*>(hidden.data);
+        s1.a_gather_src_rows = T;
+        s1.a_gather_perm = perm;
+        s1.a_gather_top_k = K;
+        s1.a_gather_perm_experts = E;
+      }
       const Sm90GemmConfig c1 = pick_sm90(shape13, max_rows, experts, true);
       const Sm90GemmConfig c2 = pick_sm90(shape2, max_rows, experts, false);
       Sm90GemmArgs s2;

@@ -205,6 +205,11 @@ class CudaMoeLayer final : public MoeLayer {
   // (routed GEMM1, GEMM2, shared GEMM1, GEMM2), in the counters' allocation. NVFP4MOE_DYNAMIC_TILES=0 (read at
   // creation): the static round-robin, for A/B.
   bool dynamic_tiles_enabled_ = true;
+  // NVFP4MOE_GEMM1_GATHER=1 (read at creation; off by default until measured on the H200): w4a16 prefill without
+  // the routed gather kernel, where GEMM1's config has a gathered-A kernel (sm90_gather_configs()) and is not
+  // chained: GEMM1 reads `hidden` through the plan's permutation (Sm90GemmArgs::a_gather_src). Bf16 hidden only
+  // (f32 is rounded by the gather), not w4a4 (quantized by it), not while calibrating (amax measured by it).
+  bool gemm1_gather_enabled_ = false;
   // NVFP4MOE_CONSUMER_STAGGER_NS (read at creation): the second consumer warpgroup's start delay in the
   // tile GEMMs of 64 rows and more (same bits; for A/B, default 0).
   ConsumerStagger consumer_stagger_;

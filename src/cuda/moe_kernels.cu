@@ -261,6 +261,10 @@ bool route_plan_gather_fusable(const RouteArgs& r, const PlanArgs& a, const Gath
 }
 }  // namespace
 
+bool route_plan_gather_fuses(const RouteArgs& r, const PlanArgs& a, const GatherArgs& g) {
+  return route_plan_gather_fusable(r, a, g, small_route_shape(r, a));
+}
+
 cudaError_t launch_route_plan_gather(const RouteArgs& r, const PlanArgs& a, const GatherArgs& g,
                                      cudaStream_t stream) {
   const SmallRouteShape sh = small_route_shape(r, a);

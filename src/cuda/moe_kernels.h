@@ -105,6 +105,8 @@ cudaError_t launch_gather(const GatherArgs& a, cudaStream_t stream);
 // planning redundantly in shared memory and gathering its share of the rows; otherwise launch_route_plan then
 // launch_gather. The same ids, weights, plan and rows either way; the gather is launched in both cases.
 cudaError_t launch_route_plan_gather(const RouteArgs& r, const PlanArgs& a, const GatherArgs& g, cudaStream_t stream);
+// Whether launch_route_plan_gather(r, a, g) takes the one-launch form (host-known arguments only).
+bool route_plan_gather_fuses(const RouteArgs& r, const PlanArgs& a, const GatherArgs& g);
 
 // ---------------------------------------------------------------- grouped GEMM (tensor cores)
 // out rows [offsets[e], offsets[e+1]) = epilogue(A rows x W[e]^T) for every expert e, with W[e] the checkpoint's

@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <atomic>
 #include <cmath>
+#include <type_traits>
 
 #include "cuda/sm90_nvfp4_grouped_gemm.cuh"
 #include "cuda/sm90_nvfp4_warp_stream_gemm.cuh"
@@ -36,6 +37,13 @@ cudaError_t fail(const std::string& msg) {
   X(64, 10, 2, 1, 0)  /* 33..64 rows per expert */                                                              \
   X(128, 8, 2, 1, 0)  /* prefill: > 64 rows per expert, where bt144 would not save weight passes */           \
   X(144, 8, 2, 1, 0)  /* prefill: T k / E near 128 or 256 (128 +- 11 rows in one pass, 256 +- 16 in two) */
+
+// The configs with a gathered-A kernel (Sm90GemmArgs::a_gather_src; the SwiGLU and relu^2 epilogues): the prefill
+// tiles, where the layer's w4a16 GEMM1 reads `hidden` through the plan's permutation instead of a gathered copy.
+#define NVFP4MOE_SM90_GATHER_CONFIGS(X) \
+  X(64, 10, 2, 1, 0)                    \
+  X(128, 8, 2, 1, 0)                    \
+  X(144, 8, 2, 1, 0)
 
 // The warp-streaming decode configs (sm90_nvfp4_warp_stream_gemm.cuh): X(warps per CTA, k-tile slots per warp,
 // warp slices per piece, k-loop unrolled by the slots), each for every epilogue; shared memory = warps x slots x
@@ -107,12 +115,18 @@ cudaError_t kernel_ready(Kernel kernel, int* ctas_per_sm) {
   return cudaSuccess;
 }
 
-template <int BT, int STAGES, int WGS, int WPU, bool SYNC, sm90::Epilogue EPI>
+// A distinct traits type for the gathered-A kernels: kernel_ready's one-time check is per (traits, kernel type),
+// and both kernels of a config have the same type.
+template <class Tr>
+struct GatheredTraits : Tr {};
+
+template <int BT, int STAGES, int WGS, int WPU, bool SYNC, sm90::Epilogue EPI, bool GATHER = false>
 cudaError_t launch(const CUtensorMap& map, const sm90::GemmParams& p, int grid, cudaStream_t stream) {
   using Tr = sm90::KernelTraits<BT, WGS, STAGES, EPI, WPU, SYNC>;
-  auto kernel = sm90::sm90_nvfp4_grouped_gemm_kernel<BT, WGS, STAGES, EPI, WPU, SYNC>;
+  using ReadyTr = std::conditional_t<GATHER, GatheredTraits<Tr>, Tr>;
+  auto kernel = sm90::sm90_nvfp4_grouped_gemm_kernel<BT, WGS, STAGES, EPI, WPU, SYNC, GATHER>;
   int fit = 0;
-  if (const cudaError_t e = kernel_ready<Tr>(kernel, &fit); e != cudaSuccess) return e;
+  if (const cudaError_t e = kernel_ready<ReadyTr>(kernel, &fit); e != cudaSuccess) return e;
   return launch_pdl(kernel, dim3(grid), dim3(Tr::kThreads), Tr::kSmemBytes, stream, map, p);
 }
 
@@ -157,6 +171,22 @@ cudaError_t launch_warp_stream_epi(const Sm90GemmArgs& args, const sm90::GemmPar
       return launch_warp_stream<WARPS, DEPTH, SPW, UNROLLED, sm90::Epilogue::kRelu2>(args, p, grid, stream);
   }
   return fail("sm90_nvfp4_grouped_gemm: unknown epilogue");
+}
+
+// The gathered-A kernels: the activation epilogues only (GEMM1, whose A the layer would otherwise gather).
+template <int BT, int STAGES, int WGS, int WPU, bool SYNC>
+cudaError_t launch_epi_gathered(Sm90GemmEpilogue epi, const sm90::GemmParams& p, int grid, cudaStream_t stream) {
+  const CUtensorMap unused{};
+  switch (epi) {
+    case Sm90GemmEpilogue::kSwiGLU:
+      return launch<BT, STAGES, WGS, WPU, SYNC, sm90::Epilogue::kSwiGLU, true>(unused, p, grid, stream);
+    case Sm90GemmEpilogue::kRelu2:
+      return launch<BT, STAGES, WGS, WPU, SYNC, sm90::Epilogue::kRelu2, true>(unused, p, grid, stream);
+    case Sm90GemmEpilogue::kF32:
+      break;
+  }
+  return fail("sm90_nvfp4_grouped_gemm: a_gather_src: the gathered-A kernels have the activation epilogues "
+              "(SwiGLU, relu^2) only; got f32");
 }
 
 template <int BT, int STAGES, int WGS, int WPU, bool SYNC>
@@ -445,17 +475,29 @@ namespace {
 // The checks every launch makes on one GEMM's arguments ("" = fine); `who` names the entry point.
 std::string check_args(const Sm90GemmArgs& args, const std::string& who) {
   const Sm90PreparedShape& s = args.shape;
-  if (args.a == nullptr || args.w == nullptr || args.offsets == nullptr || args.alpha0 == nullptr ||
+  const bool gathered = args.a_gather_src != nullptr;
+  if ((args.a == nullptr && !gathered) || args.w == nullptr || args.offsets == nullptr || args.alpha0 == nullptr ||
       args.out == nullptr || (args.epilogue == Sm90GemmEpilogue::kSwiGLU && args.alpha1 == nullptr))
-    return who + ": null pointer among a, w, offsets, alpha0, alpha1 (SwiGLU), out";
+    return who + ": null pointer among a (unless a_gather_src), w, offsets, alpha0, alpha1 (SwiGLU), out";
   if (s.k % 16 != 0 || s.n % 16 != 0 || s.units <= 0 || s.k_tiles <= 0)
     return who + ": shape needs K % 16 == 0, N % 16 == 0; got N=" + std::to_string(s.n) + " K=" + std::to_string(s.k);
   if ((args.epilogue == Sm90GemmEpilogue::kSwiGLU) != s.gated)
     return who + ": the SwiGLU epilogue needs gated prepared weights and the others not";
-  if (args.a_rows_capacity <= 0 || args.a_rows_capacity > (int64_t(1) << 31) - 1)
+  if (!gathered && (args.a_rows_capacity <= 0 || args.a_rows_capacity > (int64_t(1) << 31) - 1))
     return who + ": a_rows_capacity must be in [1, 2^31); got " + std::to_string(args.a_rows_capacity);
   if ((reinterpret_cast<uintptr_t>(args.a) & 15) != 0 || (reinterpret_cast<uintptr_t>(args.w) & 15) != 0)
     return who + ": a and w must be 16-byte aligned";
+  if (gathered) {
+    if ((reinterpret_cast<uintptr_t>(args.a_gather_src) & 15) != 0)
+      return who + ": a_gather_src must be 16-byte aligned";
+    if (args.a_gather_src_rows <= 0 || args.a_gather_src_rows > (int64_t(1) << 31) - 1)
+      return who + ": a_gather_src_rows must be in [1, 2^31); got " + std::to_string(args.a_gather_src_rows);
+    if (args.a_gather_perm != nullptr && args.a_gather_top_k < 1)
+      return who + ": a_gather_top_k must be >= 1; got " + std::to_string(args.a_gather_top_k);
+    if (args.a_gather_perm_experts < -1 || args.a_gather_perm_experts > s.num_experts)
+      return who + ": a_gather_perm_experts must be in [-1, " + std::to_string(s.num_experts) + "]; got " +
+             std::to_string(args.a_gather_perm_experts);
+  }
   return "";
 }
 
@@ -490,6 +532,14 @@ sm90::GemmParams make_params(const Sm90GemmArgs& args) {
   p.n_out = s.gated ? s.n / 2 : s.n;
   p.tile_counter = args.tile_counter;  // read by the plain tile kernel only (its DYNAMIC_OK walks)
   p.consumer_stagger_ns = args.consumer_stagger_ns;  // read by the plain tile kernel only
+  if (args.a_gather_src != nullptr) {  // read by the plain tile kernel only (the others refuse it)
+    p.gather_src = args.a_gather_src;
+    p.gather_perm = args.a_gather_perm;
+    p.gather_src_rows = static_cast<int>(args.a_gather_src_rows);
+    p.gather_k = s.k;
+    p.gather_top_k = args.a_gather_top_k;
+    p.gather_perm_experts = args.a_gather_perm_experts < 0 ? s.num_experts : args.a_gather_perm_experts;
+  }
   return p;
 }
 
@@ -511,6 +561,9 @@ cudaError_t sm90_nvfp4_grouped_gemm(const Sm90GemmArgs& args, const Sm90GemmConf
   if (args.consumer_stagger_ns < 0 || args.consumer_stagger_ns > kSm90MaxConsumerStaggerNs)
     return fail(who + ": consumer_stagger_ns must be in [0, " + std::to_string(kSm90MaxConsumerStaggerNs) +
                 "], got " + std::to_string(args.consumer_stagger_ns));
+  if (args.a_gather_src != nullptr && config.warp_stream)
+    return fail(who + ": a_gather_src: the warp-streaming config " + to_string(config) +
+                " reads its rows from `a` only (gathered A needs a tile config)");
   if (config.warp_stream) {  // no TMA: every warp copies its own rows; its pieces are spread statically
     const sm90::GemmParams p = make_params(args);
     if (num_sms <= 0)
@@ -523,6 +576,19 @@ cudaError_t sm90_nvfp4_grouped_gemm(const Sm90GemmArgs& args, const Sm90GemmConf
     NVFP4MOE_SM90_WARP_STREAM_CONFIGS(NVFP4MOE_X)
 #undef NVFP4MOE_X
     return fail(who + ": config " + to_string(config) + " is not in the instantiated list");
+  }
+  if (args.a_gather_src != nullptr) {  // the producer warps copy A: no descriptor
+    const sm90::GemmParams p = make_params(args);
+    if (num_sms <= 0)
+      if (const cudaError_t e = device_sm_count(&num_sms); e != cudaSuccess) return e;
+#define NVFP4MOE_X(bt, st, wgs, wpu, sync)                                                              \
+    if (config.block_t == bt && config.stages == st && config.consumer_warpgroups == wgs &&           \
+        config.warpgroups_per_unit == wpu && config.mma_sync == (sync != 0))                           \
+      return launch_epi_gathered<bt, st, wgs, wpu, sync != 0>(args.epilogue, p, num_sms, stream);
+    NVFP4MOE_SM90_GATHER_CONFIGS(NVFP4MOE_X)
+#undef NVFP4MOE_X
+    return fail(who + ": a_gather_src: config " + to_string(config) +
+                " has no gathered-A kernel (sm90_gather_configs())");
   }
   CUtensorMap map;
   if (std::string m = make_a_map(args, config.block_t, &map, who); !m.empty()) return fail(m);
@@ -547,6 +613,21 @@ const std::vector<Sm90GemmConfig>& sm90_chained_configs() {
   return list;
 }
 
+const std::vector<Sm90GemmConfig>& sm90_gather_configs() {
+  static const std::vector<Sm90GemmConfig> list = {
+#define NVFP4MOE_X(bt, st, wgs, wpu, sync) Sm90GemmConfig{bt, st, wgs, wpu, sync != 0},
+      NVFP4MOE_SM90_GATHER_CONFIGS(NVFP4MOE_X)
+#undef NVFP4MOE_X
+  };
+  return list;
+}
+
+bool sm90_gather_available(const Sm90GemmConfig& c) {
+  for (const auto& x : sm90_gather_configs())
+    if (x == c) return true;
+  return false;
+}
+
 bool sm90_chained_available(const Sm90GemmConfig& c) {
   for (const auto& x : sm90_chained_configs())
     if (x == c) return true;
@@ -568,6 +649,8 @@ cudaError_t sm90_nvfp4_chained_gemms(const Sm90GemmArgs& gemm1, const Sm90GemmAr
   if (gemm2.a != gemm1.out || gemm2.shape.k != n_out1)
     return fail(who + ": gemm2 must read gemm1's output (gemm2.a == gemm1.out, gemm2 K = " + std::to_string(n_out1) +
                 "; got K = " + std::to_string(gemm2.shape.k) + ")");
+  if (gemm1.a_gather_src != nullptr || gemm2.a_gather_src != nullptr)
+    return fail(who + ": a_gather_src: a chained launch reads A through its TMA descriptors only");
   if (chain_counters == nullptr || (reinterpret_cast<uintptr_t>(chain_counters) & 3) != 0)
     return fail(who + ": chain_counters must be a 4-byte aligned device buffer of sm90_chain_counter_count(E) int32");
   CUtensorMap map1, map2;

@@ -73,6 +73,15 @@ struct GemmParams {
   // second warpgroup starts this many nanoseconds (__nanosleep) after the first, so that their epilogues stop
   // coinciding (sm90_nvfp4_grouped_gemm_kernel). 0: both start together. Same bits either way.
   int consumer_stagger_ns = 0;
+  // Gathered A (plain tile kernel; nullptr: A through the TMA descriptor). GEMM row r reads source row
+  // gather_source_row(r) of gather_src [gather_src_rows, gather_k] bf16: the four producer warps copy each
+  // k-tile's rows with cp.async into the stage, swizzled as the TMA would (produce_tiles_gathered).
+  const uint16_t* gather_src = nullptr;
+  const int32_t* gather_perm = nullptr;  // nullptr: source row = r
+  int gather_src_rows = 0;
+  int gather_k = 0;                      // K: the source's row length in elements
+  int gather_top_k = 1;                  // rows below offsets[gather_perm_experts]: gather_perm[r] / gather_top_k
+  int gather_perm_experts = 0;           // rows from offsets[gather_perm_experts] on: r - offsets[gather_perm_experts]
 };
 
 // A tile as the producer hands it to the consumers in the dynamic schedule: one per pipeline stage, written with
@@ -84,6 +93,13 @@ struct TileSlot {
   int32_t row_begin;  // the expert's first row (offsets[e])
   int32_t rows;       // the expert's rows
 };
+
+// Gathered A (GemmParams::gather_src, produce_tiles_gathered). A stage's full barrier then completes on thread 0's
+// arrive.expect_tx (the weights' bytes, as always) and one arrival per producer thread, which its
+// cp.async.mbarrier.arrive.noinc makes once the thread's copies of the stage have landed (no thread waits).
+inline constexpr int kGatherProducerThreads = 128;
+inline constexpr uint32_t kGatherFullArrivals = 1 + kGatherProducerThreads;
+inline constexpr int kGatherProducerBarrier = 12;  // named barrier of the four producer warps (1..7: consumers)
 
 // ------------------------------------------------------------------------------------------- PTX helpers
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
@@ -166,6 +182,41 @@ template <int N>
 __device__ __forceinline__ void wgmma_wait() {
   asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
 }
+// Per-thread 16-byte async copy global -> shared (generic proxy); src_bytes < 16 zero-fills the rest.
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, uint32_t src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
+}
+__device__ __forceinline__ void cp_async4(uint32_t dst, const void* src) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(dst), "l"(src) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
+// Orders this thread's generic-proxy shared memory writes (its completed cp.async included) before later
+// async-proxy accesses (wgmma reading the stage) that a release/acquire through an mbarrier makes follow them.
+__device__ __forceinline__ void fence_proxy_async_shared() {
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+}
+// An arrival on bar once every cp.async this thread issued before it has completed; noinc: counted in the
+// barrier's expected arrivals (its init count).
+__device__ __forceinline__ void cp_async_mbar_arrive_noinc(uint32_t bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive_count(uint32_t bar, uint32_t count) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void sts32(uint32_t addr, int32_t x) {
+  asm volatile("st.shared.b32 [%0], %1;" ::"r"(addr), "r"(x) : "memory");
+}
+__device__ __forceinline__ int32_t lds32_volatile(uint32_t addr) {
+  int32_t v;
+  asm volatile("ld.shared.b32 %0, [%1];" : "=r"(v) : "r"(addr) : "memory");
+  return v;
+}
+
 // Named barrier 1.. (0 is __syncthreads) over `threads` threads (a multiple of 32). The non-.aligned form: the
 // compiler does not reconverge a warp before inline asm (the k-loop's `tid == 0` arrivals leave warp 0
 // diverged), and bar.sync (= barrier.sync.aligned) executed by a diverged warp is what compute-sanitizer's
@@ -660,8 +711,11 @@ struct KernelTraits {
   static constexpr int kStageBytes = kABytes + kWBytes;
   // WPU = 2 with SwiGLU: per unit slot, the up block's BT / 2 accumulators of each of its 128 threads.
   static constexpr int kExchangeBytes = WPU == 2 && EPI == Epilogue::kSwiGLU ? kUnitsPerTile * 128 * (BT / 2) * 4 : 0;
+  // Gathered A (produce_tiles_gathered): two buffers, each a tile (TileSlot) and its BT source rows, so that
+  // the producer warps publish the next tile while none reads the previous one's.
+  static constexpr int kGatherBufBytes = static_cast<int>(sizeof(TileSlot)) + BT * 4;
   static constexpr int kSmemBytes = 1024 /*align*/ + STAGES * kStageBytes + kExchangeBytes + STAGES * 16 /*barriers*/ +
-                                    STAGES * static_cast<int>(sizeof(TileSlot));
+                                    STAGES * static_cast<int>(sizeof(TileSlot)) + 2 * kGatherBufBytes;
   static_assert(kABytes % 1024 == 0, "A stages must stay 1024-byte aligned for the 128B swizzle");
   static_assert(kSmemBytes <= 232448, "shared memory per block");
 };
@@ -808,10 +862,130 @@ __device__ __forceinline__ int produce_tiles(const CUtensorMap* tmap_a, const Ge
   return idx - cur.first;  // after the failed seek cur.first is the launch's tile count
 }
 
+// The source row of GEMM row r for a gathered A (GemmParams::gather_*), or -1 (read as zeros) outside
+// [0, gather_src_rows) or for a negative permutation entry. perm_rows = offsets[gather_perm_experts].
+__device__ __forceinline__ int gather_source_row(const GemmParams& p, int r, int perm_rows) {
+  int src = r;
+  if (p.gather_perm != nullptr) {
+    if (r < perm_rows) {
+      const int v = __ldg(p.gather_perm + r);
+      src = v < 0 ? -1 : v / p.gather_top_k;
+    } else {
+      src = r - perm_rows;
+    }
+  }
+  return src >= 0 && src < p.gather_src_rows ? src : -1;
+}
+
+// The producer of a gathered A (GemmParams::gather_src; the plain tile kernel's walks, static or dynamic): all
+// four producer warps. Warp 0 walks (or claims) the tiles as produce_tiles does and publishes each one in a
+// gather buffer; the 128 threads then write the tile's BT source rows next to it (-1: none, and for the rows
+// past the tile's; one barrier each way), and
+// per k-tile every thread copies its share of the stage's A rows with cp.async: thread t the 16-byte chunk t % 8
+// of rows t / 8 + 16 i, at the position the 128-byte swizzle gives it (chunk c of row r at c ^ (r % 8), what the
+// TMA writes for a 1024-byte aligned stage), zero-filled past K, for rows without a source and for the rows past
+// the tile's (their wgmma columns are not stored). Thread 0 also arms the stage (arrive.expect_tx for the
+// weights) and issues the weights' bulk loads.
+// Each thread's cp.async.mbarrier.arrive.noinc signals its copies of the stage when they land (the consumers'
+// fence.proxy.async orders them before the wgmma: consume_tiles' GATHER). The bits: each stage holds the values a
+// pre-gathered A would, so every accumulator sums the same products in the same order.
+template <int BT, int WGS, int STAGES, int WPU, bool SYNC>
+__device__ __forceinline__ void produce_tiles_gathered(const GemmParams& p, uint8_t* smem_a, uint8_t* smem_w,
+                                                       uint32_t full0, uint32_t empty0, uint32_t slots,
+                                                       uint32_t gather) {
+  using Tr = KernelTraits<BT, WGS, STAGES, Epilogue::kF32, WPU, SYNC>;
+  constexpr int UPT = Tr::kUnitsPerTile;
+  constexpr int kPasses = (BT + 15) / 16;  // rows per thread and k-tile: 128 threads = 16 rows x 8 chunks
+  // (The producer runs on 24..40 registers: the loop keeps one k-tile counter for the stage and its phase, and
+  // recomputes the rest.)
+  const int n_ctiles = (p.units + UPT - 1) / UPT;
+  const int tid = static_cast<int>(threadIdx.x);
+  const bool dynamic = p.tile_counter != nullptr;
+  const int perm_rows = p.gather_perm != nullptr ? __ldg(p.offsets + p.gather_perm_experts) : 0;
+  // Thread tid copies the 16-byte chunk tid % 8 of rows tid / 8 + 16 i; r % 8 = (tid / 8) % 8 for all of them.
+  const uint32_t a_thread = smem_u32(smem_a) + (tid / 8) * 128 + (((tid % 8) ^ ((tid / 8) & 7)) << 4);
+  const uint32_t w_base = smem_u32(smem_w);
+  TileCursor<BT> cur;  // warp 0's
+  int idx = blockIdx.x, issued = 0;  // k-tiles issued: stage issued % STAGES, empty phase (issued / STAGES) & 1
+  for (int iter = 0;; ++iter) {
+    const uint32_t buf = gather + static_cast<uint32_t>((iter & 1) * Tr::kGatherBufBytes);
+    if (tid < 32) {
+      const bool found = cur.template seek<kProducerExpertsPerLane>(p, n_ctiles, idx);
+      if (tid == 0) sts128(buf, found ? cur.e : -1, idx - cur.first, cur.row_begin, cur.rows);
+    }
+    named_bar_sync(kGatherProducerBarrier, 128);  // the tile is published (and the buffer's last reader is done)
+    const int4 tile = lds128_volatile(buf);
+    if (tile.x < 0) break;
+    const int ttiles = (tile.w + BT - 1) / BT;
+    const int n_idx = tile.y / ttiles, t_idx = tile.y - n_idx * ttiles;
+    const int row0 = tile.z + t_idx * BT;
+    const int tile_rows = min(BT, tile.w - t_idx * BT);
+    for (int r = tid; r < BT; r += 128)
+      sts32(buf + 16 + 4 * r, r < tile_rows ? gather_source_row(p, row0 + r, perm_rows) : -1);
+    named_bar_sync(kGatherProducerBarrier, 128);  // the source rows are written
+    for (int kt = 0; kt < p.k_tiles; ++kt, ++issued) {
+      const int s = issued % STAGES;
+      mbar_wait(empty0 + 8 * s, ((issued / STAGES) & 1) ^ 1);
+      if (tid == 0) {
+        const uint32_t full = full0 + 8 * s;
+        if (dynamic && kt == 0) sts128(slots + s * sizeof(TileSlot), tile.x, tile.y, tile.z, tile.w);
+        mbar_expect_tx(full, Tr::kWBytes);
+#pragma unroll
+        for (int c = 0; c < UPT; ++c) {
+          const int unit = min(n_idx * UPT + c, p.units - 1);  // a consumer past the last unit computes a copy
+          const uint8_t* src =
+              p.w + ((static_cast<size_t>(tile.x) * p.units + unit) * p.k_tiles + kt) * kUnitBytes;
+          bulk_load(w_base + s * Tr::kWBytes + c * kUnitBytes, src, kUnitBytes, full);
+        }
+      }
+      // Every row of the stage (the rows past the tile's as zeros, like rows without a source): no branch per
+      // copy. A zero-filled copy reads nothing; its address is the source's row 0.
+      const int col = kt * kBlockK + (tid % 8) * 8;
+      const uint32_t bytes = col < p.gather_k ? 16u : 0u;
+      const char* src_kt = reinterpret_cast<const char*>(p.gather_src) + 2 * col;
+      const uint32_t row_bytes = 2u * static_cast<uint32_t>(p.gather_k);
+      const uint32_t dst = a_thread + s * Tr::kABytes;
+      const uint32_t rows_at = buf + 16 + 4 * (tid / 8);
+#pragma unroll
+      for (int i = 0; i < kPasses; ++i) {
+        const int src = lds32_volatile(rows_at + 64 * i);
+        const uint64_t row_offset = static_cast<uint64_t>(static_cast<uint32_t>(max(src, 0))) * row_bytes;
+        cp_async16(dst + i * 16 * 128, src_kt + row_offset, src >= 0 ? bytes : 0u);
+      }
+      cp_async_mbar_arrive_noinc(full0 + 8 * s);
+    }
+    if (tid < 32) {
+      if (dynamic) {  // claimed once this tile's loads are issued, as in produce_tiles
+        int next = 0;
+        if (tid == 0) next = static_cast<int>(gridDim.x) + atomicAdd(p.tile_counter, 1);
+        idx = __shfl_sync(0xFFFFFFFFu, next, 0);
+      } else {
+        idx += gridDim.x;
+      }
+    }
+  }
+  cp_async_wait_all();  // (this thread's last copies, before it exits)
+  if (dynamic && tid == 0) {
+    // The end slot (produce_tiles), with all of the stage's arrivals at once; then the counter's reset by the
+    // claim that returned the launch's last value.
+    const int s = issued % STAGES;
+    mbar_wait(empty0 + 8 * s, ((issued / STAGES) & 1) ^ 1);
+    sts128(slots + s * sizeof(TileSlot), -1, 0, 0, 0);
+    mbar_arrive_count(full0 + 8 * s, kGatherFullArrivals);
+    const int G = static_cast<int>(gridDim.x), n = cur.first;
+    const int claims = max(n - G, 0) + min(G, n);
+    if (idx >= G && idx - G == claims - 1) atomicExch(p.tile_counter, 0);
+  }
+}
+
 // The consumer warpgroups' walk over one launch's tiles, from tile index idx with the pipeline at stage s /
 // phase. Returns the index past the launch's tiles, relative to the next launch of a chain. SIGNAL: GEMM1 of a
 // chain (each storing warpgroup publishes its finished tiles in done[expert]).
-template <int BT, int WGS, int STAGES, Epilogue EPI, int WPU, bool SYNC, bool SIGNAL, bool DYNAMIC_OK = false>
+// GATHER: the stages' A rows come from the producer warps' cp.async (produce_tiles_gathered), generic-proxy
+// writes: a fence.proxy.async after each full-barrier wait puts one on the causality path from those writes to
+// the wgmma that reads them (the TMA's writes need none).
+template <int BT, int WGS, int STAGES, Epilogue EPI, int WPU, bool SYNC, bool SIGNAL, bool DYNAMIC_OK = false,
+          bool GATHER = false>
 __device__ __forceinline__ int consume_tiles(const GemmParams& p, int idx, int& s, uint32_t& phase,
                                              uint8_t* smem_a, uint8_t* smem_w, float* smem_xch, uint32_t full0,
                                              uint32_t empty0, uint32_t slots, [[maybe_unused]] int32_t* done) {
@@ -958,6 +1132,7 @@ __device__ __forceinline__ int consume_tiles(const GemmParams& p, int idx, int& 
         if (s_next == STAGES) { s_next = 0; ph_next ^= 1; }
         if (kt + 1 < p.k_tiles) {
           mbar_wait(full0 + 8 * s_next, ph_next);
+          if constexpr (GATHER) fence_proxy_async_shared();
           load_dequant(s_next, next_a);
         }
         s = s_next;
@@ -965,6 +1140,7 @@ __device__ __forceinline__ int consume_tiles(const GemmParams& p, int idx, int& 
         ++kt;
       };
       mbar_wait(full0 + 8 * s, phase);
+      if constexpr (GATHER) fence_proxy_async_shared();
       load_dequant(s, a0);
       while (true) {
         step(a0, a1);
@@ -1173,8 +1349,11 @@ struct CtaSmem {
   uint8_t* w;
   float* xch;
   uint32_t full0, empty0;
-  uint32_t slots;  // [STAGES] TileSlot (dynamic schedule), 16-byte aligned
-  __device__ __forceinline__ explicit CtaSmem(uint8_t* raw) {
+  uint32_t slots;   // [STAGES] TileSlot (dynamic schedule), 16-byte aligned
+  uint32_t gather;  // [2][Tr::kGatherBufBytes] (gathered A), 16-byte aligned
+  // gathered: the producer's four warps copy A (produce_tiles_gathered): a full barrier then completes on
+  // kGatherFullArrivals arrivals instead of one.
+  __device__ __forceinline__ explicit CtaSmem(uint8_t* raw, bool gathered = false) {
     uint8_t* base = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(raw) + 1023) & ~uintptr_t(1023));
     a = base;
     w = base + STAGES * Tr::kABytes;
@@ -1183,9 +1362,10 @@ struct CtaSmem {
     full0 = smem_u32(bars);
     empty0 = smem_u32(bars + STAGES);
     slots = smem_u32(bars + 2 * STAGES);
+    gather = slots + STAGES * static_cast<uint32_t>(sizeof(TileSlot));
     if (threadIdx.x == 0) {
       for (int s = 0; s < STAGES; ++s) {
-        mbar_init(full0 + 8 * s, 1);
+        mbar_init(full0 + 8 * s, gathered ? kGatherFullArrivals : 1u);
         mbar_init(empty0 + 8 * s, Tr::kEmptyArrivals);
       }
       asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
@@ -1194,12 +1374,14 @@ struct CtaSmem {
   }
 };
 
-template <int BT, int WGS, int STAGES, Epilogue EPI, int WPU = 1, bool SYNC = false>
+// GATHER: A gathered by the producer warps (GemmParams::gather_src, produce_tiles_gathered; only the configs of
+// NVFP4MOE_SM90_GATHER_CONFIGS): its own instantiation, so that the other kernels keep their code.
+template <int BT, int WGS, int STAGES, Epilogue EPI, int WPU = 1, bool SYNC = false, bool GATHER = false>
 __global__ void __launch_bounds__((WGS + 1) * 128, 1)
     sm90_nvfp4_grouped_gemm_kernel(const __grid_constant__ CUtensorMap tmap_a, const GemmParams p) {
   using Tr = KernelTraits<BT, WGS, STAGES, EPI, WPU, SYNC>;
   extern __shared__ uint8_t smem_raw[];
-  const CtaSmem<Tr, STAGES> sm(smem_raw);
+  const CtaSmem<Tr, STAGES> sm(smem_raw, GATHER);
   // Everything above touches only shared memory and the kernel parameters; from here on the offsets, A and
   // the outputs are read and written: after the previous kernel of the stream (PDL, launch_pdl.cuh).
   kernels::pdl_wait_then_allow_next();
@@ -1223,6 +1405,10 @@ __global__ void __launch_bounds__((WGS + 1) * 128, 1)
   if (threadIdx.x < 128) {
     // ---------------------------------------------------------------- producer
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(Tr::kProducerRegs));
+    if constexpr (GATHER) {  // all four warps copy A
+      produce_tiles_gathered<BT, WGS, STAGES, WPU, SYNC>(p, sm.a, sm.w, sm.full0, sm.empty0, sm.slots, sm.gather);
+      return;
+    }
     // Warp 0 walks the tiles (TileCursor::seek is warp-cooperative); its lane 0 issues the loads.
     if (threadIdx.x >= 32) return;
     if (threadIdx.x == 0) asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&tmap_a)) : "memory");
@@ -1231,8 +1417,8 @@ __global__ void __launch_bounds__((WGS + 1) * 128, 1)
   } else {
     // ---------------------------------------------------------------- consumers
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(Tr::kConsumerRegs));
-    consume_tiles<BT, WGS, STAGES, EPI, WPU, SYNC, false, true>(p, blockIdx.x, s, phase, sm.a, sm.w, sm.xch,
-                                                                sm.full0, sm.empty0, sm.slots, nullptr);
+    consume_tiles<BT, WGS, STAGES, EPI, WPU, SYNC, false, true, GATHER>(p, blockIdx.x, s, phase, sm.a, sm.w, sm.xch,
+                                                                        sm.full0, sm.empty0, sm.slots, nullptr);
   }
 }
 

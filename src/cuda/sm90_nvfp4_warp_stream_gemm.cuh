@@ -56,17 +56,7 @@ struct WarpStreamTraits {  // (UNROLLED, EPI only so that each kernel gets its o
   static_assert(kSmemBytes <= 232448, "shared memory per block");
 };
 
-__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, uint32_t src_bytes) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
-}
-__device__ __forceinline__ void cp_async4(uint32_t dst, const void* src) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(dst), "l"(src) : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
-}
+// cp_async16 / cp_async4 / cp_async_commit / cp_async_wait: sm90_nvfp4_grouped_gemm.cuh.
 
 // Calls f(std::integral_constant<int, i>{}) for i = 0 .. N - 1 (compile-time indices: constant slot addresses).
 template <int N, typename F, int... I>

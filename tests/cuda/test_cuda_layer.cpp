@@ -844,6 +844,97 @@ TEST(CudaLayer, DynamicTileScheduleBitIdenticalToStatic) {
   EXPECT_GE(tile_points, 24) << "the tile kernels were hardly launched: the test checks little";
 }
 
+// GEMM1 gathering its own A (NVFP4MOE_GEMM1_GATHER=1: at w4a16 prefill no routed gather kernel runs, GEMM1 reads
+// `hidden` through the plan's permutation) gives the gather kernel's bits: softmax, DeepSeek-style sigmoid with a
+// separate shared expert, the shared expert merged as expert E (its rows r - offsets[E]), relu^2 with H % 64 != 0
+// (a K tail) and masked slots; router logits and caller ids; eager with a poisoned workspace and a captured graph
+// replayed with new inputs. w4a4 (never gathered by GEMM1) must be unchanged too.
+TEST(CudaLayer, Gemm1GatheredABitIdenticalToGatherKernel) {
+  LayerDims merged = kSmallSigmoid;
+  merged.name = "sigmoid-grouped+shared(I) E32 k6";
+  merged.shared_I = merged.I;
+  const LayerDims relu2{"relu2 H208 I80 shared80 (expert E)", 208, 80, 12, 2, Activation::Relu2,
+                        Routing::SigmoidGroupedTopK, 1, 1, 2.5f, true, 80};
+  const LayerDims dims[] = {kSmallSoftmax, kSmallSigmoid, merged, relu2};
+  int gathered_points = 0;
+  for (const LayerDims& d : dims)
+    for (Mode mode : {Mode::W4A16, Mode::W4A4}) {
+      SCOPED_TRACE(std::string(d.name) + " " + mode_name(mode));
+      ASSERT_EQ(unsetenv("NVFP4MOE_GEMM1_GATHER"), 0);
+      Harness base(d, mode, 2000, 41);
+      ASSERT_EQ(setenv("NVFP4MOE_GEMM1_GATHER", "1", 1), 0);
+      Harness gat(d, mode, 2000, 41);
+      ASSERT_EQ(unsetenv("NVFP4MOE_GEMM1_GATHER"), 0);
+      const int64_t H = gat.H(), E = gat.spec().num_experts, K = gat.spec().top_k;
+      for (int64_t T : {40, 129, 700, 2000}) {
+        SCOPED_TRACE("T=" + std::to_string(T));
+        const auto launches = gat.cuda->sm90_launches(T);
+        if (mode == Mode::W4A16 && !launches.empty() && sm90_gather_available(launches[0].config) &&
+            !launches[0].chained)
+          ++gathered_points;
+        const auto hidden = random_hidden(T, H, 700 + T);
+        const auto logits = random_logits(T, E, 800 + T);
+        std::vector<int32_t> ids(T * K);
+        std::vector<float> ws(T * K);
+        Rng r(T + 5);
+        for (int64_t i = 0; i < T * K; ++i) {
+          ids[i] = r.next() % 5 == 0 ? -1 : static_cast<int32_t>(r.next() % E);  // some slots masked
+          ws[i] = r.uniform();
+        }
+        for (Harness* h : {&base, &gat}) {
+          h->hidden.put(hidden);
+          h->logits.put(logits);
+          h->ids.put(ids);
+          h->weights.put(ws);
+        }
+        for (const bool by_ids : {false, true}) {
+          SCOPED_TRACE(by_ids ? "caller ids" : "router logits");
+          if (by_ids) base.forward_ids(T, base.out.p, DType::F32);
+          else base.forward_logits(T, base.out.p, DType::F32);
+          CUDA_OK(cudaDeviceSynchronize());
+          const auto ref = base.out.get(T * H);
+          for (int poison : {-1, 0xD5}) {
+            if (poison >= 0) CUDA_OK(cudaMemset(gat.cuda->workspace(), poison, gat.layer->workspace_bytes()));
+            CUDA_OK(cudaMemset(gat.out.p, 0x7F, gat.out.n * 4));
+            if (by_ids) gat.forward_ids(T, gat.out.p, DType::F32);
+            else gat.forward_logits(T, gat.out.p, DType::F32);
+            CUDA_OK(cudaDeviceSynchronize());
+            ASSERT_EQ(std::memcmp(gat.out.get(T * H).data(), ref.data(), ref.size() * 4), 0) << "poison " << poison;
+          }
+        }
+        if (T == 700) {  // a captured graph, replayed with new hidden states and logits
+          cudaStream_t st;
+          CUDA_OK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+          cudaGraph_t g;
+          cudaGraphExec_t ge;
+          CUDA_OK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+          gat.forward_logits(T, gat.out.p, DType::F32, st);
+          CUDA_OK(cudaStreamEndCapture(st, &g));
+          CUDA_OK(cudaGraphInstantiate(&ge, g, 0));
+          for (int rep = 0; rep < 3; ++rep) {
+            const auto h2 = random_hidden(T, H, 900 + rep);
+            const auto l2 = random_logits(T, E, 950 + rep);
+            base.hidden.put(h2);
+            base.logits.put(l2);
+            base.forward_logits(T, base.out.p, DType::F32);
+            CUDA_OK(cudaDeviceSynchronize());
+            const auto ref = base.out.get(T * H);
+            gat.hidden.put(h2);
+            gat.logits.put(l2);
+            CUDA_OK(cudaMemsetAsync(gat.out.p, 0x7F, gat.out.n * 4, st));
+            CUDA_OK(cudaGraphLaunch(ge, st));
+            CUDA_OK(cudaStreamSynchronize(st));
+            ASSERT_EQ(std::memcmp(gat.out.get(T * H).data(), ref.data(), ref.size() * 4), 0) << "replay " << rep;
+          }
+          CUDA_OK(cudaGraphExecDestroy(ge));
+          CUDA_OK(cudaGraphDestroy(g));
+          CUDA_OK(cudaStreamDestroy(st));
+        }
+      }
+    }
+  EXPECT_GE(gathered_points, 6) << "GEMM1 gathered its A at too few points: the test checks little";
+}
+
 // A token's row is bitwise the same alone and among 6 or 299 other tokens.
 TEST(CudaLayer, BatchInvariance) {
   for (GemmPath gemm : kBothPaths)

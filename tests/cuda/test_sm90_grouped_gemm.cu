@@ -177,12 +177,21 @@ Sm90GemmArgs problem_args(const Problem& p, const Sm90PreparedShape& shape, cons
   return args;
 }
 
+// A gathered A (Sm90GemmArgs::a_gather_*): the source rows and the permutation the GEMM reads instead of p.a.
+struct GatherInput {
+  std::vector<uint16_t> src;  // [src_rows][K]
+  int64_t src_rows = 0;
+  std::vector<int32_t> perm;  // [offsets[E]] (entries past offsets[perm_experts] unused)
+  int top_k = 1;
+  int perm_experts = -1;
+};
+
 // Prepares the weights and runs one config; out poisoned with 0xFF bytes first. tile_counter: the dynamic tile
 // schedule (zero before the call; every launch must leave it zero); num_sms: the persistent grid (0: the SMs);
-// stagger_ns: Sm90GemmArgs::consumer_stagger_ns.
+// stagger_ns: Sm90GemmArgs::consumer_stagger_ns; gather: A gathered from it (then `a` is passed as null).
 void run_gpu(const Problem& p, Sm90GemmEpilogue epi, bool quant, const Sm90GemmConfig& cfg, GpuRun& res,
              int repeats = 1, bool before_pdl_wait = false, int32_t* tile_counter = nullptr, int num_sms = 0,
-             int stagger_ns = 0) {
+             int stagger_ns = 0, const GatherInput* gather = nullptr) {
   const Sm90PreparedShape shape = sm90_prepared_shape(p.E, p.N, p.K, p.gated);
   DevBuf<uint8_t> packed(p.packed), scales(p.scales), w(shape.bytes);
   DevBuf<uint16_t> a(p.a);
@@ -199,6 +208,19 @@ void run_gpu(const Problem& p, Sm90GemmEpilogue epi, bool quant, const Sm90GemmC
   args.prologue_before_pdl_wait = before_pdl_wait;
   args.tile_counter = tile_counter;
   args.consumer_stagger_ns = stagger_ns;
+  DevBuf<uint16_t> gsrc(gather ? gather->src.size() : 1);
+  DevBuf<int32_t> gperm(gather ? std::max<size_t>(gather->perm.size(), 1) : 1);
+  if (gather) {
+    ASSERT_TRUE(gsrc.p && gperm.p);
+    gsrc.put(gather->src);
+    gperm.put(gather->perm);
+    args.a = nullptr;
+    args.a_gather_src = gsrc.p;
+    args.a_gather_src_rows = gather->src_rows;
+    args.a_gather_perm = gperm.p;
+    args.a_gather_top_k = gather->top_k;
+    args.a_gather_perm_experts = gather->perm_experts;
+  }
   std::vector<uint8_t> first;
   for (int rep = 0; rep < repeats; ++rep) {
     CUDA_GEMM_OK(cudaMemset(out.p, 0xFF, out.n));
@@ -970,6 +992,150 @@ TEST(Sm90GroupedGemm, NanosleepOfTheConsumerStagger) {
 }
 
 // The heuristic itself is host code: tests/cuda_host/test_sm90_pick_config.cpp (label cpu, runs in CI).
+
+// A problem whose rows are gathered: expert e < E - 1 routed (row r = src[perm[r] / top_k]), the last expert a
+// shared one (row r = src[r - offsets[E - 1]]), with the adversarial entries: a negative permutation entry, one
+// past the source, and shared rows past the source's (all read as zeros). p.a holds the pre-gathered rows.
+struct GatheredProblem {
+  Problem p;
+  GatherInput g;
+};
+GatheredProblem make_gathered_problem(int N, int K, bool gated, const std::vector<int>& routed_counts, int tokens,
+                                      int top_k, uint32_t seed) {
+  std::vector<int> counts = routed_counts;
+  counts.push_back(tokens + 3);  // the shared expert: one row per token, and 3 past the source
+  const int E = static_cast<int>(counts.size());
+  GatheredProblem gp{make_problem(E, N, K, gated, counts, seed), {}};
+  Problem& p = gp.p;
+  GatherInput& g = gp.g;
+  std::mt19937 rng(seed + 1);
+  g.src_rows = tokens;
+  g.top_k = top_k;
+  g.perm_experts = E - 1;
+  g.src.resize(static_cast<size_t>(tokens) * K);
+  std::uniform_real_distribution<float> ud(-2.0f, 2.0f);
+  for (auto& x : g.src) x = fmt::bf16_from_float(ud(rng));
+  const int routed = p.offsets[E - 1];
+  g.perm.resize(p.offsets[E]);
+  for (int r = 0; r < routed; ++r) g.perm[r] = static_cast<int32_t>(rng() % (tokens * top_k));
+  if (routed > 2) {
+    g.perm[routed / 2] = -5;                   // negative: zeros
+    g.perm[routed - 1] = tokens * top_k + 1;   // past the source: zeros
+  }
+  for (int r = routed; r < p.offsets[E]; ++r) g.perm[r] = -1;  // (unused: the shared rows)
+  for (int64_t r = 0; r < p.offsets[E]; ++r) {
+    int src = r < routed ? (g.perm[r] < 0 ? -1 : g.perm[r] / top_k) : static_cast<int>(r - routed);
+    if (src >= tokens) src = -1;
+    for (int k = 0; k < K; ++k) p.a[r * K + k] = src < 0 ? 0 : g.src[static_cast<size_t>(src) * K + k];
+  }
+  return gp;
+}
+
+// Gathered A (the w4a16 prefill's GEMM1 without the gather kernel): every config of sm90_gather_configs(), both
+// activation epilogues and the quantizing one, bitwise equal to the same launch on the pre-gathered rows, on the
+// static schedule and the dynamic one (grids of the SMs and of 3 CTAs: many tiles through one CTA's two gather
+// buffers and its stage ring), twice each (determinism); K with a tail (K % 64 != 0), experts with no rows, with a
+// partial token tile and with several; and within the tolerance of the CPU reference.
+TEST(Sm90GroupedGemm, GatheredABitIdenticalToPreGathered) {
+  ASSERT_FALSE(sm90_gather_configs().empty());
+  DevBuf<int32_t> counter(std::vector<int32_t>{0});
+  ASSERT_TRUE(counter.p);
+  for (const auto& cfg : sm90_gather_configs()) {
+    EXPECT_TRUE(sm90_gather_available(cfg));
+    const int bt = cfg.block_t;
+    const std::vector<int> counts = {bt + 5, 0, 1, 2 * bt + 3, 37};
+    for (const bool gated : {true, false}) {
+      const GatheredProblem gp =
+          make_gathered_problem(gated ? 2 * 208 : 320, 7 * 64 + 32, gated, counts, 150, 3, 9000 + bt + gated);
+      const Problem& p = gp.p;
+      const Sm90GemmEpilogue epi = gated ? Sm90GemmEpilogue::kSwiGLU : Sm90GemmEpilogue::kRelu2;
+      const auto h = reference_h(p);
+      for (const bool quant : {false, true}) {
+        SCOPED_TRACE(::testing::Message() << "cfg=" << to_string(cfg) << " epi=" << epi_name(epi) << " quant=" << quant);
+        GpuRun base;
+        run_gpu(p, epi, quant, cfg, base);
+        if (::testing::Test::HasFatalFailure()) return;
+        EXPECT_EQ(base.unwritten, 0);
+        for (const int sms : {-1, 0, 3}) {  // -1: the static schedule on the device's grid
+          GpuRun g;
+          run_gpu(p, epi, quant, cfg, g, 2, false, sms < 0 ? nullptr : counter.p, std::max(sms, 0), 0, &gp.g);
+          if (::testing::Test::HasFatalFailure()) return;
+          EXPECT_EQ(g.unwritten, 0) << "grid " << sms;
+          EXPECT_EQ(g.overwritten, 0) << "grid " << sms;
+          EXPECT_TRUE(g.bits == base.bits) << "gathered A, grid " << sms << ": bits differ from the pre-gathered rows";
+        }
+        const std::vector<float> ref = reference_out(p, epi, quant, h);
+        int64_t nonfinite = 0;
+        EXPECT_LE(rel_l2(base.out, ref, &nonfinite), quant ? 0.1 : 4e-3) << "against the CPU reference";
+        EXPECT_EQ(nonfinite, 0);
+      }
+    }
+  }
+}
+
+// The gathered-A arguments are refused where no kernel reads them, with the argument named.
+TEST(Sm90GroupedGemm, RefusesBadGatherArguments) {
+  const Sm90PreparedShape shape = sm90_prepared_shape(2, 2 * 64, 64, true);
+  DevBuf<uint8_t> w(shape.bytes), out(4096);
+  DevBuf<uint16_t> src(64 * 8);
+  DevBuf<int32_t> off(std::vector<int32_t>{0, 1, 2});
+  DevBuf<float> alpha(std::vector<float>{1.0f, 1.0f});
+  ASSERT_TRUE(w.p && out.p && src.p && off.p && alpha.p);
+  Sm90GemmArgs args;
+  args.w = w.p;
+  args.shape = shape;
+  args.offsets = off.p;
+  args.alpha0 = alpha.p;
+  args.alpha1 = alpha.p;
+  args.out = out.p;
+  args.epilogue = Sm90GemmEpilogue::kSwiGLU;
+  args.a_gather_src = src.p;
+  args.a_gather_src_rows = 8;
+  const Sm90GemmConfig gather_cfg = sm90_gather_configs().back();
+  auto refused = [&](const Sm90GemmArgs& a, const Sm90GemmConfig& c, const char* needle) {
+    EXPECT_EQ(sm90_nvfp4_grouped_gemm(a, c, nullptr), cudaErrorInvalidValue) << needle;
+    EXPECT_NE(std::string(sm90_gemm_last_error_message()).find(needle), std::string::npos)
+        << sm90_gemm_last_error_message();
+  };
+  for (const auto& c : sm90_gemm_configs())
+    if (!sm90_gather_available(c)) refused(args, c, c.warp_stream ? "warp-streaming" : "no gathered-A kernel");
+  Sm90GemmArgs a = args;
+  a.a_gather_src_rows = 0;
+  refused(a, gather_cfg, "a_gather_src_rows");
+  a = args;
+  a.a_gather_src = src.p + 1;
+  refused(a, gather_cfg, "16-byte aligned");
+  a = args;
+  a.a_gather_perm = off.p;
+  a.a_gather_top_k = 0;
+  refused(a, gather_cfg, "a_gather_top_k");
+  a = args;
+  a.a_gather_perm_experts = 3;
+  refused(a, gather_cfg, "a_gather_perm_experts");
+  a = args;
+  a.epilogue = Sm90GemmEpilogue::kF32;
+  a.shape = sm90_prepared_shape(2, 128, 64, false);
+  refused(a, gather_cfg, "activation epilogues");
+  // A chained launch reads A through its descriptors only.
+  if (!sm90_chained_configs().empty()) {
+    DevBuf<int32_t> counters(std::vector<int32_t>(sm90_chain_counter_count(2), 0));
+    DevBuf<uint8_t> w2(sm90_prepared_shape(2, 64, 64, false).bytes);
+    ASSERT_TRUE(counters.p && w2.p);
+    Sm90GemmArgs g2;
+    g2.a = static_cast<const uint16_t*>(args.out);
+    g2.a_rows_capacity = 8;
+    g2.w = w2.p;
+    g2.shape = sm90_prepared_shape(2, 64, 64, false);
+    g2.offsets = off.p;
+    g2.alpha0 = alpha.p;
+    g2.out = out.p;
+    g2.epilogue = Sm90GemmEpilogue::kF32;
+    EXPECT_EQ(sm90_nvfp4_chained_gemms(args, g2, sm90_chained_configs()[0], counters.p, nullptr),
+              cudaErrorInvalidValue);
+    EXPECT_NE(std::string(sm90_gemm_last_error_message()).find("a_gather_src"), std::string::npos)
+        << sm90_gemm_last_error_message();
+  }
+}
 
 TEST(Sm90GroupedGemm, RefusesBadArguments) {
   Sm90GemmArgs args;
