@@ -4,6 +4,7 @@
 #include <cuda.h>
 
 #include <cstdio>
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <type_traits>
@@ -564,10 +565,10 @@ cudaError_t sm90_nvfp4_grouped_gemm(const Sm90GemmArgs& args, const Sm90GemmConf
   if (args.a_gather_src != nullptr && config.warp_stream)
     return fail(who + ": a_gather_src: the warp-streaming config " + to_string(config) +
                 " reads its rows from `a` only (gathered A needs a tile config)");
+  const sm90::GemmParams p = make_params(args);
+  if (num_sms <= 0)
+    if (const cudaError_t e = device_sm_count(&num_sms); e != cudaSuccess) return e;
   if (config.warp_stream) {  // no TMA: every warp copies its own rows; its pieces are spread statically
-    const sm90::GemmParams p = make_params(args);
-    if (num_sms <= 0)
-      if (const cudaError_t e = device_sm_count(&num_sms); e != cudaSuccess) return e;
 #define NVFP4MOE_X(warps, depth, spw, unrolled)                                                    \
     if (config.block_t == sm90::kWsTokens && config.stages == depth &&                               \
         4 * config.consumer_warpgroups == warps && config.slices_per_warp == spw &&                  \
@@ -577,13 +578,12 @@ cudaError_t sm90_nvfp4_grouped_gemm(const Sm90GemmArgs& args, const Sm90GemmConf
 #undef NVFP4MOE_X
     return fail(who + ": config " + to_string(config) + " is not in the instantiated list");
   }
+#define NVFP4MOE_SM90_TILE_CONFIG_IS(bt, st, wgs, wpu, sync)                                        \
+  (config.block_t == bt && config.stages == st && config.consumer_warpgroups == wgs &&             \
+   config.warpgroups_per_unit == wpu && config.mma_sync == (sync != 0))
   if (args.a_gather_src != nullptr) {  // the producer warps copy A: no descriptor
-    const sm90::GemmParams p = make_params(args);
-    if (num_sms <= 0)
-      if (const cudaError_t e = device_sm_count(&num_sms); e != cudaSuccess) return e;
 #define NVFP4MOE_X(bt, st, wgs, wpu, sync)                                                              \
-    if (config.block_t == bt && config.stages == st && config.consumer_warpgroups == wgs &&           \
-        config.warpgroups_per_unit == wpu && config.mma_sync == (sync != 0))                           \
+    if (NVFP4MOE_SM90_TILE_CONFIG_IS(bt, st, wgs, wpu, sync))                                           \
       return launch_epi_gathered<bt, st, wgs, wpu, sync != 0>(args.epilogue, p, num_sms, stream);
     NVFP4MOE_SM90_GATHER_CONFIGS(NVFP4MOE_X)
 #undef NVFP4MOE_X
@@ -592,47 +592,35 @@ cudaError_t sm90_nvfp4_grouped_gemm(const Sm90GemmArgs& args, const Sm90GemmConf
   }
   CUtensorMap map;
   if (std::string m = make_a_map(args, config.block_t, &map, who); !m.empty()) return fail(m);
-  const sm90::GemmParams p = make_params(args);
-  if (num_sms <= 0)
-    if (const cudaError_t e = device_sm_count(&num_sms); e != cudaSuccess) return e;
 #define NVFP4MOE_X(bt, st, wgs, wpu, sync)                                                              \
-  if (config.block_t == bt && config.stages == st && config.consumer_warpgroups == wgs &&             \
-      config.warpgroups_per_unit == wpu && config.mma_sync == (sync != 0))                             \
+  if (NVFP4MOE_SM90_TILE_CONFIG_IS(bt, st, wgs, wpu, sync))                                             \
     return launch_epi<bt, st, wgs, wpu, sync != 0>(args.epilogue, map, p, num_sms, stream);
   NVFP4MOE_SM90_GEMM_CONFIGS(NVFP4MOE_X)
 #undef NVFP4MOE_X
+#undef NVFP4MOE_SM90_TILE_CONFIG_IS
   return fail(who + ": config " + to_string(config) + " is not in the instantiated list");
 }
 
-const std::vector<Sm90GemmConfig>& sm90_chained_configs() {
-  static const std::vector<Sm90GemmConfig> list = {
 #define NVFP4MOE_X(bt, st, wgs, wpu, sync) Sm90GemmConfig{bt, st, wgs, wpu, sync != 0},
-      NVFP4MOE_SM90_CHAINED_CONFIGS(NVFP4MOE_X)
-#undef NVFP4MOE_X
-  };
+const std::vector<Sm90GemmConfig>& sm90_chained_configs() {
+  static const std::vector<Sm90GemmConfig> list = {NVFP4MOE_SM90_CHAINED_CONFIGS(NVFP4MOE_X)};
   return list;
 }
 
 const std::vector<Sm90GemmConfig>& sm90_gather_configs() {
-  static const std::vector<Sm90GemmConfig> list = {
-#define NVFP4MOE_X(bt, st, wgs, wpu, sync) Sm90GemmConfig{bt, st, wgs, wpu, sync != 0},
-      NVFP4MOE_SM90_GATHER_CONFIGS(NVFP4MOE_X)
-#undef NVFP4MOE_X
-  };
+  static const std::vector<Sm90GemmConfig> list = {NVFP4MOE_SM90_GATHER_CONFIGS(NVFP4MOE_X)};
   return list;
 }
+#undef NVFP4MOE_X
 
-bool sm90_gather_available(const Sm90GemmConfig& c) {
-  for (const auto& x : sm90_gather_configs())
-    if (x == c) return true;
-  return false;
+namespace {
+bool listed(const std::vector<Sm90GemmConfig>& list, const Sm90GemmConfig& c) {
+  return std::find(list.begin(), list.end(), c) != list.end();
 }
+}  // namespace
 
-bool sm90_chained_available(const Sm90GemmConfig& c) {
-  for (const auto& x : sm90_chained_configs())
-    if (x == c) return true;
-  return false;
-}
+bool sm90_chained_available(const Sm90GemmConfig& c) { return listed(sm90_chained_configs(), c); }
+bool sm90_gather_available(const Sm90GemmConfig& c) { return listed(sm90_gather_configs(), c); }
 
 cudaError_t sm90_nvfp4_chained_gemms(const Sm90GemmArgs& gemm1, const Sm90GemmArgs& gemm2,
                                      const Sm90GemmConfig& config, int32_t* chain_counters, cudaStream_t stream,

@@ -497,6 +497,37 @@ void check_layer_logits(Harness& hs, Mode mode, int64_t T, uint64_t seed, int64_
   EXPECT_CLOSE(mc, what << " T=" << T << " vs cpu::moe_forward");
 }
 
+// forward_logits of a harness captured in a CUDA graph on a stream of its own (thread-local capture mode), and its
+// replays (out poisoned with 0x7F first, synchronized after).
+class CapturedForward {
+ public:
+  CapturedForward() = default;
+  CapturedForward(const CapturedForward&) = delete;
+  CapturedForward& operator=(const CapturedForward&) = delete;
+  ~CapturedForward() {
+    if (exec_) cudaGraphExecDestroy(exec_);
+    if (graph_) cudaGraphDestroy(graph_);
+    if (stream_) cudaStreamDestroy(stream_);
+  }
+  void capture(Harness& h, int64_t T) {
+    CUDA_OK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    CUDA_OK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+    h.forward_logits(T, h.out.p, DType::F32, stream_);
+    CUDA_OK(cudaStreamEndCapture(stream_, &graph_));
+    CUDA_OK(cudaGraphInstantiate(&exec_, graph_, 0));
+  }
+  void replay(Harness& h) {
+    CUDA_OK(cudaMemsetAsync(h.out.p, 0x7F, h.out.n * 4, stream_));
+    CUDA_OK(cudaGraphLaunch(exec_, stream_));
+    CUDA_OK(cudaStreamSynchronize(stream_));
+  }
+
+ private:
+  cudaStream_t stream_ = nullptr;
+  cudaGraph_t graph_ = nullptr;
+  cudaGraphExec_t exec_ = nullptr;
+};
+
 const LayerDims kSmallSoftmax{"small-softmax", 512, 256, 40, 8};
 const LayerDims kSmallSigmoid{"small-sigmoid+shared", 384, 128, 32, 6, Activation::SwiGLU,
                               Routing::SigmoidGroupedTopK, 8, 4, 2.5f, true, 256};
@@ -751,23 +782,12 @@ TEST(CudaLayer, ChainedGemmsBitIdenticalToTwoLaunches) {
               << "chained: " << any << ", poison " << poison;
         }
         if (T == 2) {  // a captured graph, replayed 3 times
-          cudaStream_t s;
-          CUDA_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-          cudaGraph_t g;
-          cudaGraphExec_t ge;
-          CUDA_OK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-          one.forward_logits(T, one.out.p, DType::F32, s);
-          CUDA_OK(cudaStreamEndCapture(s, &g));
-          CUDA_OK(cudaGraphInstantiate(&ge, g, 0));
+          CapturedForward graph;
+          graph.capture(one, T);
           for (int rep = 0; rep < 3; ++rep) {
-            CUDA_OK(cudaMemset(one.out.p, 0x7F, one.out.n * 4));
-            CUDA_OK(cudaGraphLaunch(ge, s));
-            CUDA_OK(cudaStreamSynchronize(s));
+            graph.replay(one);
             ASSERT_EQ(std::memcmp(one.out.get(T * H).data(), ref.data(), ref.size() * 4), 0) << "replay " << rep;
           }
-          CUDA_OK(cudaGraphExecDestroy(ge));
-          CUDA_OK(cudaGraphDestroy(g));
-          CUDA_OK(cudaStreamDestroy(s));
         }
       }
     }
@@ -820,23 +840,12 @@ TEST(CudaLayer, DynamicTileScheduleBitIdenticalToStatic) {
             ASSERT_EQ(std::memcmp(h->out.get(T * H).data(), ref.data(), ref.size() * 4), 0) << "poison " << poison;
           }
           if (T == 700) {
-            cudaStream_t s;
-            CUDA_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-            cudaGraph_t g;
-            cudaGraphExec_t ge;
-            CUDA_OK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-            h->forward_logits(T, h->out.p, DType::F32, s);
-            CUDA_OK(cudaStreamEndCapture(s, &g));
-            CUDA_OK(cudaGraphInstantiate(&ge, g, 0));
+            CapturedForward graph;
+            graph.capture(*h, T);
             for (int rep = 0; rep < 3; ++rep) {
-              CUDA_OK(cudaMemsetAsync(h->out.p, 0x7F, h->out.n * 4, s));
-              CUDA_OK(cudaGraphLaunch(ge, s));
-              CUDA_OK(cudaStreamSynchronize(s));
+              graph.replay(*h);
               ASSERT_EQ(std::memcmp(h->out.get(T * H).data(), ref.data(), ref.size() * 4), 0) << "replay " << rep;
             }
-            CUDA_OK(cudaGraphExecDestroy(ge));
-            CUDA_OK(cudaGraphDestroy(g));
-            CUDA_OK(cudaStreamDestroy(s));
           }
         }
       }
@@ -903,14 +912,8 @@ TEST(CudaLayer, Gemm1GatheredABitIdenticalToGatherKernel) {
           }
         }
         if (T == 700) {  // a captured graph, replayed with new hidden states and logits
-          cudaStream_t st;
-          CUDA_OK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
-          cudaGraph_t g;
-          cudaGraphExec_t ge;
-          CUDA_OK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
-          gat.forward_logits(T, gat.out.p, DType::F32, st);
-          CUDA_OK(cudaStreamEndCapture(st, &g));
-          CUDA_OK(cudaGraphInstantiate(&ge, g, 0));
+          CapturedForward graph;
+          graph.capture(gat, T);
           for (int rep = 0; rep < 3; ++rep) {
             const auto h2 = random_hidden(T, H, 900 + rep);
             const auto l2 = random_logits(T, E, 950 + rep);
@@ -921,14 +924,9 @@ TEST(CudaLayer, Gemm1GatheredABitIdenticalToGatherKernel) {
             const auto ref = base.out.get(T * H);
             gat.hidden.put(h2);
             gat.logits.put(l2);
-            CUDA_OK(cudaMemsetAsync(gat.out.p, 0x7F, gat.out.n * 4, st));
-            CUDA_OK(cudaGraphLaunch(ge, st));
-            CUDA_OK(cudaStreamSynchronize(st));
+            graph.replay(gat);
             ASSERT_EQ(std::memcmp(gat.out.get(T * H).data(), ref.data(), ref.size() * 4), 0) << "replay " << rep;
           }
-          CUDA_OK(cudaGraphExecDestroy(ge));
-          CUDA_OK(cudaGraphDestroy(g));
-          CUDA_OK(cudaStreamDestroy(st));
         }
       }
     }
