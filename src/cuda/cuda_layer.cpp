@@ -273,6 +273,7 @@ CudaMoeLayer::CudaMoeLayer(MoeWeights w, const MoeLayerOptions& options, GemmPat
                    " (H100/H200), cuda:", options.device, " is sm_", major, minor);
   }
   if (options.shared_max_input_scale) use_shared_max_input_scales(w);
+  shared_reads_hidden_ = env_switch("NVFP4MOE_SHARED_HIDDEN");  // A/B and tests: "0" = the shared gather copies
   DeviceGuard warm(options.device);
   (void)device_sm_count();  // cached now, so no attribute query ever happens inside a captured forward()
   DeviceGuard guard(options.device);
@@ -778,7 +779,13 @@ void CudaMoeLayer::forward(const TensorRef& hidden, const RoutingArgs& routing, 
                        const int32_t* tiles, int max_rows, int64_t capacity, uint16_t* a1, uint16_t* act, float* y,
                        float* chain_y, int32_t* chain_counters, const char* what) -> float* {
     const bool routed = what[0] == 'r';
-    if (!(routed && (route || gemm1_gathers)))
+    // A separate shared expert's rows are hidden's own rows, which its gather would only copy when nothing is done
+    // to them on the way (bf16 in, w4a16, no calibration amax, no Qwen2 gate): its GEMM1 then reads `hidden`
+    // (a TMA descriptor over its T rows; the same operand values, so the same bits) and no gather runs.
+    const bool reads_hidden = !routed && shared_reads_hidden_ && !a4 && !f32_in && !calibrating_ &&
+                              shared_gate_weight_ == nullptr;
+    const uint16_t* a_rows = reads_hidden ? static_cast<const uint16_t*>(hidden.data) : a1;
+    if (!(routed && (route || gemm1_gathers)) && !reads_hidden)
       check_launch(launch_gather(gather_args(d, experts, perm, offsets, max_rows, a1), stream),
                    routed ? "gather (routed)" : "gather (shared)");
 
@@ -786,8 +793,8 @@ void CudaMoeLayer::forward(const TensorRef& hidden, const RoutingArgs& routing, 
       const Sm90PreparedShape shape13 = routed ? routed_launch_shape(d.w13_shape) : d.w13_shape;
       const Sm90PreparedShape shape2 = routed ? routed_launch_shape(d.w2_shape) : d.w2_shape;
       Sm90GemmArgs s1;
-      s1.a = a1;
-      s1.a_rows_capacity = capacity;
+      s1.a = a_rows;
+      s1.a_rows_capacity = reads_hidden ? T : capacity;
       s1.w = d.w13_sm90;
       s1.shape = shape13;
       s1.offsets = offsets;
@@ -854,7 +861,7 @@ void CudaMoeLayer::forward(const TensorRef& hidden, const RoutingArgs& routing, 
 
     const int max_m_tiles = static_cast<int>(gemm_max_m_tiles(max_rows, d.num_experts));
     GroupedGemmArgs g1;
-    g1.a = a1;
+    g1.a = a_rows;
     g1.w = d.w13;
     g1.w_scale = d.w13_scale;
     g1.experts = static_cast<int>(d.num_experts);

@@ -205,6 +205,10 @@ class CudaMoeLayer final : public MoeLayer {
   // (routed GEMM1, GEMM2, shared GEMM1, GEMM2), in the counters' allocation. NVFP4MOE_DYNAMIC_TILES=0 (read at
   // creation): the static round-robin, for A/B.
   bool dynamic_tiles_enabled_ = true;
+  // A separate shared expert's GEMM1 reads `hidden` itself where its gather would only copy it (w4a16, bf16 in,
+  // not calibrating, no Qwen2 gate): one launch less a forward. NVFP4MOE_SHARED_HIDDEN=0 (read at creation): the
+  // gather copies, for A/B and the bitwise test.
+  bool shared_reads_hidden_ = true;
   // NVFP4MOE_GEMM1_GATHER=1 (read at creation; off by default until measured on the H200): w4a16 prefill without
   // the routed gather kernel, where GEMM1's config has a gathered-A kernel (sm90_gather_configs()) and is not
   // chained: GEMM1 reads `hidden` through the plan's permutation (Sm90GemmArgs::a_gather_src). Bf16 hidden only

@@ -933,6 +933,80 @@ TEST(CudaLayer, Gemm1GatheredABitIdenticalToGatherKernel) {
   EXPECT_GE(gathered_points, 6) << "GEMM1 gathered its A at too few points: the test checks little";
 }
 
+// A separate shared expert's GEMM1 reading `hidden` itself (w4a16: its gather would only copy the rows) gives the
+// bits of the gather's copy (NVFP4MOE_SHARED_HIDDEN=0): a SwiGLU shared expert wider than the routed ones and a
+// relu^2 one with H % 64 != 0, both GEMM paths, decode (warp streaming, chained) and prefill T, router logits and
+// caller ids, a poisoned workspace, and a captured graph replayed with new inputs. w4a4 (whose gather quantizes)
+// is unchanged.
+TEST(CudaLayer, SharedExpertReadsHiddenBitIdenticalToGather) {
+  const LayerDims relu2{"relu2 H208 I80 shared48", 208, 80, 12, 2, Activation::Relu2, Routing::SigmoidGroupedTopK,
+                        1, 1, 2.5f, true, 48};
+  const LayerDims dims[] = {kSmallSigmoid, relu2};
+  for (const LayerDims& d : dims)
+    for (GemmPath gemm : kBothPaths)
+      for (Mode mode : {Mode::W4A16, Mode::W4A4}) {
+        SCOPED_TRACE(std::string(d.name) + " " + mode_name(mode) + " " + gemm_path_name(gemm));
+        ASSERT_EQ(setenv("NVFP4MOE_SHARED_HIDDEN", "0", 1), 0);
+        Harness copied(d, mode, 700, 43, gemm);
+        ASSERT_EQ(unsetenv("NVFP4MOE_SHARED_HIDDEN"), 0);
+        Harness direct(d, mode, 700, 43, gemm);
+        ASSERT_FALSE(direct.cuda->shared_in_routed()) << "the test needs a shared expert of its own launches";
+        const int64_t H = direct.H(), E = direct.spec().num_experts, K = direct.spec().top_k;
+        for (int64_t T : {1, 2, 7, 129, 700}) {
+          SCOPED_TRACE("T=" + std::to_string(T));
+          const auto hidden = random_hidden(T, H, 1700 + T);
+          const auto logits = random_logits(T, E, 1800 + T);
+          std::vector<int32_t> ids(T * K);
+          std::vector<float> ws(T * K);
+          Rng r(T + 11);
+          for (int64_t i = 0; i < T * K; ++i) {
+            ids[i] = static_cast<int32_t>(r.next() % E);
+            ws[i] = r.uniform();
+          }
+          for (Harness* h : {&copied, &direct}) {
+            h->hidden.put(hidden);
+            h->logits.put(logits);
+            h->ids.put(ids);
+            h->weights.put(ws);
+          }
+          for (const bool by_ids : {false, true}) {
+            SCOPED_TRACE(by_ids ? "caller ids" : "router logits");
+            if (by_ids) copied.forward_ids(T, copied.out.p, DType::F32);
+            else copied.forward_logits(T, copied.out.p, DType::F32);
+            CUDA_OK(cudaDeviceSynchronize());
+            const auto ref = copied.out.get(T * H);
+            for (int poison : {-1, 0xD5}) {
+              if (poison >= 0)
+                CUDA_OK(cudaMemset(direct.cuda->workspace(), poison, direct.layer->workspace_bytes()));
+              CUDA_OK(cudaMemset(direct.out.p, 0x7F, direct.out.n * 4));
+              if (by_ids) direct.forward_ids(T, direct.out.p, DType::F32);
+              else direct.forward_logits(T, direct.out.p, DType::F32);
+              CUDA_OK(cudaDeviceSynchronize());
+              ASSERT_EQ(std::memcmp(direct.out.get(T * H).data(), ref.data(), ref.size() * 4), 0)
+                  << "poison " << poison;
+            }
+          }
+          if (T == 129) {  // a captured graph, replayed with new hidden states and logits
+            CapturedForward graph;
+            graph.capture(direct, T);
+            for (int rep = 0; rep < 2; ++rep) {
+              const auto h2 = random_hidden(T, H, 1900 + rep);
+              const auto l2 = random_logits(T, E, 1950 + rep);
+              for (Harness* h : {&copied, &direct}) {
+                h->hidden.put(h2);
+                h->logits.put(l2);
+              }
+              copied.forward_logits(T, copied.out.p, DType::F32);
+              CUDA_OK(cudaDeviceSynchronize());
+              const auto ref = copied.out.get(T * H);
+              graph.replay(direct);
+              ASSERT_EQ(std::memcmp(direct.out.get(T * H).data(), ref.data(), ref.size() * 4), 0) << "replay " << rep;
+            }
+          }
+        }
+      }
+}
+
 // A token's row is bitwise the same alone and among 6 or 299 other tokens.
 TEST(CudaLayer, BatchInvariance) {
   for (GemmPath gemm : kBothPaths)
