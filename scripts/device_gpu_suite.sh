@@ -115,6 +115,19 @@ if has sanitizer; then
     summary "sanitizer $tool (dynamic tile schedule): exit $rc"
     [ "$rc" = 0 ] || [ "$tool" = racecheck ] || status=1
   done
+  # The gathered-A kernels (sixteenth session): the producer warps' cp.async rows into the stages, their noinc
+  # arrivals on the full barrier and the consumers' proxy fence (docs/gemm.md, "GEMM1 without the gather kernel").
+  # racecheck recorded, not counted, as above (its view of cp.async against the async-proxy wgmma reads is new).
+  for tool in memcheck synccheck racecheck; do
+    fits 150 "sanitizer $tool (gathered A)" || continue
+    echo "=== compute-sanitizer --tool $tool --gtest_filter=Sm90GroupedGemm.GatheredA*" >> "$OUT/$SHA-cuda-sanitizer.log"
+    timeout "$limit" "$SAN" --tool $tool --error-exitcode 9 "$CARRY/cuda_test_sm90_grouped_gemm" --gtest_color=no \
+      --gtest_brief=1 --gtest_filter='Sm90GroupedGemm.GatheredA*' 2>&1 | tail -n 25 >> "$OUT/$SHA-cuda-sanitizer.log"
+    rc=${PIPESTATUS[0]}
+    echo "=== $tool (gathered A) exit $rc" >> "$OUT/$SHA-cuda-sanitizer.log"
+    summary "sanitizer $tool (gathered A): exit $rc"
+    [ "$rc" = 0 ] || [ "$tool" = racecheck ] || status=1
+  done
 fi
 
 if has python && fits 240 python; then
