@@ -37,7 +37,7 @@ DEADLINE_S=120 SUITE_STEPS="layer gemm stress sanitizer" AB1_VARIANTS="a:.carry/
 rc=$?
 check "1: exit 0 (got $rc)" test "$rc" = 0
 check "1: the suites' summary came back" grep -q "cuda-layer: exit 0" out1/t1-summary.log
-check "1: every sanitizer run ran" test "$(grep -c 'sanitizer .*: exit 0' out1/t1-summary.log)" = 11
+check "1: every sanitizer run ran" test "$(grep -c 'sanitizer .*: exit 0' out1/t1-summary.log)" = 14
 check "1: four A/B points measured" test "$(grep -c 'us/layer' out1/t1-points.txt)" = 4
 check "1: EXTRA ran with W and SHA" grep -q "extra: exit 0" out1/t1-points.txt
 check "1: the logs packed (work/ removed)" test -f out1/t1-logs.tgz -a ! -d out1/work
