@@ -30,6 +30,7 @@
 #include <cstdint>
 
 #include "cuda/launch_pdl.cuh"
+#include "cuda/sm90_gather_rows.h"
 #include "cuda/sm90_wgmma_bf16_rs.cuh"
 #include "format/nvfp4.h"
 
@@ -97,8 +98,7 @@ struct TileSlot {
 // Gathered A (GemmParams::gather_src, produce_tiles_gathered). A stage's full barrier then completes on thread 0's
 // arrive.expect_tx (the weights' bytes, as always) and one arrival per producer thread, which its
 // cp.async.mbarrier.arrive.noinc makes once the thread's copies of the stage have landed (no thread waits).
-inline constexpr int kGatherProducerThreads = 128;
-inline constexpr uint32_t kGatherFullArrivals = 1 + kGatherProducerThreads;
+inline constexpr uint32_t kGatherFullArrivals = 1 + kGatherCopyThreads;
 inline constexpr int kGatherProducerBarrier = 12;  // named barrier of the four producer warps (1..7: consumers)
 
 // ------------------------------------------------------------------------------------------- PTX helpers
@@ -862,19 +862,12 @@ __device__ __forceinline__ int produce_tiles(const CUtensorMap* tmap_a, const Ge
   return idx - cur.first;  // after the failed seek cur.first is the launch's tile count
 }
 
-// The source row of GEMM row r for a gathered A (GemmParams::gather_*), or -1 (read as zeros) outside
-// [0, gather_src_rows) or for a negative permutation entry. perm_rows = offsets[gather_perm_experts].
+// The source row of GEMM row r for a gathered A (GemmParams::gather_*; sm90_gather_rows.h), or -1 (read as zeros).
+// perm_rows = offsets[gather_perm_experts].
 __device__ __forceinline__ int gather_source_row(const GemmParams& p, int r, int perm_rows) {
-  int src = r;
-  if (p.gather_perm != nullptr) {
-    if (r < perm_rows) {
-      const int v = __ldg(p.gather_perm + r);
-      src = v < 0 ? -1 : v / p.gather_top_k;
-    } else {
-      src = r - perm_rows;
-    }
-  }
-  return src >= 0 && src < p.gather_src_rows ? src : -1;
+  const bool permuted = p.gather_perm != nullptr && r < perm_rows;
+  return gather_source_row(r, p.gather_perm != nullptr, perm_rows, permuted ? __ldg(p.gather_perm + r) : 0,
+                           p.gather_top_k, p.gather_src_rows);
 }
 
 // The producer of a gathered A (GemmParams::gather_src; the plain tile kernel's walks, static or dynamic): all
@@ -895,15 +888,16 @@ __device__ __forceinline__ void produce_tiles_gathered(const GemmParams& p, uint
                                                        uint32_t gather) {
   using Tr = KernelTraits<BT, WGS, STAGES, Epilogue::kF32, WPU, SYNC>;
   constexpr int UPT = Tr::kUnitsPerTile;
-  constexpr int kPasses = (BT + 15) / 16;  // rows per thread and k-tile: 128 threads = 16 rows x 8 chunks
+  constexpr int kPasses = gather_passes(BT);  // rows per thread and k-tile (sm90_gather_rows.h)
+  static_assert(kGatherCopyThreads == 128, "the producer warpgroup's threads copy A");
   // (The producer runs on 24..40 registers: the loop keeps one k-tile counter for the stage and its phase, and
   // recomputes the rest.)
   const int n_ctiles = (p.units + UPT - 1) / UPT;
   const int tid = static_cast<int>(threadIdx.x);
   const bool dynamic = p.tile_counter != nullptr;
   const int perm_rows = p.gather_perm != nullptr ? __ldg(p.offsets + p.gather_perm_experts) : 0;
-  // Thread tid copies the 16-byte chunk tid % 8 of rows tid / 8 + 16 i; r % 8 = (tid / 8) % 8 for all of them.
-  const uint32_t a_thread = smem_u32(smem_a) + (tid / 8) * 128 + (((tid % 8) ^ ((tid / 8) & 7)) << 4);
+  // Thread tid copies the 16-byte chunk tid % 8 of rows tid / 8 + 16 i (sm90_gather_rows.h).
+  const uint32_t a_thread = smem_u32(smem_a) + gather_copy_offset(tid);
   const uint32_t w_base = smem_u32(smem_w);
   TileCursor<BT> cur;  // warp 0's
   int idx = blockIdx.x, issued = 0;  // k-tiles issued: stage issued % STAGES, empty phase (issued / STAGES) & 1
@@ -945,12 +939,12 @@ __device__ __forceinline__ void produce_tiles_gathered(const GemmParams& p, uint
       const char* src_kt = reinterpret_cast<const char*>(p.gather_src) + 2 * col;
       const uint32_t row_bytes = 2u * static_cast<uint32_t>(p.gather_k);
       const uint32_t dst = a_thread + s * Tr::kABytes;
-      const uint32_t rows_at = buf + 16 + 4 * (tid / 8);
+      const uint32_t rows_at = buf + 16 + 4 * gather_copy_row(tid, 0);
 #pragma unroll
       for (int i = 0; i < kPasses; ++i) {
-        const int src = lds32_volatile(rows_at + 64 * i);
+        const int src = lds32_volatile(rows_at + 4 * kGatherRowsPerPass * i);
         const uint64_t row_offset = static_cast<uint64_t>(static_cast<uint32_t>(max(src, 0))) * row_bytes;
-        cp_async16(dst + i * 16 * 128, src_kt + row_offset, src >= 0 ? bytes : 0u);
+        cp_async16(dst + i * kGatherPassBytes, src_kt + row_offset, src >= 0 ? bytes : 0u);
       }
       cp_async_mbar_arrive_noinc(full0 + 8 * s);
     }
