@@ -288,6 +288,8 @@ CudaMoeLayer::CudaMoeLayer(MoeWeights w, const MoeLayerOptions& options, GemmPat
       consumer_stagger_ = consumer_stagger_from_env();                 // A/B: ns, default 0
       if (const char* v = std::getenv("NVFP4MOE_GEMM1_GATHER"); v != nullptr)  // A/B: "1" = gathered A
         gemm1_gather_enabled_ = std::strcmp(v, "1") == 0;
+      if (const char* v = std::getenv("NVFP4MOE_T1_BROADCAST"); v != nullptr)  // A/B: "1" = T = 1 broadcast
+        t1_broadcast_enabled_ = std::strcmp(v, "1") == 0;
       // Zero once; every chained launch leaves its counters zero (sm90_nvfp4_chained_gemms), every dynamically
       // scheduled one its tile counter.
       const size_t routed_n = sm90_chain_counter_count(static_cast<int>(spec_.num_experts) + 1);
@@ -584,6 +586,11 @@ void CudaMoeLayer::warm_up_sm90() {
       g1.out = routed ? act_ : sact_;
       g1.epilogue = d->gated ? Sm90GemmEpilogue::kSwiGLU : Sm90GemmEpilogue::kRelu2;
       check_sm90(sm90_nvfp4_grouped_gemm(g1, c, nullptr, device_sm_count()), "sm90 gemm1 (warm-up)");
+      if (routed && t1_broadcast_enabled_ && c.warp_stream) {  // its broadcast-row kernel (no rows)
+        Sm90GemmArgs gb = g1;
+        gb.a_broadcast_row = true;
+        check_sm90(sm90_nvfp4_grouped_gemm(gb, c, nullptr, device_sm_count()), "sm90 gemm1 broadcast (warm-up)");
+      }
       if (routed && gemm1_gather_enabled_ && sm90_gather_available(c)) {  // its gathered-A kernel (no rows)
         Sm90GemmArgs gg = g1;
         gg.a_gather_src = a1_;
@@ -757,16 +764,20 @@ void CudaMoeLayer::forward(const TensorRef& hidden, const RoutingArgs& routing, 
   // itself (gemm1_gather_enabled_, a host decision on T and the shapes), no routed gather runs at all.
   const GatherArgs routed_gather = merged ? gather_args(routed_, E + 1, perm_, offsets_, pairs + T, a1_)
                                           : gather_args(routed_, E, perm_, offsets_, pairs, a1_);
-  bool gemm1_gathers = false;
-  if (gemm_ == GemmPath::kSm90Wgmma && gemm1_gather_enabled_ && !a4 && !f32_in && !calibrating_) {
+  // GEMM1 broadcasting `hidden` (t1_broadcast_enabled_): at T = 1 every routed row (and the merged shared
+  // expert's) is the token's hidden state; the warp-streaming GEMM1 reads it as row 0 for all of them.
+  bool gemm1_gathers = false, gemm1_broadcasts = false;
+  if (gemm_ == GemmPath::kSm90Wgmma && (gemm1_gather_enabled_ || t1_broadcast_enabled_) && !a4 && !f32_in &&
+      !calibrating_) {
     const int64_t rows = pairs + (merged ? T : 0), experts = E + (merged ? 1 : 0);
     const Sm90GemmConfig c1 = pick_sm90(routed_launch_shape(routed_.w13_shape), rows, experts, true);
     const Sm90GemmConfig c2 = pick_sm90(routed_launch_shape(routed_.w2_shape), rows, experts, false);
-    gemm1_gathers = sm90_gather_available(c1) && !chained(c1, c2, T, routed_.gated) &&
+    gemm1_broadcasts = t1_broadcast_enabled_ && T == 1 && c1.warp_stream;
+    gemm1_gathers = gemm1_gather_enabled_ && sm90_gather_available(c1) && !chained(c1, c2, T, routed_.gated) &&
                     !(route && route_plan_gather_fuses(*route, pl, routed_gather));
   }
   if (route) {
-    if (gemm1_gathers)
+    if (gemm1_gathers || gemm1_broadcasts)
       check_launch(launch_route_plan(*route, pl, stream), "route + plan");
     else
       check_launch(launch_route_plan_gather(*route, pl, routed_gather, stream), "route + plan + gather");
@@ -785,7 +796,7 @@ void CudaMoeLayer::forward(const TensorRef& hidden, const RoutingArgs& routing, 
     const bool reads_hidden = !routed && shared_reads_hidden_ && !a4 && !f32_in && !calibrating_ &&
                               shared_gate_weight_ == nullptr;
     const uint16_t* a_rows = reads_hidden ? static_cast<const uint16_t*>(hidden.data) : a1;
-    if (!(routed && (route || gemm1_gathers)) && !reads_hidden)
+    if (!(routed && (route || gemm1_gathers || gemm1_broadcasts)) && !reads_hidden)
       check_launch(launch_gather(gather_args(d, experts, perm, offsets, max_rows, a1), stream),
                    routed ? "gather (routed)" : "gather (shared)");
 
@@ -805,6 +816,11 @@ void CudaMoeLayer::forward(const TensorRef& hidden, const RoutingArgs& routing, 
       s1.gs = (a4 && !calibrating_) ? d.gs2 : nullptr;
       s1.out = act;
       s1.epilogue = d.gated ? Sm90GemmEpilogue::kSwiGLU : Sm90GemmEpilogue::kRelu2;
+      if (routed && gemm1_broadcasts) {  // T = 1: every row is hidden[0]
+        s1.a = static_cast<const uint16_t*>(hidden.data);
+        s1.a_rows_capacity = 1;
+        s1.a_broadcast_row = true;
+      }
       if (routed && gemm1_gathers) {  // row r = hidden[perm[r] / k], the merged shared expert's r - offsets[E]
         s1.a_gather_src = static_cast<const uint16_t*>(hidden.data);
         s1.a_gather_src_rows = T;

@@ -214,6 +214,10 @@ class CudaMoeLayer final : public MoeLayer {
   // chained: GEMM1 reads `hidden` through the plan's permutation (Sm90GemmArgs::a_gather_src). Bf16 hidden only
   // (f32 is rounded by the gather), not w4a4 (quantized by it), not while calibrating (amax measured by it).
   bool gemm1_gather_enabled_ = false;
+  // NVFP4MOE_T1_BROADCAST=1 (read at creation; off by default until measured on the H200): at T = 1 (w4a16, bf16
+  // hidden, not calibrating) the routed GEMM1, a warp-streaming config, reads `hidden` as the one row of all its
+  // rows (Sm90GemmArgs::a_broadcast_row) and the routing kernel skips its gather step.
+  bool t1_broadcast_enabled_ = false;
   // NVFP4MOE_CONSUMER_STAGGER_NS (read at creation): the second consumer warpgroup's start delay in the
   // tile GEMMs of 64 rows and more (same bits; for A/B, default 0).
   ConsumerStagger consumer_stagger_;

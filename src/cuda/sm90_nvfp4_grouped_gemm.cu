@@ -116,15 +116,15 @@ cudaError_t kernel_ready(Kernel kernel, int* ctas_per_sm) {
   return cudaSuccess;
 }
 
-// A distinct traits type for the gathered-A kernels: kernel_ready's one-time check is per (traits, kernel type),
-// and both kernels of a config have the same type.
+// A distinct traits type for a config's second kernel (gathered A, broadcast row): kernel_ready's one-time check
+// is per (traits, kernel type), and both kernels of a config have the same type.
 template <class Tr>
-struct GatheredTraits : Tr {};
+struct VariantTraits : Tr {};
 
 template <int BT, int STAGES, int WGS, int WPU, bool SYNC, sm90::Epilogue EPI, bool GATHER = false>
 cudaError_t launch(const CUtensorMap& map, const sm90::GemmParams& p, int grid, cudaStream_t stream) {
   using Tr = sm90::KernelTraits<BT, WGS, STAGES, EPI, WPU, SYNC>;
-  using ReadyTr = std::conditional_t<GATHER, GatheredTraits<Tr>, Tr>;
+  using ReadyTr = std::conditional_t<GATHER, VariantTraits<Tr>, Tr>;
   auto kernel = sm90::sm90_nvfp4_grouped_gemm_kernel<BT, WGS, STAGES, EPI, WPU, SYNC, GATHER>;
   int fit = 0;
   if (const cudaError_t e = kernel_ready<ReadyTr>(kernel, &fit); e != cudaSuccess) return e;
@@ -150,12 +150,13 @@ cudaError_t launch_chained(const CUtensorMap& map1, const CUtensorMap& map2, con
   return launch_pdl(kernel, dim3(grid), dim3(Tr::kThreads), Tr::kSmemBytes, stream, map1, map2, p1, p2, chain);
 }
 
-template <int WARPS, int DEPTH, int SPW, bool UNROLLED, sm90::Epilogue EPI>
+template <int WARPS, int DEPTH, int SPW, bool UNROLLED, sm90::Epilogue EPI, bool BROADCAST = false>
 cudaError_t launch_warp_stream(const Sm90GemmArgs& args, const sm90::GemmParams& p, int grid, cudaStream_t stream) {
   using Tr = sm90::WarpStreamTraits<WARPS, DEPTH, SPW, UNROLLED, EPI>;
-  auto kernel = sm90::sm90_nvfp4_warp_stream_gemm_kernel<WARPS, DEPTH, SPW, UNROLLED, EPI>;
+  using ReadyTr = std::conditional_t<BROADCAST, VariantTraits<Tr>, Tr>;
+  auto kernel = sm90::sm90_nvfp4_warp_stream_gemm_kernel<WARPS, DEPTH, SPW, UNROLLED, EPI, BROADCAST>;
   int fit = 0;
-  if (const cudaError_t e = kernel_ready<Tr>(kernel, &fit); e != cudaSuccess) return e;
+  if (const cudaError_t e = kernel_ready<ReadyTr>(kernel, &fit); e != cudaSuccess) return e;
   return launch_pdl(kernel, dim3(grid), dim3(Tr::kThreads), Tr::kSmemBytes, stream, args.a, args.shape.k, p,
                     args.prologue_before_pdl_wait);
 }
@@ -163,6 +164,14 @@ cudaError_t launch_warp_stream(const Sm90GemmArgs& args, const sm90::GemmParams&
 template <int WARPS, int DEPTH, int SPW, bool UNROLLED>
 cudaError_t launch_warp_stream_epi(const Sm90GemmArgs& args, const sm90::GemmParams& p, int grid,
                                    cudaStream_t stream) {
+  if (args.a_broadcast_row) {  // the broadcast-row kernels: the activation epilogues only (GEMM1 at T = 1)
+    if (args.epilogue == Sm90GemmEpilogue::kSwiGLU)
+      return launch_warp_stream<WARPS, DEPTH, SPW, UNROLLED, sm90::Epilogue::kSwiGLU, true>(args, p, grid, stream);
+    if (args.epilogue == Sm90GemmEpilogue::kRelu2)
+      return launch_warp_stream<WARPS, DEPTH, SPW, UNROLLED, sm90::Epilogue::kRelu2, true>(args, p, grid, stream);
+    return fail("sm90_nvfp4_grouped_gemm: a_broadcast_row: the broadcast-row kernels have the activation "
+                "epilogues (SwiGLU, relu^2) only; got f32");
+  }
   switch (args.epilogue) {
     case Sm90GemmEpilogue::kF32:
       return launch_warp_stream<WARPS, DEPTH, SPW, UNROLLED, sm90::Epilogue::kF32>(args, p, grid, stream);
@@ -562,6 +571,9 @@ cudaError_t sm90_nvfp4_grouped_gemm(const Sm90GemmArgs& args, const Sm90GemmConf
   if (args.consumer_stagger_ns < 0 || args.consumer_stagger_ns > kSm90MaxConsumerStaggerNs)
     return fail(who + ": consumer_stagger_ns must be in [0, " + std::to_string(kSm90MaxConsumerStaggerNs) +
                 "], got " + std::to_string(args.consumer_stagger_ns));
+  if (args.a_broadcast_row && (!config.warp_stream || args.a_gather_src != nullptr))
+    return fail(who + ": a_broadcast_row: only the warp-streaming configs read a broadcast row (config " +
+                to_string(config) + (args.a_gather_src != nullptr ? ", and not with a_gather_src)" : ")"));
   if (args.a_gather_src != nullptr && config.warp_stream)
     return fail(who + ": a_gather_src: the warp-streaming config " + to_string(config) +
                 " reads its rows from `a` only (gathered A needs a tile config)");
@@ -637,8 +649,9 @@ cudaError_t sm90_nvfp4_chained_gemms(const Sm90GemmArgs& gemm1, const Sm90GemmAr
   if (gemm2.a != gemm1.out || gemm2.shape.k != n_out1)
     return fail(who + ": gemm2 must read gemm1's output (gemm2.a == gemm1.out, gemm2 K = " + std::to_string(n_out1) +
                 "; got K = " + std::to_string(gemm2.shape.k) + ")");
-  if (gemm1.a_gather_src != nullptr || gemm2.a_gather_src != nullptr)
-    return fail(who + ": a_gather_src: a chained launch reads A through its TMA descriptors only");
+  if (gemm1.a_gather_src != nullptr || gemm2.a_gather_src != nullptr || gemm1.a_broadcast_row ||
+      gemm2.a_broadcast_row)
+    return fail(who + ": a_gather_src / a_broadcast_row: a chained launch reads A through its TMA descriptors only");
   if (chain_counters == nullptr || (reinterpret_cast<uintptr_t>(chain_counters) & 3) != 0)
     return fail(who + ": chain_counters must be a 4-byte aligned device buffer of sm90_chain_counter_count(E) int32");
   CUtensorMap map1, map2;

@@ -147,6 +147,10 @@ struct Sm90GemmArgs {
   const int32_t* a_gather_perm = nullptr;
   int a_gather_top_k = 1;
   int a_gather_perm_experts = -1;
+  // Every GEMM row reads row 0 of `a` (the warp-streaming configs with an activation epilogue, plain launches;
+  // a_rows_capacity >= 1): at T = 1 each routed row of GEMM1, and the merged shared expert's, is the token's hidden
+  // state, so the layer passes `hidden` itself and no gather runs. The same bits as `a` holding copies of row 0.
+  bool a_broadcast_row = false;
 };
 inline constexpr int kSm90MaxConsumerStaggerNs = 1000000;  // 1 ms: PTX nanosleep's longest sleep
 

@@ -144,7 +144,8 @@ __device__ __forceinline__ void ws_mma_slot(const WsSlotRegs<SPW>& r, float (&ac
 // `ring`. Two forms with the same groups, waits and arithmetic (the same bits). Rolled: the slot indices and the
 // sources are counters (measured faster where each warp streams one piece alone, qwen3-30b / nemotron-nano /
 // gpt-oss-120b T = 1: the unrolled loop's code is DEPTH times larger; bench/results/5c66c7a-ws-unroll-ab/).
-template <int DEPTH, int SPW>
+// BROADCAST: every row of the token tile is row 0 of a (Sm90GemmArgs::a_broadcast_row).
+template <int DEPTH, int SPW, bool BROADCAST = false>
 __device__ __forceinline__ void ws_piece_k_loop_rolled(const uint16_t* __restrict__ a, const int k, const GemmParams& p,
     const uint32_t ring, const int lane, const int g, const int t, const uint32_t ldsm_off, const uint8_t* wunit,
     const int slice0, const int64_t row_base, const int tile_rows, bool& waited, float (&acc)[SPW][2][4]) {
@@ -164,7 +165,7 @@ __device__ __forceinline__ void ws_piece_k_loop_rolled(const uint16_t* __restric
     const int chunk = lane + 32 * h, r = chunk >> 3, c = chunk & 7;
     arow_ok[h] = r < tile_rows;
     acol[h] = 8 * c;
-    asrc[h] = a + (row_base + (arow_ok[h] ? r : 0)) * static_cast<int64_t>(k) + 8 * c;
+    asrc[h] = a + (BROADCAST ? int64_t(0) : (row_base + (arow_ok[h] ? r : 0)) * static_cast<int64_t>(k)) + 8 * c;
     adst[h] = static_cast<uint32_t>(Slot::kTokenOffset + r * 128 + ((c ^ r) << 4));
   }
   int kt_fill = 0;
@@ -238,7 +239,7 @@ __device__ __forceinline__ void ws_piece_k_loop_rolled(const uint16_t* __restric
 // k-tiles, the token tile's row zero-fill is a src-size set once per piece and the K tail has its own branch
 // (~13% fewer executed SASS per k-tile; measured faster with two slices per warp, and with one where the warps
 // share their schedulers: deepseek-v3 T = 1, 5c66c7a-ws-unroll-ab).
-template <int DEPTH, int SPW>
+template <int DEPTH, int SPW, bool BROADCAST = false>
 __device__ __forceinline__ void ws_piece_k_loop_unrolled(const uint16_t* __restrict__ a, const int k,
     const GemmParams& p, const uint32_t ring, const int lane, const int g, const int t, const uint32_t ldsm_off,
     const uint8_t* wunit, const int slice0, const int64_t row_base, const int tile_rows, bool& waited,
@@ -264,7 +265,7 @@ __device__ __forceinline__ void ws_piece_k_loop_unrolled(const uint16_t* __restr
   for (int h = 0; h < 2; ++h) {
     const int chunk = lane + 32 * h, r = chunk >> 3, c = chunk & 7;
     const bool row_ok = r < tile_rows;
-    asrc[h] = a + (row_base + (row_ok ? r : 0)) * static_cast<int64_t>(k) + 8 * c;
+    asrc[h] = a + (BROADCAST ? int64_t(0) : (row_base + (row_ok ? r : 0)) * static_cast<int64_t>(k)) + 8 * c;
     adst[h] = static_cast<uint32_t>(Slot::kTokenOffset + r * 128 + ((c ^ r) << 4));
     abytes[h] = row_ok ? 16u : 0u;
     const int tail_col = (k_tiles - 1) * kBlockK + 8 * c;  // this chunk's first column in the last k-tile
@@ -311,8 +312,10 @@ __device__ __forceinline__ void ws_piece_k_loop_unrolled(const uint16_t* __restr
   }
 }
 
-// a: bf16 [rows, k] (the rows of p.offsets); k: the element count of a row (K % 16 == 0).
-template <int WARPS, int DEPTH, int SPW, bool UNROLLED, Epilogue EPI>
+// a: bf16 [rows, k] (the rows of p.offsets); k: the element count of a row (K % 16 == 0). BROADCAST: every GEMM
+// row reads row 0 of a (Sm90GemmArgs::a_broadcast_row: at T = 1 each of a token's rows is its hidden state), its
+// own instantiation, so that the other kernels keep their code.
+template <int WARPS, int DEPTH, int SPW, bool UNROLLED, Epilogue EPI, bool BROADCAST = false>
 __global__ void __launch_bounds__(WARPS * 32, 1)
     sm90_nvfp4_warp_stream_gemm_kernel(const uint16_t* __restrict__ a, const int k, const GemmParams p,
                                        const bool before_wait) {
@@ -349,11 +352,11 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
     const float gsv = EPI != Epilogue::kF32 && p.gs != nullptr ? __ldg(p.gs + e) : 0.0f;
     float acc[SPW][2][4];
     if constexpr (!UNROLLED)
-      ws_piece_k_loop_rolled<DEPTH, SPW>(a, k, p, ring, lane, g, t, ldsm_off, wunit, slice0, row_base, tile_rows,
-                                         waited, acc);
+      ws_piece_k_loop_rolled<DEPTH, SPW, BROADCAST>(a, k, p, ring, lane, g, t, ldsm_off, wunit, slice0, row_base,
+                                                    tile_rows, waited, acc);
     else
-      ws_piece_k_loop_unrolled<DEPTH, SPW>(a, k, p, ring, lane, g, t, ldsm_off, wunit, slice0, row_base, tile_rows,
-                                           waited, acc);
+      ws_piece_k_loop_unrolled<DEPTH, SPW, BROADCAST>(a, k, p, ring, lane, g, t, ldsm_off, wunit, slice0, row_base,
+                                                      tile_rows, waited, acc);
     cp_async_wait<0>();  // the empty groups past K (nothing in flight into a slot the next piece reuses)
 
     // ---------------------------------------------------------------- epilogue (the tile kernels' arithmetic)

@@ -933,6 +933,83 @@ TEST(CudaLayer, Gemm1GatheredABitIdenticalToGatherKernel) {
   EXPECT_GE(gathered_points, 6) << "GEMM1 gathered its A at too few points: the test checks little";
 }
 
+// T = 1 with GEMM1 broadcasting the token's hidden state (NVFP4MOE_T1_BROADCAST=1: the warp-streaming GEMM1 reads
+// `hidden` as the row of all its rows, the routing kernel skips its gather step) gives the gather's bits: softmax,
+// sigmoid with a separate shared expert, the shared expert merged as expert E, relu^2 with a K tail; router logits
+// and caller ids (one slot masked); a poisoned workspace; a captured graph replayed with new inputs. w4a4 (whose
+// gather quantizes per expert) is unchanged.
+TEST(CudaLayer, T1BroadcastBitIdenticalToGather) {
+  LayerDims merged = kSmallSigmoid;
+  merged.name = "sigmoid-grouped+shared(I) E32 k6";
+  merged.shared_I = merged.I;
+  const LayerDims relu2{"relu2 H208 I80 shared80 (expert E)", 208, 80, 12, 2, Activation::Relu2,
+                        Routing::SigmoidGroupedTopK, 1, 1, 2.5f, true, 80};
+  const LayerDims dims[] = {kSmallSoftmax, kSmallSigmoid, merged, relu2};
+  int broadcast_points = 0;
+  for (const LayerDims& d : dims)
+    for (Mode mode : {Mode::W4A16, Mode::W4A4}) {
+      SCOPED_TRACE(std::string(d.name) + " " + mode_name(mode));
+      ASSERT_EQ(unsetenv("NVFP4MOE_T1_BROADCAST"), 0);
+      Harness base(d, mode, 64, 47);
+      ASSERT_EQ(setenv("NVFP4MOE_T1_BROADCAST", "1", 1), 0);
+      Harness bc(d, mode, 64, 47);
+      ASSERT_EQ(unsetenv("NVFP4MOE_T1_BROADCAST"), 0);
+      const int64_t T = 1, H = bc.H(), E = bc.spec().num_experts, K = bc.spec().top_k;
+      const auto launches = bc.cuda->sm90_launches(T);
+      if (mode == Mode::W4A16 && !launches.empty() && launches[0].config.warp_stream) ++broadcast_points;
+      for (int trial = 0; trial < 3; ++trial) {
+        SCOPED_TRACE("trial " + std::to_string(trial));
+        const auto hidden = random_hidden(T, H, 2100 + trial);
+        const auto logits = random_logits(T, E, 2200 + trial);
+        std::vector<int32_t> ids(K);
+        std::vector<float> ws(K);
+        Rng r(trial + 23);
+        const int64_t first = static_cast<int64_t>(r.next() % E);
+        for (int64_t i = 0; i < K; ++i) {  // distinct experts; trial 2: one slot masked
+          ids[i] = (trial == 2 && i == 0) ? -1 : static_cast<int32_t>((first + 3 * i) % E);
+          ws[i] = r.uniform();
+        }
+        for (Harness* h : {&base, &bc}) {
+          h->hidden.put(hidden);
+          h->logits.put(logits);
+          h->ids.put(ids);
+          h->weights.put(ws);
+        }
+        for (const bool by_ids : {false, true}) {
+          SCOPED_TRACE(by_ids ? "caller ids" : "router logits");
+          if (by_ids) base.forward_ids(T, base.out.p, DType::F32);
+          else base.forward_logits(T, base.out.p, DType::F32);
+          CUDA_OK(cudaDeviceSynchronize());
+          const auto ref = base.out.get(T * H);
+          for (int poison : {-1, 0xD5}) {
+            if (poison >= 0) CUDA_OK(cudaMemset(bc.cuda->workspace(), poison, bc.layer->workspace_bytes()));
+            CUDA_OK(cudaMemset(bc.out.p, 0x7F, bc.out.n * 4));
+            if (by_ids) bc.forward_ids(T, bc.out.p, DType::F32);
+            else bc.forward_logits(T, bc.out.p, DType::F32);
+            CUDA_OK(cudaDeviceSynchronize());
+            ASSERT_EQ(std::memcmp(bc.out.get(T * H).data(), ref.data(), ref.size() * 4), 0) << "poison " << poison;
+          }
+        }
+      }
+      CapturedForward graph;  // replayed with new hidden states and logits
+      graph.capture(bc, T);
+      for (int rep = 0; rep < 3; ++rep) {
+        const auto h2 = random_hidden(T, H, 2300 + rep);
+        const auto l2 = random_logits(T, E, 2350 + rep);
+        for (Harness* h : {&base, &bc}) {
+          h->hidden.put(h2);
+          h->logits.put(l2);
+        }
+        base.forward_logits(T, base.out.p, DType::F32);
+        CUDA_OK(cudaDeviceSynchronize());
+        const auto ref = base.out.get(T * H);
+        graph.replay(bc);
+        ASSERT_EQ(std::memcmp(bc.out.get(T * H).data(), ref.data(), ref.size() * 4), 0) << "replay " << rep;
+      }
+    }
+  EXPECT_GE(broadcast_points, 4) << "GEMM1 broadcast at too few points: the test checks little";
+}
+
 // A separate shared expert's GEMM1 reading `hidden` itself (w4a16: its gather would only copy the rows) gives the
 // bits of the gather's copy (NVFP4MOE_SHARED_HIDDEN=0): a SwiGLU shared expert wider than the routed ones and a
 // relu^2 one with H % 64 != 0, both GEMM paths, decode (warp streaming, chained) and prefill T, router logits and

@@ -188,10 +188,11 @@ struct GatherInput {
 
 // Prepares the weights and runs one config; out poisoned with 0xFF bytes first. tile_counter: the dynamic tile
 // schedule (zero before the call; every launch must leave it zero); num_sms: the persistent grid (0: the SMs);
-// stagger_ns: Sm90GemmArgs::consumer_stagger_ns; gather: A gathered from it (then `a` is passed as null).
+// stagger_ns: Sm90GemmArgs::consumer_stagger_ns; gather: A gathered from it (then `a` is passed as null);
+// broadcast_row: `a` is a one-row buffer holding p.a's row 0, read for every row (Sm90GemmArgs::a_broadcast_row).
 void run_gpu(const Problem& p, Sm90GemmEpilogue epi, bool quant, const Sm90GemmConfig& cfg, GpuRun& res,
              int repeats = 1, bool before_pdl_wait = false, int32_t* tile_counter = nullptr, int num_sms = 0,
-             int stagger_ns = 0, const GatherInput* gather = nullptr) {
+             int stagger_ns = 0, const GatherInput* gather = nullptr, bool broadcast_row = false) {
   const Sm90PreparedShape shape = sm90_prepared_shape(p.E, p.N, p.K, p.gated);
   DevBuf<uint8_t> packed(p.packed), scales(p.scales), w(shape.bytes);
   DevBuf<uint16_t> a(p.a);
@@ -220,6 +221,13 @@ void run_gpu(const Problem& p, Sm90GemmEpilogue epi, bool quant, const Sm90GemmC
     args.a_gather_perm = gperm.p;
     args.a_gather_top_k = gather->top_k;
     args.a_gather_perm_experts = gather->perm_experts;
+  }
+  DevBuf<uint16_t> row0(std::vector<uint16_t>(p.a.begin(), p.a.begin() + p.K));
+  if (broadcast_row) {
+    ASSERT_TRUE(row0.p);
+    args.a = row0.p;
+    args.a_rows_capacity = 1;
+    args.a_broadcast_row = true;
   }
   std::vector<uint8_t> first;
   for (int rep = 0; rep < repeats; ++rep) {
@@ -1073,6 +1081,37 @@ TEST(Sm90GroupedGemm, GatheredABitIdenticalToPreGathered) {
   }
 }
 
+// A broadcast row (Sm90GemmArgs::a_broadcast_row: GEMM1 at T = 1 reading the token's hidden state for all its rows):
+// every warp-streaming config, both activation epilogues and the quantizing one, bitwise equal to the same launch
+// on rows that all hold row 0's values; experts with no rows, one, several token tiles (more than 8 rows); K with a
+// tail.
+TEST(Sm90GroupedGemm, BroadcastRowBitIdenticalToRepeatedRows) {
+  const std::vector<int> counts = {1, 0, 3, 8, 11, 1};
+  int configs = 0;
+  for (const auto& cfg : sm90_gemm_configs()) {
+    if (!cfg.warp_stream) continue;
+    ++configs;
+    for (const bool gated : {true, false}) {
+      Problem p = make_problem(6, gated ? 2 * 208 : 320, 7 * 64 + 32, gated, counts, 7000 + gated);
+      for (int64_t r = 1; r < p.cap; ++r)
+        std::copy(p.a.begin(), p.a.begin() + p.K, p.a.begin() + r * p.K);
+      const Sm90GemmEpilogue epi = gated ? Sm90GemmEpilogue::kSwiGLU : Sm90GemmEpilogue::kRelu2;
+      for (const bool quant : {false, true}) {
+        SCOPED_TRACE(::testing::Message() << "cfg=" << to_string(cfg) << " epi=" << epi_name(epi) << " quant=" << quant);
+        GpuRun base, bc;
+        run_gpu(p, epi, quant, cfg, base);
+        if (::testing::Test::HasFatalFailure()) return;
+        run_gpu(p, epi, quant, cfg, bc, 2, false, nullptr, 0, 0, nullptr, true);
+        if (::testing::Test::HasFatalFailure()) return;
+        EXPECT_EQ(bc.unwritten, 0);
+        EXPECT_EQ(bc.overwritten, 0);
+        EXPECT_TRUE(bc.bits == base.bits) << "broadcast row: bits differ from the repeated rows";
+      }
+    }
+  }
+  EXPECT_GE(configs, 1);
+}
+
 // The gathered-A arguments are refused where no kernel reads them, with the argument named.
 TEST(Sm90GroupedGemm, RefusesBadGatherArguments) {
   const Sm90PreparedShape shape = sm90_prepared_shape(2, 2 * 64, 64, true);
@@ -1116,6 +1155,27 @@ TEST(Sm90GroupedGemm, RefusesBadGatherArguments) {
   a.epilogue = Sm90GemmEpilogue::kF32;
   a.shape = sm90_prepared_shape(2, 128, 64, false);
   refused(a, gather_cfg, "activation epilogues");
+  // The broadcast row: the warp-streaming configs with an activation epilogue only, and not with a gathered A.
+  {
+    Sm90GemmArgs b = args;
+    b.a_gather_src = nullptr;
+    b.a = src.p;
+    b.a_rows_capacity = 1;
+    b.a_broadcast_row = true;
+    for (const auto& c : sm90_gemm_configs())
+      if (!c.warp_stream) refused(b, c, "a_broadcast_row");
+    for (const auto& c : sm90_gemm_configs())
+      if (c.warp_stream) {
+        Sm90GemmArgs f = b;
+        f.epilogue = Sm90GemmEpilogue::kF32;
+        f.shape = sm90_prepared_shape(2, 128, 64, false);
+        refused(f, c, "activation epilogues");
+        Sm90GemmArgs both = b;
+        both.a_gather_src = src.p;
+        both.a_gather_src_rows = 8;
+        refused(both, c, "a_broadcast_row");
+      }
+  }
   // A chained launch reads A through its descriptors only.
   if (!sm90_chained_configs().empty()) {
     DevBuf<int32_t> counters(std::vector<int32_t>(sm90_chain_counter_count(2), 0));
