@@ -100,34 +100,30 @@ if has sanitizer; then
     summary "sanitizer $tool (chained kernel): exit $rc"
     [ "$rc" = 0 ] || status=1
   done
+  # memcheck, synccheck and racecheck of the GEMM tests matching filter $1, named $2 in the logs. racecheck is
+  # recorded but not counted in the status: with stages reused (a grid of 1 CTA walks every tile) it reports the
+  # known WAR pairs of the TMA weight copy against the consumers' loads (docs/gemm.md), which any new report must be
+  # told apart from by reading the log.
+  gemm_sanitize() {
+    local filter=$1 what=$2 tool
+    for tool in memcheck synccheck racecheck; do
+      fits 150 "sanitizer $tool ($what)" || continue
+      echo "=== compute-sanitizer --tool $tool --gtest_filter=$filter" >> "$OUT/$SHA-cuda-sanitizer.log"
+      timeout "$limit" "$SAN" --tool $tool --error-exitcode 9 "$CARRY/cuda_test_sm90_grouped_gemm" --gtest_color=no \
+        --gtest_brief=1 --gtest_filter="$filter" 2>&1 | tail -n 25 >> "$OUT/$SHA-cuda-sanitizer.log"
+      rc=${PIPESTATUS[0]}
+      echo "=== $tool ($what) exit $rc" >> "$OUT/$SHA-cuda-sanitizer.log"
+      summary "sanitizer $tool ($what): exit $rc"
+      [ "$rc" = 0 ] || [ "$tool" = racecheck ] || status=1
+    done
+  }
   # The tile kernels' dynamic schedule (dc5bd99): the tile slot handed from the producer to the consumers through
   # the stage's full barrier, the end slot, and the counter's claims and reset, back to back and in graph replays.
-  # racecheck is recorded but not counted in the status: with stages reused (a grid of 1 CTA walks every tile) it
-  # reports the known WAR pairs of the TMA weight copy against the consumers' loads (docs/gemm.md), which any new
-  # report must be told apart from by reading the log.
-  for tool in memcheck synccheck racecheck; do
-    fits 150 "sanitizer $tool (dynamic tile schedule)" || continue
-    echo "=== compute-sanitizer --tool $tool --gtest_filter=Sm90GroupedGemm.DynamicSchedule*" >> "$OUT/$SHA-cuda-sanitizer.log"
-    timeout "$limit" "$SAN" --tool $tool --error-exitcode 9 "$CARRY/cuda_test_sm90_grouped_gemm" --gtest_color=no \
-      --gtest_brief=1 --gtest_filter='Sm90GroupedGemm.DynamicSchedule*' 2>&1 | tail -n 25 >> "$OUT/$SHA-cuda-sanitizer.log"
-    rc=${PIPESTATUS[0]}
-    echo "=== $tool (dynamic schedule) exit $rc" >> "$OUT/$SHA-cuda-sanitizer.log"
-    summary "sanitizer $tool (dynamic tile schedule): exit $rc"
-    [ "$rc" = 0 ] || [ "$tool" = racecheck ] || status=1
-  done
+  gemm_sanitize 'Sm90GroupedGemm.DynamicSchedule*' 'dynamic tile schedule'
   # The gathered-A kernels (sixteenth session): the producer warps' cp.async rows into the stages, their noinc
-  # arrivals on the full barrier and the consumers' proxy fence (docs/gemm.md, "GEMM1 without the gather kernel").
-  # racecheck recorded, not counted, as above (its view of cp.async against the async-proxy wgmma reads is new).
-  for tool in memcheck synccheck racecheck; do
-    fits 150 "sanitizer $tool (gathered A)" || continue
-    echo "=== compute-sanitizer --tool $tool --gtest_filter=Sm90GroupedGemm.GatheredA*" >> "$OUT/$SHA-cuda-sanitizer.log"
-    timeout "$limit" "$SAN" --tool $tool --error-exitcode 9 "$CARRY/cuda_test_sm90_grouped_gemm" --gtest_color=no \
-      --gtest_brief=1 --gtest_filter='Sm90GroupedGemm.GatheredA*' 2>&1 | tail -n 25 >> "$OUT/$SHA-cuda-sanitizer.log"
-    rc=${PIPESTATUS[0]}
-    echo "=== $tool (gathered A) exit $rc" >> "$OUT/$SHA-cuda-sanitizer.log"
-    summary "sanitizer $tool (gathered A): exit $rc"
-    [ "$rc" = 0 ] || [ "$tool" = racecheck ] || status=1
-  done
+  # arrivals on the full barrier and the consumers' proxy fence (docs/gemm.md, "GEMM1 without the gather kernel");
+  # racecheck's view of cp.async against the async-proxy wgmma reads is new.
+  gemm_sanitize 'Sm90GroupedGemm.GatheredA*' 'gathered A'
 fi
 
 if has python && fits 240 python; then

@@ -853,81 +853,108 @@ TEST(CudaLayer, DynamicTileScheduleBitIdenticalToStatic) {
   EXPECT_GE(tile_points, 24) << "the tile kernels were hardly launched: the test checks little";
 }
 
+// Two harnesses of the same layer that differ in one switch read at creation must give the same bits. For the
+// switch tests below: inputs of T tokens (hidden, logits, caller ids with every fifth slot masked, or distinct ids
+// when distinct_ids) into both, then `other`'s forward against `base`'s, by router logits and by caller ids, on
+// its workspace as left and poisoned.
+void expect_forwards_bit_identical(Harness& base, Harness& other, int64_t T, uint64_t seed, bool distinct_ids = false) {
+  const int64_t H = base.H(), E = base.spec().num_experts, K = base.spec().top_k;
+  const auto hidden = random_hidden(T, H, seed);
+  const auto logits = random_logits(T, E, seed + 1);
+  std::vector<int32_t> ids(T * K);
+  std::vector<float> ws(T * K);
+  Rng r(seed + 2);
+  for (int64_t t = 0; t < T; ++t) {
+    const int64_t first = static_cast<int64_t>(r.next() % E);
+    for (int64_t j = 0; j < K; ++j) {
+      const int64_t i = t * K + j;
+      if (distinct_ids) ids[i] = (t == 0 && j == 0 && seed % 2 == 0) ? -1 : static_cast<int32_t>((first + 3 * j) % E);
+      else ids[i] = r.next() % 5 == 0 ? -1 : static_cast<int32_t>(r.next() % E);
+      ws[i] = r.uniform();
+    }
+  }
+  for (Harness* h : {&base, &other}) {
+    h->hidden.put(hidden);
+    h->logits.put(logits);
+    h->ids.put(ids);
+    h->weights.put(ws);
+  }
+  for (const bool by_ids : {false, true}) {
+    SCOPED_TRACE(by_ids ? "caller ids" : "router logits");
+    if (by_ids) base.forward_ids(T, base.out.p, DType::F32);
+    else base.forward_logits(T, base.out.p, DType::F32);
+    CUDA_OK(cudaDeviceSynchronize());
+    const auto ref = base.out.get(T * H);
+    for (int poison : {-1, 0xD5}) {
+      if (poison >= 0) CUDA_OK(cudaMemset(other.cuda->workspace(), poison, other.layer->workspace_bytes()));
+      CUDA_OK(cudaMemset(other.out.p, 0x7F, other.out.n * 4));
+      if (by_ids) other.forward_ids(T, other.out.p, DType::F32);
+      else other.forward_logits(T, other.out.p, DType::F32);
+      CUDA_OK(cudaDeviceSynchronize());
+      ASSERT_EQ(std::memcmp(other.out.get(T * H).data(), ref.data(), ref.size() * 4), 0) << "poison " << poison;
+    }
+  }
+}
+
+// `other`'s forward_logits of T tokens captured in a graph and replayed `reps` times with new hidden states and
+// logits, each against `base`'s eager forward of the same inputs.
+void expect_replays_bit_identical(Harness& base, Harness& other, int64_t T, uint64_t seed, int reps = 3) {
+  const int64_t H = base.H(), E = base.spec().num_experts;
+  CapturedForward graph;
+  graph.capture(other, T);
+  for (int rep = 0; rep < reps; ++rep) {
+    const auto h2 = random_hidden(T, H, seed + 2 * rep);
+    const auto l2 = random_logits(T, E, seed + 2 * rep + 1);
+    for (Harness* h : {&base, &other}) {
+      h->hidden.put(h2);
+      h->logits.put(l2);
+    }
+    base.forward_logits(T, base.out.p, DType::F32);
+    CUDA_OK(cudaDeviceSynchronize());
+    const auto ref = base.out.get(T * H);
+    graph.replay(other);
+    ASSERT_EQ(std::memcmp(other.out.get(T * H).data(), ref.data(), ref.size() * 4), 0) << "replay " << rep;
+  }
+}
+
+// A harness built with env `name`=`value` set (unset again after), and one built without it.
+struct SwitchPair {
+  Harness base, switched;
+  SwitchPair(const char* name, const char* value, const LayerDims& d, Mode mode, int64_t max_t, uint64_t seed,
+             GemmPath gemm = GemmPath::kSm90Wgmma)
+      : base((unsetenv(name), d), mode, max_t, seed, gemm),
+        switched((setenv(name, value, 1), d), mode, max_t, seed, gemm) {
+    unsetenv(name);
+  }
+};
+
+const LayerDims kMergedSigmoid{"sigmoid-grouped+shared(I) E32 k6", 384, 128, 32, 6, Activation::SwiGLU,
+                               Routing::SigmoidGroupedTopK, 8, 4, 2.5f, true, 128};
+const LayerDims kRelu2MergedShared{"relu2 H208 I80 shared80 (expert E)", 208, 80, 12, 2, Activation::Relu2,
+                                   Routing::SigmoidGroupedTopK, 1, 1, 2.5f, true, 80};
+const LayerDims kRelu2SeparateShared{"relu2 H208 I80 shared48", 208, 80, 12, 2, Activation::Relu2,
+                                     Routing::SigmoidGroupedTopK, 1, 1, 2.5f, true, 48};
+
 // GEMM1 gathering its own A (NVFP4MOE_GEMM1_GATHER=1: at w4a16 prefill no routed gather kernel runs, GEMM1 reads
 // `hidden` through the plan's permutation) gives the gather kernel's bits: softmax, DeepSeek-style sigmoid with a
 // separate shared expert, the shared expert merged as expert E (its rows r - offsets[E]), relu^2 with H % 64 != 0
 // (a K tail) and masked slots; router logits and caller ids; eager with a poisoned workspace and a captured graph
 // replayed with new inputs. w4a4 (never gathered by GEMM1) must be unchanged too.
 TEST(CudaLayer, Gemm1GatheredABitIdenticalToGatherKernel) {
-  LayerDims merged = kSmallSigmoid;
-  merged.name = "sigmoid-grouped+shared(I) E32 k6";
-  merged.shared_I = merged.I;
-  const LayerDims relu2{"relu2 H208 I80 shared80 (expert E)", 208, 80, 12, 2, Activation::Relu2,
-                        Routing::SigmoidGroupedTopK, 1, 1, 2.5f, true, 80};
-  const LayerDims dims[] = {kSmallSoftmax, kSmallSigmoid, merged, relu2};
+  const LayerDims dims[] = {kSmallSoftmax, kSmallSigmoid, kMergedSigmoid, kRelu2MergedShared};
   int gathered_points = 0;
   for (const LayerDims& d : dims)
     for (Mode mode : {Mode::W4A16, Mode::W4A4}) {
       SCOPED_TRACE(std::string(d.name) + " " + mode_name(mode));
-      ASSERT_EQ(unsetenv("NVFP4MOE_GEMM1_GATHER"), 0);
-      Harness base(d, mode, 2000, 41);
-      ASSERT_EQ(setenv("NVFP4MOE_GEMM1_GATHER", "1", 1), 0);
-      Harness gat(d, mode, 2000, 41);
-      ASSERT_EQ(unsetenv("NVFP4MOE_GEMM1_GATHER"), 0);
-      const int64_t H = gat.H(), E = gat.spec().num_experts, K = gat.spec().top_k;
+      SwitchPair h("NVFP4MOE_GEMM1_GATHER", "1", d, mode, 2000, 41);
       for (int64_t T : {40, 129, 700, 2000}) {
         SCOPED_TRACE("T=" + std::to_string(T));
-        const auto launches = gat.cuda->sm90_launches(T);
+        const auto launches = h.switched.cuda->sm90_launches(T);
         if (mode == Mode::W4A16 && !launches.empty() && sm90_gather_available(launches[0].config) &&
             !launches[0].chained)
           ++gathered_points;
-        const auto hidden = random_hidden(T, H, 700 + T);
-        const auto logits = random_logits(T, E, 800 + T);
-        std::vector<int32_t> ids(T * K);
-        std::vector<float> ws(T * K);
-        Rng r(T + 5);
-        for (int64_t i = 0; i < T * K; ++i) {
-          ids[i] = r.next() % 5 == 0 ? -1 : static_cast<int32_t>(r.next() % E);  // some slots masked
-          ws[i] = r.uniform();
-        }
-        for (Harness* h : {&base, &gat}) {
-          h->hidden.put(hidden);
-          h->logits.put(logits);
-          h->ids.put(ids);
-          h->weights.put(ws);
-        }
-        for (const bool by_ids : {false, true}) {
-          SCOPED_TRACE(by_ids ? "caller ids" : "router logits");
-          if (by_ids) base.forward_ids(T, base.out.p, DType::F32);
-          else base.forward_logits(T, base.out.p, DType::F32);
-          CUDA_OK(cudaDeviceSynchronize());
-          const auto ref = base.out.get(T * H);
-          for (int poison : {-1, 0xD5}) {
-            if (poison >= 0) CUDA_OK(cudaMemset(gat.cuda->workspace(), poison, gat.layer->workspace_bytes()));
-            CUDA_OK(cudaMemset(gat.out.p, 0x7F, gat.out.n * 4));
-            if (by_ids) gat.forward_ids(T, gat.out.p, DType::F32);
-            else gat.forward_logits(T, gat.out.p, DType::F32);
-            CUDA_OK(cudaDeviceSynchronize());
-            ASSERT_EQ(std::memcmp(gat.out.get(T * H).data(), ref.data(), ref.size() * 4), 0) << "poison " << poison;
-          }
-        }
-        if (T == 700) {  // a captured graph, replayed with new hidden states and logits
-          CapturedForward graph;
-          graph.capture(gat, T);
-          for (int rep = 0; rep < 3; ++rep) {
-            const auto h2 = random_hidden(T, H, 900 + rep);
-            const auto l2 = random_logits(T, E, 950 + rep);
-            base.hidden.put(h2);
-            base.logits.put(l2);
-            base.forward_logits(T, base.out.p, DType::F32);
-            CUDA_OK(cudaDeviceSynchronize());
-            const auto ref = base.out.get(T * H);
-            gat.hidden.put(h2);
-            gat.logits.put(l2);
-            graph.replay(gat);
-            ASSERT_EQ(std::memcmp(gat.out.get(T * H).data(), ref.data(), ref.size() * 4), 0) << "replay " << rep;
-          }
-        }
+        expect_forwards_bit_identical(h.base, h.switched, T, 700 + T);
+        if (T == 700) expect_replays_bit_identical(h.base, h.switched, T, 900);
       }
     }
   EXPECT_GE(gathered_points, 6) << "GEMM1 gathered its A at too few points: the test checks little";
@@ -936,150 +963,43 @@ TEST(CudaLayer, Gemm1GatheredABitIdenticalToGatherKernel) {
 // T = 1 with GEMM1 broadcasting the token's hidden state (NVFP4MOE_T1_BROADCAST=1: the warp-streaming GEMM1 reads
 // `hidden` as the row of all its rows, the routing kernel skips its gather step) gives the gather's bits: softmax,
 // sigmoid with a separate shared expert, the shared expert merged as expert E, relu^2 with a K tail; router logits
-// and caller ids (one slot masked); a poisoned workspace; a captured graph replayed with new inputs. w4a4 (whose
-// gather quantizes per expert) is unchanged.
+// and caller ids (distinct experts, one slot masked in two of the trials); a poisoned workspace; a captured graph
+// replayed with new inputs. w4a4 (whose gather quantizes per expert) is unchanged.
 TEST(CudaLayer, T1BroadcastBitIdenticalToGather) {
-  LayerDims merged = kSmallSigmoid;
-  merged.name = "sigmoid-grouped+shared(I) E32 k6";
-  merged.shared_I = merged.I;
-  const LayerDims relu2{"relu2 H208 I80 shared80 (expert E)", 208, 80, 12, 2, Activation::Relu2,
-                        Routing::SigmoidGroupedTopK, 1, 1, 2.5f, true, 80};
-  const LayerDims dims[] = {kSmallSoftmax, kSmallSigmoid, merged, relu2};
+  const LayerDims dims[] = {kSmallSoftmax, kSmallSigmoid, kMergedSigmoid, kRelu2MergedShared};
   int broadcast_points = 0;
   for (const LayerDims& d : dims)
     for (Mode mode : {Mode::W4A16, Mode::W4A4}) {
       SCOPED_TRACE(std::string(d.name) + " " + mode_name(mode));
-      ASSERT_EQ(unsetenv("NVFP4MOE_T1_BROADCAST"), 0);
-      Harness base(d, mode, 64, 47);
-      ASSERT_EQ(setenv("NVFP4MOE_T1_BROADCAST", "1", 1), 0);
-      Harness bc(d, mode, 64, 47);
-      ASSERT_EQ(unsetenv("NVFP4MOE_T1_BROADCAST"), 0);
-      const int64_t T = 1, H = bc.H(), E = bc.spec().num_experts, K = bc.spec().top_k;
-      const auto launches = bc.cuda->sm90_launches(T);
+      SwitchPair h("NVFP4MOE_T1_BROADCAST", "1", d, mode, 64, 47);
+      const auto launches = h.switched.cuda->sm90_launches(1);
       if (mode == Mode::W4A16 && !launches.empty() && launches[0].config.warp_stream) ++broadcast_points;
       for (int trial = 0; trial < 3; ++trial) {
         SCOPED_TRACE("trial " + std::to_string(trial));
-        const auto hidden = random_hidden(T, H, 2100 + trial);
-        const auto logits = random_logits(T, E, 2200 + trial);
-        std::vector<int32_t> ids(K);
-        std::vector<float> ws(K);
-        Rng r(trial + 23);
-        const int64_t first = static_cast<int64_t>(r.next() % E);
-        for (int64_t i = 0; i < K; ++i) {  // distinct experts; trial 2: one slot masked
-          ids[i] = (trial == 2 && i == 0) ? -1 : static_cast<int32_t>((first + 3 * i) % E);
-          ws[i] = r.uniform();
-        }
-        for (Harness* h : {&base, &bc}) {
-          h->hidden.put(hidden);
-          h->logits.put(logits);
-          h->ids.put(ids);
-          h->weights.put(ws);
-        }
-        for (const bool by_ids : {false, true}) {
-          SCOPED_TRACE(by_ids ? "caller ids" : "router logits");
-          if (by_ids) base.forward_ids(T, base.out.p, DType::F32);
-          else base.forward_logits(T, base.out.p, DType::F32);
-          CUDA_OK(cudaDeviceSynchronize());
-          const auto ref = base.out.get(T * H);
-          for (int poison : {-1, 0xD5}) {
-            if (poison >= 0) CUDA_OK(cudaMemset(bc.cuda->workspace(), poison, bc.layer->workspace_bytes()));
-            CUDA_OK(cudaMemset(bc.out.p, 0x7F, bc.out.n * 4));
-            if (by_ids) bc.forward_ids(T, bc.out.p, DType::F32);
-            else bc.forward_logits(T, bc.out.p, DType::F32);
-            CUDA_OK(cudaDeviceSynchronize());
-            ASSERT_EQ(std::memcmp(bc.out.get(T * H).data(), ref.data(), ref.size() * 4), 0) << "poison " << poison;
-          }
-        }
+        expect_forwards_bit_identical(h.base, h.switched, 1, 2100 + 3 * trial, true);
       }
-      CapturedForward graph;  // replayed with new hidden states and logits
-      graph.capture(bc, T);
-      for (int rep = 0; rep < 3; ++rep) {
-        const auto h2 = random_hidden(T, H, 2300 + rep);
-        const auto l2 = random_logits(T, E, 2350 + rep);
-        for (Harness* h : {&base, &bc}) {
-          h->hidden.put(h2);
-          h->logits.put(l2);
-        }
-        base.forward_logits(T, base.out.p, DType::F32);
-        CUDA_OK(cudaDeviceSynchronize());
-        const auto ref = base.out.get(T * H);
-        graph.replay(bc);
-        ASSERT_EQ(std::memcmp(bc.out.get(T * H).data(), ref.data(), ref.size() * 4), 0) << "replay " << rep;
-      }
+      expect_replays_bit_identical(h.base, h.switched, 1, 2300);
     }
   EXPECT_GE(broadcast_points, 4) << "GEMM1 broadcast at too few points: the test checks little";
 }
 
 // A separate shared expert's GEMM1 reading `hidden` itself (w4a16: its gather would only copy the rows) gives the
 // bits of the gather's copy (NVFP4MOE_SHARED_HIDDEN=0): a SwiGLU shared expert wider than the routed ones and a
-// relu^2 one with H % 64 != 0, both GEMM paths, decode (warp streaming, chained) and prefill T, router logits and
-// caller ids, a poisoned workspace, and a captured graph replayed with new inputs. w4a4 (whose gather quantizes)
-// is unchanged.
+// relu^2 one with H % 64 != 0, both GEMM paths, decode (warp streaming) and prefill T, router logits and caller
+// ids, a poisoned workspace, and a captured graph replayed with new inputs. w4a4 (whose gather quantizes) is
+// unchanged.
 TEST(CudaLayer, SharedExpertReadsHiddenBitIdenticalToGather) {
-  const LayerDims relu2{"relu2 H208 I80 shared48", 208, 80, 12, 2, Activation::Relu2, Routing::SigmoidGroupedTopK,
-                        1, 1, 2.5f, true, 48};
-  const LayerDims dims[] = {kSmallSigmoid, relu2};
+  const LayerDims dims[] = {kSmallSigmoid, kRelu2SeparateShared};
   for (const LayerDims& d : dims)
     for (GemmPath gemm : kBothPaths)
       for (Mode mode : {Mode::W4A16, Mode::W4A4}) {
         SCOPED_TRACE(std::string(d.name) + " " + mode_name(mode) + " " + gemm_path_name(gemm));
-        ASSERT_EQ(setenv("NVFP4MOE_SHARED_HIDDEN", "0", 1), 0);
-        Harness copied(d, mode, 700, 43, gemm);
-        ASSERT_EQ(unsetenv("NVFP4MOE_SHARED_HIDDEN"), 0);
-        Harness direct(d, mode, 700, 43, gemm);
-        ASSERT_FALSE(direct.cuda->shared_in_routed()) << "the test needs a shared expert of its own launches";
-        const int64_t H = direct.H(), E = direct.spec().num_experts, K = direct.spec().top_k;
+        SwitchPair h("NVFP4MOE_SHARED_HIDDEN", "0", d, mode, 700, 43, gemm);  // base: reads hidden (the default)
+        ASSERT_FALSE(h.base.cuda->shared_in_routed()) << "the test needs a shared expert of its own launches";
         for (int64_t T : {1, 2, 7, 129, 700}) {
           SCOPED_TRACE("T=" + std::to_string(T));
-          const auto hidden = random_hidden(T, H, 1700 + T);
-          const auto logits = random_logits(T, E, 1800 + T);
-          std::vector<int32_t> ids(T * K);
-          std::vector<float> ws(T * K);
-          Rng r(T + 11);
-          for (int64_t i = 0; i < T * K; ++i) {
-            ids[i] = static_cast<int32_t>(r.next() % E);
-            ws[i] = r.uniform();
-          }
-          for (Harness* h : {&copied, &direct}) {
-            h->hidden.put(hidden);
-            h->logits.put(logits);
-            h->ids.put(ids);
-            h->weights.put(ws);
-          }
-          for (const bool by_ids : {false, true}) {
-            SCOPED_TRACE(by_ids ? "caller ids" : "router logits");
-            if (by_ids) copied.forward_ids(T, copied.out.p, DType::F32);
-            else copied.forward_logits(T, copied.out.p, DType::F32);
-            CUDA_OK(cudaDeviceSynchronize());
-            const auto ref = copied.out.get(T * H);
-            for (int poison : {-1, 0xD5}) {
-              if (poison >= 0)
-                CUDA_OK(cudaMemset(direct.cuda->workspace(), poison, direct.layer->workspace_bytes()));
-              CUDA_OK(cudaMemset(direct.out.p, 0x7F, direct.out.n * 4));
-              if (by_ids) direct.forward_ids(T, direct.out.p, DType::F32);
-              else direct.forward_logits(T, direct.out.p, DType::F32);
-              CUDA_OK(cudaDeviceSynchronize());
-              ASSERT_EQ(std::memcmp(direct.out.get(T * H).data(), ref.data(), ref.size() * 4), 0)
-                  << "poison " << poison;
-            }
-          }
-          if (T == 129) {  // a captured graph, replayed with new hidden states and logits
-            CapturedForward graph;
-            graph.capture(direct, T);
-            for (int rep = 0; rep < 2; ++rep) {
-              const auto h2 = random_hidden(T, H, 1900 + rep);
-              const auto l2 = random_logits(T, E, 1950 + rep);
-              for (Harness* h : {&copied, &direct}) {
-                h->hidden.put(h2);
-                h->logits.put(l2);
-              }
-              copied.forward_logits(T, copied.out.p, DType::F32);
-              CUDA_OK(cudaDeviceSynchronize());
-              const auto ref = copied.out.get(T * H);
-              graph.replay(direct);
-              ASSERT_EQ(std::memcmp(direct.out.get(T * H).data(), ref.data(), ref.size() * 4), 0) << "replay " << rep;
-            }
-          }
+          expect_forwards_bit_identical(h.base, h.switched, T, 1700 + T);
+          if (T == 129) expect_replays_bit_identical(h.switched, h.base, T, 1900, 2);
         }
       }
 }
