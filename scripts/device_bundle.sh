@@ -7,7 +7,8 @@
 #   AB1_POINTS="deepseek-v3:4096:w4a16" NVFP4MOE_GIT_SHA=<sha> OUT=$OUT bash scripts/device_bundle.sh
 #
 # Steps, each optional: the GPU suites (scripts/device_gpu_suite.sh with STEPS=$SUITE_STEPS), then up to three
-# A/B groups (scripts/device_variant_ab.sh with AB<i>_VARIANTS / AB<i>_POINTS / AB<i>_REPEAT), then EXTRA (a
+# A/B groups (scripts/device_variant_ab.sh with AB<i>_VARIANTS / AB<i>_POINTS / AB<i>_REPEAT / AB<i>_BENCH_ARGS),
+# then EXTRA (a
 # shell snippet, evaluated with $W the work folder). Everything lands
 # in $OUT/work and is packed into $OUT/<sha>-logs.tgz (the device returns at most 8 files), beside the suites'
 # summary and one line per measured point ($OUT/<sha>-points.txt).
@@ -34,11 +35,11 @@ if [ -n "${SUITE_STEPS:-}" ]; then
   cp "$W/suites/$SHA-summary.log" "$OUT/" 2>/dev/null
 fi
 for i in 1 2 3; do
-  v=AB${i}_VARIANTS p=AB${i}_POINTS r=AB${i}_REPEAT
+  v=AB${i}_VARIANTS p=AB${i}_POINTS r=AB${i}_REPEAT a=AB${i}_BENCH_ARGS
   [ -n "${!v:-}" ] || continue
   if [ "$(left)" -lt 30 ]; then echo "ab$i: skipped (deadline: $(( SECONDS - T0 ))s used of ${DEADLINE_S}s)" \
     | tee -a "$OUT/$SHA-points.txt"; continue; fi
-  VARIANTS=${!v} POINTS=${!p} REPEAT=${!r:-1} NVFP4MOE_GIT_SHA=$SHA OUT=$W/ab$i \
+  VARIANTS=${!v} POINTS=${!p} REPEAT=${!r:-1} BENCH_ARGS=${!a:-} NVFP4MOE_GIT_SHA=$SHA OUT=$W/ab$i \
     timeout "$(left)" bash scripts/device_variant_ab.sh 2>&1 | tee -a "$OUT/$SHA-points.txt"
   [ "${PIPESTATUS[0]}" = 124 ] && echo "ab$i: stopped at the deadline" | tee -a "$OUT/$SHA-points.txt"
 done

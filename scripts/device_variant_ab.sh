@@ -8,6 +8,7 @@
 # A variant may add environment settings after a second colon (several separated by ';'), e.g. one binary
 # three times:
 #   VARIANTS="wgmma:.carry/nvfp4moe sync:.carry/nvfp4moe:NVFP4MOE_SM90_CONFIG=mma=sync both:.carry/nvfp4moe:A=1;B=2"
+# BENCH_ARGS: more `nvfp4moe bench` flags for every point (e.g. --shared-max-input-scale).
 # Compare: python3 bench/merge_results.py --compare A.json B.json.
 set -u -o pipefail
 OUT=${OUT:-out}
@@ -22,8 +23,9 @@ for r in $(seq 1 "${REPEAT:-1}"); do
       IFS=: read -r name bin venv <<< "$v"
       base="$OUT/$SHA-ab-$name-$preset-${modes//,/_}-r$r"
       IFS=';' read -r -a venvs <<< "$venv"
+      # shellcheck disable=SC2086  # BENCH_ARGS: more bench flags, split on spaces (e.g. --shared-max-input-scale)
       timeout "${POINT_TIMEOUT_S:-120}" env "${venvs[@]}" "$bin" bench --preset "$preset" --tokens "$tokens" --mode "$modes" \
-        --json "$base.json" > "$base.log" 2>&1
+        ${BENCH_ARGS:-} --json "$base.json" > "$base.log" 2>&1
       echo "ab $name $preset r$r: exit $?"
       grep -E "us/layer" "$base.log" | sed "s/^/  $name /"
     done

@@ -69,6 +69,7 @@ struct BenchOpts {
   uint64_t seed = 1;
   int device = 0;
   std::string out_dtype = "bf16";
+  bool shared_max_input_scale = false;  // MoeLayerOptions::shared_max_input_scale (FlashInfer's one scale per GEMM)
   bool dry_run = false;
   bool profile_eager = false;  // the first point's eager forward inside cudaProfilerStart / Stop
 };
@@ -431,6 +432,7 @@ void run_on_device(const BenchOpts& o, const BenchPlan& p, json& doc) {
         opt.mode = mode;
         opt.max_tokens = maxT;
         opt.device = o.device;
+        opt.shared_max_input_scale = o.shared_max_input_scale;
         DeviceLayer d;
         try {
           d.layer = MoeLayer::create(std::move(w), opt);
@@ -720,6 +722,9 @@ Command add_bench_command(CLI::App& parent) {
   app->add_flag("--profile-eager", o->profile_eager,
                 "Wrap the first point's eager forward (before the graph capture) in cudaProfilerStart/Stop, for "
                 "ncu --profile-from-start off or nsys --capture-range=cudaProfilerApi");
+  app->add_flag("--shared-max-input-scale", o->shared_max_input_scale,
+                "One activation scale per GEMM, the max over the experts (MoeLayerOptions::shared_max_input_scale, "
+                "FlashInfer's convention; w4a4)");
   app->add_flag("--dry-run", o->dry_run, "Host side only: routing and bytes/FLOPs accounting, no device, no timing");
 
   return {app, [o, app, dims] {
@@ -743,6 +748,7 @@ Command add_bench_command(CLI::App& parent) {
                         {"warmup", o->warmup},
                         {"time_budget_s", o->time_budget},
                         {"out_dtype", o->out_dtype},
+                        {"shared_max_input_scale", o->shared_max_input_scale},
                         {"seed", o->seed},
                         {"protocol", protocol_json()},
                         {"rows", json::array()},

@@ -491,6 +491,7 @@ void CudaMoeLayer::upload(MoeWeights& w) {
                           w.shared_gate_weight.size() * 2, cudaMemcpyHostToDevice), "cudaMemcpy (shared gate)");
   upload_factors(routed_);
   if (shared_.num_experts) upload_factors(shared_);
+  update_routed_uniform_gs13();
 }
 
 // alpha / gs per expert from the (possibly calibrated) host scalars, for this layer's mode.
@@ -509,6 +510,16 @@ void CudaMoeLayer::upload_factors(DeviceExperts& d) {
   for (int i = 0; i < 5; ++i)
     check_cuda(cudaMemcpy(dst[i], host.data() + i * e, e * sizeof(float), cudaMemcpyHostToDevice),
                "cudaMemcpy (per-expert factors)");
+}
+
+// One GEMM1 activation scale for every routed expert: the same bits of gs13 (shared_max_input_scale, or a
+// checkpoint whose scales are equal). A merged shared expert may have its own (shared_max_input_scale leaves it).
+void CudaMoeLayer::update_routed_uniform_gs13() {
+  const std::vector<float>& in = routed_.input_scale13;
+  routed_uniform_gs13_ = !in.empty();
+  for (float s : in)
+    if (fmt::float_bits(fmt::activation_global_scale(s)) != fmt::float_bits(fmt::activation_global_scale(in[0])))
+      routed_uniform_gs13_ = false;
 }
 
 void CudaMoeLayer::layout_workspace(bool allocate) {
@@ -657,6 +668,7 @@ void CudaMoeLayer::end_calibration() {
   };
   fix(routed_);
   if (shared_.num_experts) fix(shared_);
+  update_routed_uniform_gs13();
 }
 
 void CudaMoeLayer::forward(const TensorRef& hidden, const RoutingArgs& routing, const TensorRef& out,
@@ -766,15 +778,19 @@ void CudaMoeLayer::forward(const TensorRef& hidden, const RoutingArgs& routing, 
                                           : gather_args(routed_, E, perm_, offsets_, pairs, a1_);
   // GEMM1 broadcasting `hidden` (t1_broadcast_enabled_): at T = 1 every routed row (and the merged shared
   // expert's) is the token's hidden state; the warp-streaming GEMM1 reads it as row 0 for all of them.
+  // w4a4 with one GEMM1 activation scale for every routed expert (routed_uniform_gs13_): a token's quantized row is
+  // the same for all its experts, so the gather quantizes the T rows once (into a1_) and GEMM1 gathers those
+  // through the permutation (gemm1_gathers with quantized_once): k times less quantization and rows written.
   bool gemm1_gathers = false, gemm1_broadcasts = false;
-  if (gemm_ == GemmPath::kSm90Wgmma && (gemm1_gather_enabled_ || t1_broadcast_enabled_) && !a4 && !f32_in &&
+  const bool quantized_once = a4 && routed_uniform_gs13_;
+  if (gemm_ == GemmPath::kSm90Wgmma && (gemm1_gather_enabled_ || t1_broadcast_enabled_) && (!a4 || quantized_once) &&
       !calibrating_) {
     const int64_t rows = pairs + (merged ? T : 0), experts = E + (merged ? 1 : 0);
     const Sm90GemmConfig c1 = pick_sm90(routed_launch_shape(routed_.w13_shape), rows, experts, true);
     const Sm90GemmConfig c2 = pick_sm90(routed_launch_shape(routed_.w2_shape), rows, experts, false);
-    gemm1_broadcasts = t1_broadcast_enabled_ && T == 1 && c1.warp_stream;
+    gemm1_broadcasts = t1_broadcast_enabled_ && T == 1 && c1.warp_stream && !a4 && !f32_in;
     gemm1_gathers = gemm1_gather_enabled_ && sm90_gather_available(c1) && !chained(c1, c2, T, routed_.gated) &&
-                    !(route && route_plan_gather_fuses(*route, pl, routed_gather));
+                    (quantized_once || !f32_in) && !(route && route_plan_gather_fuses(*route, pl, routed_gather));
   }
   if (route) {
     if (gemm1_gathers || gemm1_broadcasts)
@@ -790,6 +806,19 @@ void CudaMoeLayer::forward(const TensorRef& hidden, const RoutingArgs& routing, 
                        const int32_t* tiles, int max_rows, int64_t capacity, uint16_t* a1, uint16_t* act, float* y,
                        float* chain_y, int32_t* chain_counters, const char* what) -> float* {
     const bool routed = what[0] == 'r';
+    if (routed && gemm1_gathers && quantized_once) {
+      // The T rows of hidden quantized once with the routed experts' one scale (gs13[0]) into a1_[0, T), and for
+      // a merged shared expert once more with its own (gs13[E]) into a1_[T, 2T); GEMM1 gathers them.
+      GatherArgs once = gather_args(d, 1, nullptr, offsets, T, a1);
+      once.gate_weight = nullptr;  // (the Qwen2 shared gate belongs to the separate shared expert's gather)
+      once.gate_out = nullptr;
+      check_launch(launch_gather(once, stream), "gather (routed, quantized once per token)");
+      if (merged) {
+        once.gs = d.gs13 + E;
+        once.out = a1 + static_cast<size_t>(T) * H;
+        check_launch(launch_gather(once, stream), "gather (merged shared expert, quantized once per token)");
+      }
+    }
     // A separate shared expert's rows are hidden's own rows, which its gather would only copy when nothing is done
     // to them on the way (bf16 in, w4a16, no calibration amax, no Qwen2 gate): its GEMM1 then reads `hidden`
     // (a TMA descriptor over its T rows; the same operand values, so the same bits) and no gather runs.
@@ -821,9 +850,11 @@ void CudaMoeLayer::forward(const TensorRef& hidden, const RoutingArgs& routing, 
         s1.a_rows_capacity = 1;
         s1.a_broadcast_row = true;
       }
-      if (routed && gemm1_gathers) {  // row r = hidden[perm[r] / k], the merged shared expert's r - offsets[E]
-        s1.a_gather_src = static_cast<const uint16_t*>(hidden.data);
-        s1.a_gather_src_rows = T;
+      if (routed && gemm1_gathers) {  // row r = src[perm[r] / k], the merged shared expert's r - offsets[E]
+        // src: hidden itself (w4a16), or its rows quantized once (w4a4 with one GEMM1 activation scale)
+        s1.a_gather_src = quantized_once ? a1 : static_cast<const uint16_t*>(hidden.data);
+        s1.a_gather_src_rows = quantized_once && merged ? 2 * T : T;
+        s1.a_gather_shared_row_base = quantized_once && merged ? T : 0;
         s1.a_gather_perm = perm;
         s1.a_gather_top_k = K;
         s1.a_gather_perm_experts = E;

@@ -140,6 +140,7 @@ class CudaMoeLayer final : public MoeLayer {
  private:
   void upload(MoeWeights& w);
   void upload_factors(DeviceExperts& d);
+  void update_routed_uniform_gs13();
   void layout_workspace(bool allocate);
   void warm_up_sm90();
   // Rows the routed launches' operand buffers hold (the TMA descriptors' bound): max_tokens * k, plus
@@ -218,6 +219,11 @@ class CudaMoeLayer final : public MoeLayer {
   // hidden, not calibrating) the routed GEMM1, a warp-streaming config, reads `hidden` as the one row of all its
   // rows (Sm90GemmArgs::a_broadcast_row) and the routing kernel skips its gather step.
   bool t1_broadcast_enabled_ = false;
+  // Every routed expert has the same GEMM1 activation scale gs13 (update_routed_uniform_gs13: at creation and
+  // after a calibration): in w4a4 with NVFP4MOE_GEMM1_GATHER=1 the gather then quantizes each token's row once
+  // (and once more with a merged shared expert's own scale) and GEMM1 gathers it for all of the token's experts
+  // (the same bits).
+  bool routed_uniform_gs13_ = false;
   // NVFP4MOE_CONSUMER_STAGGER_NS (read at creation): the second consumer warpgroup's start delay in the
   // tile GEMMs of 64 rows and more (same bits; for A/B, default 0).
   ConsumerStagger consumer_stagger_;

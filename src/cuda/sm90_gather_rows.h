@@ -31,11 +31,13 @@ inline constexpr uint32_t kGatherPassBytes = kGatherRowsPerPass * 128;
 NVFP4_HD uint32_t gather_copy_offset(int tid) { return swizzled_chunk_offset(tid / 8, tid % 8); }
 
 // The source row of GEMM row r, or -1 (the copy zero-fills): with a permutation, rows r < perm_rows read
-// perm_value / top_k (perm_value = perm[r]; negative: -1) and the rows after r - perm_rows (a shared expert's rows,
-// one per token); without one, row r. Outside [0, src_rows): -1.
-NVFP4_HD int gather_source_row(int r, bool has_perm, int perm_rows, int perm_value, int top_k, int src_rows) {
+// perm_value / top_k (perm_value = perm[r]; negative: -1) and the rows after r - perm_rows + shared_base (a shared
+// expert's rows, one per token, from the source's row shared_base on); without one, row r. Outside [0, src_rows):
+// -1.
+NVFP4_HD int gather_source_row(int r, bool has_perm, int perm_rows, int perm_value, int top_k, int src_rows,
+                               int shared_base = 0) {
   int src = r;
-  if (has_perm) src = r < perm_rows ? (perm_value < 0 ? -1 : perm_value / top_k) : r - perm_rows;
+  if (has_perm) src = r < perm_rows ? (perm_value < 0 ? -1 : perm_value / top_k) : r - perm_rows + shared_base;
   return src >= 0 && src < src_rows ? src : -1;
 }
 

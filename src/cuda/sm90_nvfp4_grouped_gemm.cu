@@ -504,6 +504,9 @@ std::string check_args(const Sm90GemmArgs& args, const std::string& who) {
       return who + ": a_gather_src_rows must be in [1, 2^31); got " + std::to_string(args.a_gather_src_rows);
     if (args.a_gather_perm != nullptr && args.a_gather_top_k < 1)
       return who + ": a_gather_top_k must be >= 1; got " + std::to_string(args.a_gather_top_k);
+    if (args.a_gather_shared_row_base < 0 || args.a_gather_shared_row_base > args.a_gather_src_rows)
+      return who + ": a_gather_shared_row_base must be in [0, a_gather_src_rows = " +
+             std::to_string(args.a_gather_src_rows) + "]; got " + std::to_string(args.a_gather_shared_row_base);
     if (args.a_gather_perm_experts < -1 || args.a_gather_perm_experts > s.num_experts)
       return who + ": a_gather_perm_experts must be in [-1, " + std::to_string(s.num_experts) + "]; got " +
              std::to_string(args.a_gather_perm_experts);
@@ -549,6 +552,7 @@ sm90::GemmParams make_params(const Sm90GemmArgs& args) {
     p.gather_k = s.k;
     p.gather_top_k = args.a_gather_top_k;
     p.gather_perm_experts = args.a_gather_perm_experts < 0 ? s.num_experts : args.a_gather_perm_experts;
+    p.gather_shared_base = static_cast<int>(args.a_gather_shared_row_base);
   }
   return p;
 }

@@ -83,6 +83,7 @@ struct GemmParams {
   int gather_k = 0;                      // K: the source's row length in elements
   int gather_top_k = 1;                  // rows below offsets[gather_perm_experts]: gather_perm[r] / gather_top_k
   int gather_perm_experts = 0;           // rows from offsets[gather_perm_experts] on: r - offsets[gather_perm_experts]
+  int gather_shared_base = 0;            //   + gather_shared_base
 };
 
 // A tile as the producer hands it to the consumers in the dynamic schedule: one per pipeline stage, written with
@@ -867,7 +868,7 @@ __device__ __forceinline__ int produce_tiles(const CUtensorMap* tmap_a, const Ge
 __device__ __forceinline__ int gather_source_row(const GemmParams& p, int r, int perm_rows) {
   const bool permuted = p.gather_perm != nullptr && r < perm_rows;
   return gather_source_row(r, p.gather_perm != nullptr, perm_rows, permuted ? __ldg(p.gather_perm + r) : 0,
-                           p.gather_top_k, p.gather_src_rows);
+                           p.gather_top_k, p.gather_src_rows, p.gather_shared_base);
 }
 
 // The producer of a gathered A (GemmParams::gather_src; the plain tile kernel's walks, static or dynamic): all

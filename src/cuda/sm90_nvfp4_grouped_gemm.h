@@ -136,7 +136,8 @@ struct Sm90GemmArgs {
   // row r (expert order) reads row src(r) of a_gather_src [a_gather_src_rows, K] bf16 instead of row r of `a`
   // (then unused, may be null):
   //   src(r) = a_gather_perm[r] / a_gather_top_k  for r < offsets[a_gather_perm_experts] (-1: num_experts),
-  //            r - offsets[a_gather_perm_experts]   for the rows after (a shared expert's rows, one per token,
+  //            r - offsets[a_gather_perm_experts] + a_gather_shared_row_base
+  //                                                 for the rows after (a shared expert's rows, one per token,
   //                                                 appended as the last expert),
   //            r                                    without a_gather_perm.
   // A source row outside [0, a_gather_src_rows), or a negative a_gather_perm entry, reads as zeros. The same bits
@@ -147,6 +148,7 @@ struct Sm90GemmArgs {
   const int32_t* a_gather_perm = nullptr;
   int a_gather_top_k = 1;
   int a_gather_perm_experts = -1;
+  int64_t a_gather_shared_row_base = 0;
   // Every GEMM row reads row 0 of `a` (the warp-streaming configs with an activation epilogue, plain launches;
   // a_rows_capacity >= 1): at T = 1 each routed row of GEMM1, and the merged shared expert's, is the token's hidden
   // state, so the layer passes `hidden` itself and no gather runs. The same bits as `a` holding copies of row 0.

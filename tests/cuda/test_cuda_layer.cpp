@@ -356,7 +356,8 @@ struct Harness {
   DevBuf<float> weights;
   DevBuf<float> out;
 
-  Harness(const LayerDims& d, Mode mode, int64_t max_t, uint64_t seed = 1, GemmPath gemm = GemmPath::kSm90Wgmma)
+  Harness(const LayerDims& d, Mode mode, int64_t max_t, uint64_t seed = 1, GemmPath gemm = GemmPath::kSm90Wgmma,
+          bool shared_max_input_scale = false)
       : max_tokens(max_t),
         hidden(max_t * d.H),
         logits(max_t * d.E),
@@ -369,6 +370,7 @@ struct Harness {
     o.backend = Backend::Cuda;
     o.mode = mode;
     o.max_tokens = max_t;
+    o.shared_max_input_scale = shared_max_input_scale;
     layer = std::make_unique<CudaMoeLayer>(std::move(w), o, gemm);
     cuda = dynamic_cast<CudaMoeLayer*>(layer.get());
     // Garbage everywhere first: rows beyond T must never matter.
@@ -921,9 +923,9 @@ void expect_replays_bit_identical(Harness& base, Harness& other, int64_t T, uint
 struct SwitchPair {
   Harness base, switched;
   SwitchPair(const char* name, const char* value, const LayerDims& d, Mode mode, int64_t max_t, uint64_t seed,
-             GemmPath gemm = GemmPath::kSm90Wgmma)
-      : base((unsetenv(name), d), mode, max_t, seed, gemm),
-        switched((setenv(name, value, 1), d), mode, max_t, seed, gemm) {
+             GemmPath gemm = GemmPath::kSm90Wgmma, bool shared_max_input_scale = false)
+      : base((unsetenv(name), d), mode, max_t, seed, gemm, shared_max_input_scale),
+        switched((setenv(name, value, 1), d), mode, max_t, seed, gemm, shared_max_input_scale) {
     unsetenv(name);
   }
 };
@@ -936,28 +938,33 @@ const LayerDims kRelu2SeparateShared{"relu2 H208 I80 shared48", 208, 80, 12, 2, 
                                      Routing::SigmoidGroupedTopK, 1, 1, 2.5f, true, 48};
 
 // GEMM1 gathering its own A (NVFP4MOE_GEMM1_GATHER=1: at w4a16 prefill no routed gather kernel runs, GEMM1 reads
-// `hidden` through the plan's permutation) gives the gather kernel's bits: softmax, DeepSeek-style sigmoid with a
-// separate shared expert, the shared expert merged as expert E (its rows r - offsets[E]), relu^2 with H % 64 != 0
-// (a K tail) and masked slots; router logits and caller ids; eager with a poisoned workspace and a captured graph
-// replayed with new inputs. w4a4 (never gathered by GEMM1) must be unchanged too.
+// `hidden` through the plan's permutation; in w4a4 with one activation scale for all experts, the gather quantizes
+// each token's row once and GEMM1 gathers those) gives the per-(token, expert) gather kernel's bits: softmax,
+// DeepSeek-style sigmoid with a separate shared expert, the shared expert merged as expert E (its rows
+// r - offsets[E]), relu^2 with H % 64 != 0 (a K tail) and masked slots; router logits and caller ids; eager with a
+// poisoned workspace and a captured graph replayed with new inputs. w4a4 with per-expert scales (not gathered)
+// must be unchanged too.
 TEST(CudaLayer, Gemm1GatheredABitIdenticalToGatherKernel) {
   const LayerDims dims[] = {kSmallSoftmax, kSmallSigmoid, kMergedSigmoid, kRelu2MergedShared};
-  int gathered_points = 0;
+  int gathered_points = 0, quantized_once_points = 0;
+  struct Variant { Mode mode; bool shared_max; };
   for (const LayerDims& d : dims)
-    for (Mode mode : {Mode::W4A16, Mode::W4A4}) {
-      SCOPED_TRACE(std::string(d.name) + " " + mode_name(mode));
-      SwitchPair h("NVFP4MOE_GEMM1_GATHER", "1", d, mode, 2000, 41);
+    for (const Variant v : {Variant{Mode::W4A16, false}, Variant{Mode::W4A4, false}, Variant{Mode::W4A4, true}}) {
+      const Mode mode = v.mode;
+      SCOPED_TRACE(std::string(d.name) + " " + mode_name(mode) + (v.shared_max ? " shared max input scale" : ""));
+      SwitchPair h("NVFP4MOE_GEMM1_GATHER", "1", d, mode, 2000, 41, GemmPath::kSm90Wgmma, v.shared_max);
       for (int64_t T : {40, 129, 700, 2000}) {
         SCOPED_TRACE("T=" + std::to_string(T));
         const auto launches = h.switched.cuda->sm90_launches(T);
-        if (mode == Mode::W4A16 && !launches.empty() && sm90_gather_available(launches[0].config) &&
-            !launches[0].chained)
-          ++gathered_points;
+        if ((mode == Mode::W4A16 || v.shared_max) && !launches.empty() &&
+            sm90_gather_available(launches[0].config) && !launches[0].chained)
+          ++(mode == Mode::W4A16 ? gathered_points : quantized_once_points);
         expect_forwards_bit_identical(h.base, h.switched, T, 700 + T);
         if (T == 700) expect_replays_bit_identical(h.base, h.switched, T, 900);
       }
     }
   EXPECT_GE(gathered_points, 6) << "GEMM1 gathered its A at too few points: the test checks little";
+  EXPECT_GE(quantized_once_points, 4) << "w4a4 quantized once per token at too few points: the test checks little";
 }
 
 // T = 1 with GEMM1 broadcasting the token's hidden state (NVFP4MOE_T1_BROADCAST=1: the warp-streaming GEMM1 reads

@@ -184,6 +184,7 @@ struct GatherInput {
   std::vector<int32_t> perm;  // [offsets[E]] (entries past offsets[perm_experts] unused)
   int top_k = 1;
   int perm_experts = -1;
+  int64_t shared_base = 0;    // Sm90GemmArgs::a_gather_shared_row_base
 };
 
 // Prepares the weights and runs one config; out poisoned with 0xFF bytes first. tile_counter: the dynamic tile
@@ -221,6 +222,7 @@ void run_gpu(const Problem& p, Sm90GemmEpilogue epi, bool quant, const Sm90GemmC
     args.a_gather_perm = gperm.p;
     args.a_gather_top_k = gather->top_k;
     args.a_gather_perm_experts = gather->perm_experts;
+    args.a_gather_shared_row_base = gather->shared_base;
   }
   DevBuf<uint16_t> row0(std::vector<uint16_t>(p.a.begin(), p.a.begin() + p.K));
   if (broadcast_row) {
@@ -1002,14 +1004,16 @@ TEST(Sm90GroupedGemm, NanosleepOfTheConsumerStagger) {
 // The heuristic itself is host code: tests/cuda_host/test_sm90_pick_config.cpp (label cpu, runs in CI).
 
 // A problem whose rows are gathered: expert e < E - 1 routed (row r = src[perm[r] / top_k]), the last expert a
-// shared one (row r = src[r - offsets[E - 1]]), with the adversarial entries: a negative permutation entry, one
-// past the source, and shared rows past the source's (all read as zeros). p.a holds the pre-gathered rows.
+// shared one (row r = src[r - offsets[E - 1] + shared_base]; shared_base = tokens: a source of 2 x tokens rows, the
+// shared expert's own second half, as the layer's w4a4 rows quantized once with two scales), with the adversarial
+// entries: a negative permutation entry, one past the pairs, and shared rows past the source's (all read as
+// zeros). p.a holds the pre-gathered rows.
 struct GatheredProblem {
   Problem p;
   GatherInput g;
 };
 GatheredProblem make_gathered_problem(int N, int K, bool gated, const std::vector<int>& routed_counts, int tokens,
-                                      int top_k, uint32_t seed) {
+                                      int top_k, uint32_t seed, bool shared_second_half = false) {
   std::vector<int> counts = routed_counts;
   counts.push_back(tokens + 3);  // the shared expert: one row per token, and 3 past the source
   const int E = static_cast<int>(counts.size());
@@ -1017,23 +1021,25 @@ GatheredProblem make_gathered_problem(int N, int K, bool gated, const std::vecto
   Problem& p = gp.p;
   GatherInput& g = gp.g;
   std::mt19937 rng(seed + 1);
-  g.src_rows = tokens;
+  const int base = shared_second_half ? tokens : 0;
+  g.src_rows = tokens + base;
+  g.shared_base = base;
   g.top_k = top_k;
   g.perm_experts = E - 1;
-  g.src.resize(static_cast<size_t>(tokens) * K);
+  g.src.resize(static_cast<size_t>(g.src_rows) * K);
   std::uniform_real_distribution<float> ud(-2.0f, 2.0f);
   for (auto& x : g.src) x = fmt::bf16_from_float(ud(rng));
   const int routed = p.offsets[E - 1];
   g.perm.resize(p.offsets[E]);
   for (int r = 0; r < routed; ++r) g.perm[r] = static_cast<int32_t>(rng() % (tokens * top_k));
   if (routed > 2) {
-    g.perm[routed / 2] = -5;                   // negative: zeros
-    g.perm[routed - 1] = tokens * top_k + 1;   // past the source: zeros
+    g.perm[routed / 2] = -5;                                   // negative: zeros
+    g.perm[routed - 1] = (tokens + base) * top_k + 1;          // past the source: zeros
   }
   for (int r = routed; r < p.offsets[E]; ++r) g.perm[r] = -1;  // (unused: the shared rows)
   for (int64_t r = 0; r < p.offsets[E]; ++r) {
-    int src = r < routed ? (g.perm[r] < 0 ? -1 : g.perm[r] / top_k) : static_cast<int>(r - routed);
-    if (src >= tokens) src = -1;
+    int src = r < routed ? (g.perm[r] < 0 ? -1 : g.perm[r] / top_k) : static_cast<int>(r - routed) + base;
+    if (src >= tokens + base) src = -1;
     for (int k = 0; k < K; ++k) p.a[r * K + k] = src < 0 ? 0 : g.src[static_cast<size_t>(src) * K + k];
   }
   return gp;
@@ -1052,14 +1058,16 @@ TEST(Sm90GroupedGemm, GatheredABitIdenticalToPreGathered) {
     EXPECT_TRUE(sm90_gather_available(cfg));
     const int bt = cfg.block_t;
     const std::vector<int> counts = {bt + 5, 0, 1, 2 * bt + 3, 37};
-    for (const bool gated : {true, false}) {
-      const GatheredProblem gp =
-          make_gathered_problem(gated ? 2 * 208 : 320, 7 * 64 + 32, gated, counts, 150, 3, 9000 + bt + gated);
+    for (const int form : {0, 1, 2}) {  // SwiGLU; relu^2; SwiGLU with the shared rows in the source's second half
+      const bool gated = form != 1;
+      const GatheredProblem gp = make_gathered_problem(gated ? 2 * 208 : 320, 7 * 64 + 32, gated, counts, 150, 3,
+                                                       9000 + bt + form, form == 2);
       const Problem& p = gp.p;
       const Sm90GemmEpilogue epi = gated ? Sm90GemmEpilogue::kSwiGLU : Sm90GemmEpilogue::kRelu2;
       const auto h = reference_h(p);
       for (const bool quant : {false, true}) {
-        SCOPED_TRACE(::testing::Message() << "cfg=" << to_string(cfg) << " epi=" << epi_name(epi) << " quant=" << quant);
+        SCOPED_TRACE(::testing::Message() << "cfg=" << to_string(cfg) << " epi=" << epi_name(epi) << " quant=" << quant
+                                          << " form=" << form);
         GpuRun base;
         run_gpu(p, epi, quant, cfg, base);
         if (::testing::Test::HasFatalFailure()) return;
@@ -1151,6 +1159,9 @@ TEST(Sm90GroupedGemm, RefusesBadGatherArguments) {
   a = args;
   a.a_gather_perm_experts = 3;
   refused(a, gather_cfg, "a_gather_perm_experts");
+  a = args;
+  a.a_gather_shared_row_base = 9;  // past a_gather_src_rows = 8
+  refused(a, gather_cfg, "a_gather_shared_row_base");
   a = args;
   a.epilogue = Sm90GemmEpilogue::kF32;
   a.shape = sm90_prepared_shape(2, 128, 64, false);

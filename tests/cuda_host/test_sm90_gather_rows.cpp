@@ -91,6 +91,11 @@ TEST(GatherRows, SourceRowsAreTheGatherKernels) {
   EXPECT_EQ(gather_source_row(0, true, 0, 12345, 8, 4), 0);
   EXPECT_EQ(gather_source_row(3, true, 0, -7, 8, 4), 3);
   EXPECT_EQ(gather_source_row(4, true, 0, 0, 8, 4), -1);
+  // The shared rows from a second half of the source (shared_base = T: w4a4 rows quantized once per scale).
+  const int T = 5, k = 2, routed = T * k;
+  for (int r = routed; r < routed + T + 2; ++r)
+    EXPECT_EQ(gather_source_row(r, true, routed, 0, k, 2 * T, T), r - routed < T ? T + (r - routed) : -1) << r;
+  EXPECT_EQ(gather_source_row(3, true, routed, 7, k, 2 * T, T), 3) << "routed rows keep perm / k";
 }
 
 }  // namespace
