@@ -293,6 +293,15 @@ TEST(BenchCli, DryRunWritesTheAccountingRows) {
   EXPECT_DOUBLE_EQ(row["bytes"].get<double>(), 9.0 * 24772608 + 7168 * 2 + 256 * 4 + 7168 * 2);
   EXPECT_TRUE(row["shared_expert_included"].get<bool>());
   EXPECT_TRUE(row["us_per_layer"].is_null());
+  EXPECT_FALSE(doc["shared_max_input_scale"].get<bool>());
+  std::remove(path.c_str());
+  // --shared-max-input-scale (the layers' MoeLayerOptions::shared_max_input_scale) is recorded with the numbers.
+  const CliResult r2 = run_cli("bench --preset qwen3-30b --tokens 4096 --mode w4a4 --shared-max-input-scale "
+                               "--dry-run --json " + path);
+  ASSERT_EQ(r2.rc, 0) << r2.out;
+  std::ifstream f2(path);
+  ASSERT_TRUE(f2.good());
+  EXPECT_TRUE(nlohmann::json::parse(f2)["shared_max_input_scale"].get<bool>());
   std::remove(path.c_str());
 }
 
