@@ -276,13 +276,19 @@ TEST(BenchCli, WithoutGpuExitsWithAClearError) {
 TEST(BenchCli, DryRunWritesTheAccountingRows) {
   REQUIRE_CLI();
   const std::string path = ::testing::TempDir() + "nvfp4moe-bench-dry.json";
-  std::remove(path.c_str());
-  const CliResult r = run_cli("bench --preset deepseek-v3 --tokens 1,4 --mode w4a16,w4a4 --routing uniform,skewed "
-                              "--dry-run --git-sha abc1234 --json " + path);
-  ASSERT_EQ(r.rc, 0) << r.out;
-  std::ifstream f(path);
-  ASSERT_TRUE(f.good());
-  const nlohmann::json doc = nlohmann::json::parse(f);
+  // `bench <args> --dry-run --json path`, its JSON document (null when the run or the file failed).
+  auto dry_run = [&](const std::string& args) {
+    std::remove(path.c_str());
+    const CliResult r = run_cli("bench " + args + " --dry-run --json " + path);
+    EXPECT_EQ(r.rc, 0) << r.out;
+    std::ifstream f(path);
+    nlohmann::json doc = f.good() ? nlohmann::json::parse(f) : nlohmann::json();
+    std::remove(path.c_str());
+    return doc;
+  };
+  const nlohmann::json doc =
+      dry_run("--preset deepseek-v3 --tokens 1,4 --mode w4a16,w4a4 --routing uniform,skewed --git-sha abc1234");
+  ASSERT_FALSE(doc.is_null());
   EXPECT_EQ(doc["git_sha"], "abc1234");
   ASSERT_EQ(doc["rows"].size(), 8u);  // 2 modes x 2 routings x 2 T
   const auto& row = doc["rows"][0];
@@ -294,15 +300,10 @@ TEST(BenchCli, DryRunWritesTheAccountingRows) {
   EXPECT_TRUE(row["shared_expert_included"].get<bool>());
   EXPECT_TRUE(row["us_per_layer"].is_null());
   EXPECT_FALSE(doc["shared_max_input_scale"].get<bool>());
-  std::remove(path.c_str());
   // --shared-max-input-scale (the layers' MoeLayerOptions::shared_max_input_scale) is recorded with the numbers.
-  const CliResult r2 = run_cli("bench --preset qwen3-30b --tokens 4096 --mode w4a4 --shared-max-input-scale "
-                               "--dry-run --json " + path);
-  ASSERT_EQ(r2.rc, 0) << r2.out;
-  std::ifstream f2(path);
-  ASSERT_TRUE(f2.good());
-  EXPECT_TRUE(nlohmann::json::parse(f2)["shared_max_input_scale"].get<bool>());
-  std::remove(path.c_str());
+  const nlohmann::json shared = dry_run("--preset qwen3-30b --tokens 4096 --mode w4a4 --shared-max-input-scale");
+  ASSERT_FALSE(shared.is_null());
+  EXPECT_TRUE(shared["shared_max_input_scale"].get<bool>());
 }
 
 }  // namespace
