@@ -774,23 +774,26 @@ void CudaMoeLayer::forward(const TensorRef& hidden, const RoutingArgs& routing, 
   // With router logits the routed group's gather is launched with the routing and the plan (one launch at
   // decode, launch_route_plan_gather); with caller ids, by run_group after the plan. With GEMM1 gathering its A
   // itself (gemm1_gather_enabled_, a host decision on T and the shapes), no routed gather runs at all.
-  const GatherArgs routed_gather = merged ? gather_args(routed_, E + 1, perm_, offsets_, pairs + T, a1_)
-                                          : gather_args(routed_, E, perm_, offsets_, pairs, a1_);
+  const int routed_experts = E + (merged ? 1 : 0), routed_max_rows = pairs + (merged ? T : 0);
+  const GatherArgs routed_gather = gather_args(routed_, routed_experts, perm_, offsets_, routed_max_rows, a1_);
   // GEMM1 broadcasting `hidden` (t1_broadcast_enabled_): at T = 1 every routed row (and the merged shared
   // expert's) is the token's hidden state; the warp-streaming GEMM1 reads it as row 0 for all of them.
   // w4a4 with one GEMM1 activation scale for every routed expert (routed_uniform_gs13_): a token's quantized row is
   // the same for all its experts, so the gather quantizes the T rows once (into a1_) and GEMM1 gathers those
   // through the permutation (gemm1_gathers with quantized_once): k times less quantization and rows written.
+  // The routed group's two configs, decided once here (host-known T and shapes) for these choices and its launches.
+  Sm90GemmConfig routed_c1{}, routed_c2{};
+  if (gemm_ == GemmPath::kSm90Wgmma) {
+    routed_c1 = pick_sm90(routed_launch_shape(routed_.w13_shape), routed_max_rows, routed_experts, true);
+    routed_c2 = pick_sm90(routed_launch_shape(routed_.w2_shape), routed_max_rows, routed_experts, false);
+  }
   bool gemm1_gathers = false, gemm1_broadcasts = false;
   const bool quantized_once = a4 && routed_uniform_gs13_;
-  if (gemm_ == GemmPath::kSm90Wgmma && (gemm1_gather_enabled_ || t1_broadcast_enabled_) && (!a4 || quantized_once) &&
-      !calibrating_) {
-    const int64_t rows = pairs + (merged ? T : 0), experts = E + (merged ? 1 : 0);
-    const Sm90GemmConfig c1 = pick_sm90(routed_launch_shape(routed_.w13_shape), rows, experts, true);
-    const Sm90GemmConfig c2 = pick_sm90(routed_launch_shape(routed_.w2_shape), rows, experts, false);
-    gemm1_broadcasts = t1_broadcast_enabled_ && T == 1 && c1.warp_stream && !a4 && !f32_in;
-    gemm1_gathers = gemm1_gather_enabled_ && sm90_gather_available(c1) && !chained(c1, c2, T, routed_.gated) &&
-                    (quantized_once || !f32_in) && !(route && route_plan_gather_fuses(*route, pl, routed_gather));
+  if (gemm_ == GemmPath::kSm90Wgmma && (!a4 || quantized_once) && !calibrating_) {
+    gemm1_broadcasts = t1_broadcast_enabled_ && T == 1 && routed_c1.warp_stream && !a4 && !f32_in;
+    gemm1_gathers = gemm1_gather_enabled_ && sm90_gather_available(routed_c1) &&
+                    !chained(routed_c1, routed_c2, T, routed_.gated) && (quantized_once || !f32_in) &&
+                    !(route && route_plan_gather_fuses(*route, pl, routed_gather));
   }
   if (route) {
     if (gemm1_gathers || gemm1_broadcasts)
@@ -859,8 +862,8 @@ void CudaMoeLayer::forward(const TensorRef& hidden, const RoutingArgs& routing, 
         s1.a_gather_top_k = K;
         s1.a_gather_perm_experts = E;
       }
-      const Sm90GemmConfig c1 = pick_sm90(shape13, max_rows, experts, true);
-      const Sm90GemmConfig c2 = pick_sm90(shape2, max_rows, experts, false);
+      const Sm90GemmConfig c1 = routed ? routed_c1 : pick_sm90(shape13, max_rows, experts, true);
+      const Sm90GemmConfig c2 = routed ? routed_c2 : pick_sm90(shape2, max_rows, experts, false);
       Sm90GemmArgs s2;
       s2.a = act;
       s2.a_rows_capacity = capacity;
@@ -945,16 +948,12 @@ void CudaMoeLayer::forward(const TensorRef& hidden, const RoutingArgs& routing, 
   const int64_t max_t = options_.max_tokens;
   float* routed_y = y_;
   float* shared_y = sy_;
-  if (merged) {
-    routed_y = run_group(routed_, E + 1, perm_, offsets_, tile_offsets_, pairs + T, routed_rows_capacity(), a1_, act_,
-                         y_, chain_y_, chain_counters_, "routed+shared");
-  } else {
-    routed_y = run_group(routed_, E, perm_, offsets_, tile_offsets_, pairs, routed_rows_capacity(), a1_, act_, y_,
-                         chain_y_, chain_counters_, "routed");
-    if (shared_.num_experts)
-      shared_y = run_group(shared_, 1, nullptr, shared_offsets_, shared_tile_offsets_, T, max_t, sa1_, sact_, sy_,
-                           chain_sy_, shared_chain_counters_, "shared");
-  }
+  routed_y = run_group(routed_, routed_experts, perm_, offsets_, tile_offsets_, routed_max_rows,
+                       routed_rows_capacity(), a1_, act_, y_, chain_y_, chain_counters_,
+                       merged ? "routed+shared" : "routed");
+  if (!merged && shared_.num_experts)
+    shared_y = run_group(shared_, 1, nullptr, shared_offsets_, shared_tile_offsets_, T, max_t, sa1_, sact_, sy_,
+                         chain_sy_, shared_chain_counters_, "shared");
 
   // 6. combine
   CombineArgs c;

@@ -161,53 +161,40 @@ cudaError_t launch_warp_stream(const Sm90GemmArgs& args, const sm90::GemmParams&
                     args.prologue_before_pdl_wait);
 }
 
-template <int WARPS, int DEPTH, int SPW, bool UNROLLED>
+// The refusal of a variant kernel (gathered A, broadcast row) for the f32 epilogue: it exists for GEMM1 only.
+cudaError_t refuse_f32_variant(const char* arg, const char* kernels) {
+  return fail(std::string("sm90_nvfp4_grouped_gemm: ") + arg + ": the " + kernels +
+              " kernels have the activation epilogues (SwiGLU, relu^2) only; got f32");
+}
+
+// BROADCAST: the broadcast-row kernels (Sm90GemmArgs::a_broadcast_row; activation epilogues only).
+template <int WARPS, int DEPTH, int SPW, bool UNROLLED, bool BROADCAST>
 cudaError_t launch_warp_stream_epi(const Sm90GemmArgs& args, const sm90::GemmParams& p, int grid,
                                    cudaStream_t stream) {
-  if (args.a_broadcast_row) {  // the broadcast-row kernels: the activation epilogues only (GEMM1 at T = 1)
-    if (args.epilogue == Sm90GemmEpilogue::kSwiGLU)
-      return launch_warp_stream<WARPS, DEPTH, SPW, UNROLLED, sm90::Epilogue::kSwiGLU, true>(args, p, grid, stream);
-    if (args.epilogue == Sm90GemmEpilogue::kRelu2)
-      return launch_warp_stream<WARPS, DEPTH, SPW, UNROLLED, sm90::Epilogue::kRelu2, true>(args, p, grid, stream);
-    return fail("sm90_nvfp4_grouped_gemm: a_broadcast_row: the broadcast-row kernels have the activation "
-                "epilogues (SwiGLU, relu^2) only; got f32");
-  }
   switch (args.epilogue) {
     case Sm90GemmEpilogue::kF32:
-      return launch_warp_stream<WARPS, DEPTH, SPW, UNROLLED, sm90::Epilogue::kF32>(args, p, grid, stream);
+      if constexpr (BROADCAST) return refuse_f32_variant("a_broadcast_row", "broadcast-row");
+      else return launch_warp_stream<WARPS, DEPTH, SPW, UNROLLED, sm90::Epilogue::kF32>(args, p, grid, stream);
     case Sm90GemmEpilogue::kSwiGLU:
-      return launch_warp_stream<WARPS, DEPTH, SPW, UNROLLED, sm90::Epilogue::kSwiGLU>(args, p, grid, stream);
+      return launch_warp_stream<WARPS, DEPTH, SPW, UNROLLED, sm90::Epilogue::kSwiGLU, BROADCAST>(args, p, grid, stream);
     case Sm90GemmEpilogue::kRelu2:
-      return launch_warp_stream<WARPS, DEPTH, SPW, UNROLLED, sm90::Epilogue::kRelu2>(args, p, grid, stream);
+      return launch_warp_stream<WARPS, DEPTH, SPW, UNROLLED, sm90::Epilogue::kRelu2, BROADCAST>(args, p, grid, stream);
   }
   return fail("sm90_nvfp4_grouped_gemm: unknown epilogue");
 }
 
-// The gathered-A kernels: the activation epilogues only (GEMM1, whose A the layer would otherwise gather).
-template <int BT, int STAGES, int WGS, int WPU, bool SYNC>
-cudaError_t launch_epi_gathered(Sm90GemmEpilogue epi, const sm90::GemmParams& p, int grid, cudaStream_t stream) {
-  const CUtensorMap unused{};
-  switch (epi) {
-    case Sm90GemmEpilogue::kSwiGLU:
-      return launch<BT, STAGES, WGS, WPU, SYNC, sm90::Epilogue::kSwiGLU, true>(unused, p, grid, stream);
-    case Sm90GemmEpilogue::kRelu2:
-      return launch<BT, STAGES, WGS, WPU, SYNC, sm90::Epilogue::kRelu2, true>(unused, p, grid, stream);
-    case Sm90GemmEpilogue::kF32:
-      break;
-  }
-  return fail("sm90_nvfp4_grouped_gemm: a_gather_src: the gathered-A kernels have the activation epilogues "
-              "(SwiGLU, relu^2) only; got f32");
-}
-
-template <int BT, int STAGES, int WGS, int WPU, bool SYNC>
+// GATHER: the gathered-A kernels (Sm90GemmArgs::a_gather_src; activation epilogues only, no descriptor).
+template <int BT, int STAGES, int WGS, int WPU, bool SYNC, bool GATHER>
 cudaError_t launch_epi(Sm90GemmEpilogue epi, const CUtensorMap& map, const sm90::GemmParams& p, int grid,
                        cudaStream_t stream) {
   switch (epi) {
-    case Sm90GemmEpilogue::kF32: return launch<BT, STAGES, WGS, WPU, SYNC, sm90::Epilogue::kF32>(map, p, grid, stream);
+    case Sm90GemmEpilogue::kF32:
+      if constexpr (GATHER) return refuse_f32_variant("a_gather_src", "gathered-A");
+      else return launch<BT, STAGES, WGS, WPU, SYNC, sm90::Epilogue::kF32>(map, p, grid, stream);
     case Sm90GemmEpilogue::kSwiGLU:
-      return launch<BT, STAGES, WGS, WPU, SYNC, sm90::Epilogue::kSwiGLU>(map, p, grid, stream);
+      return launch<BT, STAGES, WGS, WPU, SYNC, sm90::Epilogue::kSwiGLU, GATHER>(map, p, grid, stream);
     case Sm90GemmEpilogue::kRelu2:
-      return launch<BT, STAGES, WGS, WPU, SYNC, sm90::Epilogue::kRelu2>(map, p, grid, stream);
+      return launch<BT, STAGES, WGS, WPU, SYNC, sm90::Epilogue::kRelu2, GATHER>(map, p, grid, stream);
   }
   return fail("sm90_nvfp4_grouped_gemm: unknown epilogue");
 }
@@ -589,7 +576,9 @@ cudaError_t sm90_nvfp4_grouped_gemm(const Sm90GemmArgs& args, const Sm90GemmConf
     if (config.block_t == sm90::kWsTokens && config.stages == depth &&                               \
         4 * config.consumer_warpgroups == warps && config.slices_per_warp == spw &&                  \
         config.ws_unrolled == (unrolled != 0))                                                       \
-      return launch_warp_stream_epi<warps, depth, spw, unrolled != 0>(args, p, num_sms, stream);
+      return args.a_broadcast_row                                                                      \
+                 ? launch_warp_stream_epi<warps, depth, spw, unrolled != 0, true>(args, p, num_sms, stream)  \
+                 : launch_warp_stream_epi<warps, depth, spw, unrolled != 0, false>(args, p, num_sms, stream);
     NVFP4MOE_SM90_WARP_STREAM_CONFIGS(NVFP4MOE_X)
 #undef NVFP4MOE_X
     return fail(who + ": config " + to_string(config) + " is not in the instantiated list");
@@ -598,9 +587,10 @@ cudaError_t sm90_nvfp4_grouped_gemm(const Sm90GemmArgs& args, const Sm90GemmConf
   (config.block_t == bt && config.stages == st && config.consumer_warpgroups == wgs &&             \
    config.warpgroups_per_unit == wpu && config.mma_sync == (sync != 0))
   if (args.a_gather_src != nullptr) {  // the producer warps copy A: no descriptor
+    const CUtensorMap unused{};
 #define NVFP4MOE_X(bt, st, wgs, wpu, sync)                                                              \
     if (NVFP4MOE_SM90_TILE_CONFIG_IS(bt, st, wgs, wpu, sync))                                           \
-      return launch_epi_gathered<bt, st, wgs, wpu, sync != 0>(args.epilogue, p, num_sms, stream);
+      return launch_epi<bt, st, wgs, wpu, sync != 0, true>(args.epilogue, unused, p, num_sms, stream);
     NVFP4MOE_SM90_GATHER_CONFIGS(NVFP4MOE_X)
 #undef NVFP4MOE_X
     return fail(who + ": a_gather_src: config " + to_string(config) +
@@ -610,7 +600,7 @@ cudaError_t sm90_nvfp4_grouped_gemm(const Sm90GemmArgs& args, const Sm90GemmConf
   if (std::string m = make_a_map(args, config.block_t, &map, who); !m.empty()) return fail(m);
 #define NVFP4MOE_X(bt, st, wgs, wpu, sync)                                                              \
   if (NVFP4MOE_SM90_TILE_CONFIG_IS(bt, st, wgs, wpu, sync))                                             \
-    return launch_epi<bt, st, wgs, wpu, sync != 0>(args.epilogue, map, p, num_sms, stream);
+    return launch_epi<bt, st, wgs, wpu, sync != 0, false>(args.epilogue, map, p, num_sms, stream);
   NVFP4MOE_SM90_GEMM_CONFIGS(NVFP4MOE_X)
 #undef NVFP4MOE_X
 #undef NVFP4MOE_SM90_TILE_CONFIG_IS

@@ -750,6 +750,32 @@ __device__ __forceinline__ int32_t ld_acquire_gpu(const int32_t* p) {
 }
 
 // ------------------------------------------------------------------------------------------- the tile walks
+// The dynamic schedule's next claim, by the issuing lane of warp 0 once a tile's loads are all issued: the
+// consumers still have up to STAGES k-tiles of it buffered, which hides the atomic's round trip, and a CTA holds at
+// most one claimed tile in reserve. Returns the claimed tile index in every lane of the warp.
+__device__ __forceinline__ int claim_next_tile(const GemmParams& p, bool issuer) {
+  int next = 0;
+  if (issuer) next = static_cast<int>(gridDim.x) + atomicAdd(p.tile_counter, 1);
+  return __shfl_sync(0xFFFFFFFFu, next, 0);
+}
+// The dynamic schedule's end, by the issuing thread: the end slot in stage s once the consumers have released it
+// (nothing is loaded into it; ARRIVALS: the full barrier's count), then the counter's reset. After the failed seek
+// n_tiles (the cursor's `first`) is the launch's tile count n. The CTAs with a tile of their own (min(G, n)) each
+// claim until a claim fails, and every tile past the first G is claimed once: the claims number
+// max(n - G, 0) + min(G, n), and the one that returns the last value resets the counter (every other claim of this
+// launch has returned by then; the next launch touches it only after this one completed).
+template <uint32_t ARRIVALS>
+__device__ __forceinline__ void end_dynamic_schedule(const GemmParams& p, int s, uint32_t phase, uint32_t full0,
+                                                     uint32_t empty0, uint32_t slots, int idx, int n_tiles) {
+  mbar_wait(empty0 + 8 * s, phase ^ 1);
+  sts128(slots + s * sizeof(TileSlot), -1, 0, 0, 0);
+  if constexpr (ARRIVALS == 1) mbar_arrive(full0 + 8 * s);
+  else mbar_arrive_count(full0 + 8 * s, ARRIVALS);
+  const int G = static_cast<int>(gridDim.x), n = n_tiles;
+  const int claims = max(n - G, 0) + min(G, n);
+  if (idx >= G && idx - G == claims - 1) atomicExch(p.tile_counter, 0);
+}
+
 // The producer's walk over one launch's tiles (warp 0 of warpgroup 0; lane 0 issues the loads), starting at
 // tile index idx with the pipeline at stage s / phase. Returns the index past the launch's tiles, relative to
 // the next launch of a chain. CHAINED: GEMM2 of a chain (A waits, above).
@@ -837,29 +863,13 @@ __device__ __forceinline__ int produce_tiles(const CUtensorMap* tmap_a, const Ge
       if (CHAINED && !ready) become_ready();
     }
     if (dynamic) {
-      // Claimed once this tile's loads are all issued: the consumers still have up to STAGES k-tiles of it
-      // buffered, which hides the atomic's round trip, and a CTA holds at most one claimed tile in reserve.
-      int next = 0;
-      if (issuer) next = static_cast<int>(gridDim.x) + atomicAdd(p.tile_counter, 1);
-      idx = __shfl_sync(0xFFFFFFFFu, next, 0);
+      idx = claim_next_tile(p, issuer);
     } else {
       __syncwarp();
       idx += gridDim.x;
     }
   }
-  if (dynamic && issuer) {
-    // The end slot, in the next stage once the consumers have released it (nothing is loaded into it).
-    mbar_wait(empty0 + 8 * s, phase ^ 1);
-    sts128(slots + s * sizeof(TileSlot), -1, 0, 0, 0);
-    mbar_arrive(full0 + 8 * s);
-    // After the failed seek cur.first is the launch's tile count n. The CTAs with a tile of their own
-    // (min(G, n)) each claim until a claim fails, and every tile past the first G is claimed once: the claims
-    // number max(n - G, 0) + min(G, n), and the one that returns the last value resets the counter (every other
-    // claim of this launch has returned by then; the next launch touches it only after this one completed).
-    const int G = static_cast<int>(gridDim.x), n = cur.first;
-    const int claims = max(n - G, 0) + min(G, n);
-    if (idx >= G && idx - G == claims - 1) atomicExch(p.tile_counter, 0);
-  }
+  if (dynamic && issuer) end_dynamic_schedule<1>(p, s, phase, full0, empty0, slots, idx, cur.first);
   return idx - cur.first;  // after the failed seek cur.first is the launch's tile count
 }
 
@@ -949,28 +959,12 @@ __device__ __forceinline__ void produce_tiles_gathered(const GemmParams& p, uint
       }
       cp_async_mbar_arrive_noinc(full0 + 8 * s);
     }
-    if (tid < 32) {
-      if (dynamic) {  // claimed once this tile's loads are issued, as in produce_tiles
-        int next = 0;
-        if (tid == 0) next = static_cast<int>(gridDim.x) + atomicAdd(p.tile_counter, 1);
-        idx = __shfl_sync(0xFFFFFFFFu, next, 0);
-      } else {
-        idx += gridDim.x;
-      }
-    }
+    if (tid < 32) idx = dynamic ? claim_next_tile(p, tid == 0) : idx + static_cast<int>(gridDim.x);
   }
   cp_async_wait_all();  // (this thread's last copies, before it exits)
-  if (dynamic && tid == 0) {
-    // The end slot (produce_tiles), with all of the stage's arrivals at once; then the counter's reset by the
-    // claim that returned the launch's last value.
-    const int s = issued % STAGES;
-    mbar_wait(empty0 + 8 * s, ((issued / STAGES) & 1) ^ 1);
-    sts128(slots + s * sizeof(TileSlot), -1, 0, 0, 0);
-    mbar_arrive_count(full0 + 8 * s, kGatherFullArrivals);
-    const int G = static_cast<int>(gridDim.x), n = cur.first;
-    const int claims = max(n - G, 0) + min(G, n);
-    if (idx >= G && idx - G == claims - 1) atomicExch(p.tile_counter, 0);
-  }
+  if (dynamic && tid == 0)  // the end slot with all of the stage's arrivals at once
+    end_dynamic_schedule<kGatherFullArrivals>(p, issued % STAGES, (issued / STAGES) & 1, full0, empty0, slots, idx,
+                                              cur.first);
 }
 
 // The consumer warpgroups' walk over one launch's tiles, from tile index idx with the pipeline at stage s /
