@@ -10,13 +10,15 @@
 # Env: CARRY (.carry), STEPS (default "layer gemm quant stress sanitizer python cli"), BUDGET_S (optional: seconds
 # this script may use in all: each step's (or sanitizer run's) time limit is cut to what is left of it, and a step
 # with under 20 s left is skipped with a "skipped (budget)" line, so that the logs are packed before the device
-# call's limit instead of lost).
+# call's limit instead of lost), SANITIZE_GROUPS (which sanitizer groups the sanitizer step runs, in this order:
+# default "gathered dynamic layer tiles chained": the kernels never sanitized first).
 set -u -o pipefail
 OUT=${OUT:-out}
 mkdir -p "$OUT"
 CARRY=${CARRY:-.carry}
 SHA=${NVFP4MOE_GIT_SHA:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
 STEPS=${STEPS:-layer gemm quant stress sanitizer python cli}
+SANITIZE_GROUPS=${SANITIZE_GROUPS:-gathered dynamic layer tiles chained}
 export LD_LIBRARY_PATH=$PWD/$CARRY:${LD_LIBRARY_PATH:-}
 export NVFP4MOE_TEST_DATA=$PWD/tests/data
 export NVFP4MOE_CLI=$PWD/$CARRY/nvfp4moe
@@ -57,8 +59,9 @@ has gemm && suite sm90-gemm 150 "$CARRY/cuda_test_sm90_grouped_gemm"
 has quant && NVFP4MOE_QUANT_CPU_EXPERTS=${NVFP4MOE_QUANT_CPU_EXPERTS:-32} suite weight-quant 150 "$CARRY/cuda_test_weight_quant"
 has stress && suite cuda-stress 240 "$CARRY/cuda_test_cuda_stress"
 
-if has sanitizer; then
-  SUB='Modes/ModeTest.AdversarialRouting/*:CudaLayer.BatchInvariance:CudaLayer.Calibration:CudaLayer.RefusalsLeaveNoStickyError:CudaLayer.GraphCaptureReplay'
+# The sanitizer step's groups (SANITIZE_GROUPS picks them and their order).
+sanitize_layer() {  # the layer subset, every tool
+  local SUB='Modes/ModeTest.AdversarialRouting/*:CudaLayer.BatchInvariance:CudaLayer.Calibration:CudaLayer.RefusalsLeaveNoStickyError:CudaLayer.GraphCaptureReplay'
   for tool in memcheck racecheck initcheck synccheck; do
     filter=$SUB
     [ "$tool" = racecheck ] && filter='Modes/ModeTest.AdversarialRouting/w4a4:CudaLayer.Calibration'
@@ -72,6 +75,8 @@ if has sanitizer; then
     summary "sanitizer $tool: exit $rc"
     [ "$rc" = 0 ] || status=1
   done
+}
+sanitize_tiles() {
   # The tile kernels with their stages reused (RealShapesDeterministic: K = 7168, 112 k-tiles through 8-14
   # stages; the first 3 tile launches, racecheck is slow). AdversarialOffsets never wraps the stages. Known to
   # report WAR pairs (TMA weight copy vs the consumers' shared loads) with any arrival scheme tried so far:
@@ -87,6 +92,8 @@ if has sanitizer; then
     summary "sanitizer racecheck (tile kernels, stage reuse): exit $rc"
     [ "$rc" = 0 ] || status=1
   fi
+}
+sanitize_chained() {
   # The chained GEMM1 -> GEMM2 kernel (its own barriers and phases): every tool, instrumenting that kernel only.
   for tool in racecheck synccheck memcheck; do
     fits 120 "sanitizer $tool (chained kernel)" || continue
@@ -100,30 +107,39 @@ if has sanitizer; then
     summary "sanitizer $tool (chained kernel): exit $rc"
     [ "$rc" = 0 ] || status=1
   done
-  # memcheck, synccheck and racecheck of the GEMM tests matching filter $1, named $2 in the logs. racecheck is
-  # recorded but not counted in the status: with stages reused (a grid of 1 CTA walks every tile) it reports the
-  # known WAR pairs of the TMA weight copy against the consumers' loads (docs/gemm.md), which any new report must be
-  # told apart from by reading the log.
-  gemm_sanitize() {
-    local filter=$1 what=$2 tool
-    for tool in memcheck synccheck racecheck; do
-      fits 150 "sanitizer $tool ($what)" || continue
-      echo "=== compute-sanitizer --tool $tool --gtest_filter=$filter" >> "$OUT/$SHA-cuda-sanitizer.log"
-      timeout "$limit" "$SAN" --tool $tool --error-exitcode 9 "$CARRY/cuda_test_sm90_grouped_gemm" --gtest_color=no \
-        --gtest_brief=1 --gtest_filter="$filter" 2>&1 | tail -n 25 >> "$OUT/$SHA-cuda-sanitizer.log"
-      rc=${PIPESTATUS[0]}
-      echo "=== $tool ($what) exit $rc" >> "$OUT/$SHA-cuda-sanitizer.log"
-      summary "sanitizer $tool ($what): exit $rc"
-      [ "$rc" = 0 ] || [ "$tool" = racecheck ] || status=1
-    done
-  }
-  # The tile kernels' dynamic schedule (dc5bd99): the tile slot handed from the producer to the consumers through
-  # the stage's full barrier, the end slot, and the counter's claims and reset, back to back and in graph replays.
-  gemm_sanitize 'Sm90GroupedGemm.DynamicSchedule*' 'dynamic tile schedule'
-  # The gathered-A kernels (sixteenth session): the producer warps' cp.async rows into the stages, their noinc
-  # arrivals on the full barrier and the consumers' proxy fence (docs/gemm.md, "GEMM1 without the gather kernel");
-  # racecheck's view of cp.async against the async-proxy wgmma reads is new.
-  gemm_sanitize 'Sm90GroupedGemm.GatheredA*' 'gathered A'
+}
+# memcheck, synccheck and racecheck of the GEMM tests matching filter $1, named $2 in the logs. racecheck is
+# recorded but not counted in the status: with stages reused (a grid of 1 CTA walks every tile) it reports the
+# known WAR pairs of the TMA weight copy against the consumers' loads (docs/gemm.md), which any new report must be
+# told apart from by reading the log.
+gemm_sanitize() {
+  local filter=$1 what=$2 tool
+  for tool in memcheck synccheck racecheck; do
+    fits 150 "sanitizer $tool ($what)" || continue
+    echo "=== compute-sanitizer --tool $tool --gtest_filter=$filter" >> "$OUT/$SHA-cuda-sanitizer.log"
+    timeout "$limit" "$SAN" --tool $tool --error-exitcode 9 "$CARRY/cuda_test_sm90_grouped_gemm" --gtest_color=no \
+      --gtest_brief=1 --gtest_filter="$filter" 2>&1 | tail -n 25 >> "$OUT/$SHA-cuda-sanitizer.log"
+    rc=${PIPESTATUS[0]}
+    echo "=== $tool ($what) exit $rc" >> "$OUT/$SHA-cuda-sanitizer.log"
+    summary "sanitizer $tool ($what): exit $rc"
+    [ "$rc" = 0 ] || [ "$tool" = racecheck ] || status=1
+  done
+}
+# The tile kernels' dynamic schedule (dc5bd99): the tile slot handed from the producer to the consumers through
+# the stage's full barrier, the end slot, and the counter's claims and reset, back to back and in graph replays.
+sanitize_dynamic() { gemm_sanitize 'Sm90GroupedGemm.DynamicSchedule*' 'dynamic tile schedule'; }
+# The gathered-A kernels (sixteenth session): the producer warps' cp.async rows into the stages, their noinc
+# arrivals on the full barrier and the consumers' proxy fence (docs/gemm.md, "GEMM1 without the gather kernel");
+# racecheck's view of cp.async against the async-proxy wgmma reads is new.
+sanitize_gathered() { gemm_sanitize 'Sm90GroupedGemm.GatheredA*' 'gathered A'; }
+if has sanitizer; then
+  for group in $SANITIZE_GROUPS; do
+    case $group in
+      layer|tiles|chained|dynamic|gathered) "sanitize_$group" ;;
+      *) summary "sanitizer: unknown group '$group' in SANITIZE_GROUPS (expected layer, tiles, chained, dynamic or gathered)"
+         status=1 ;;
+    esac
+  done
 fi
 
 if has python && fits 240 python; then

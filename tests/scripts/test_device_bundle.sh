@@ -4,7 +4,8 @@
 # it, so the deadline logic must hold without a GPU. Two calls in a scratch copy of the scripts:
 #   1. everything fits: the suites pass, the A/B runs its points, EXTRA runs, the logs are packed;
 #   2. a step outlives the deadline (a stand-in compute-sanitizer that hangs): it is cut with exit 124, the steps
-#      after it are skipped and say so, and the call still ends inside DEADLINE_S with its logs packed.
+#      after it are skipped and say so, and the call still ends inside DEADLINE_S with its logs packed;
+#   3. the suite script alone with SANITIZE_GROUPS: the groups named, in their order, and an unknown one refused.
 set -u -o pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 TMP=$(mktemp -d)
@@ -51,12 +52,22 @@ STAND_IN_SANITIZER_S=300 DEADLINE_S=48 SUITE_STEPS="layer gemm stress sanitizer"
 rc=$? took=$(( SECONDS - t0 ))
 check "2: a failed status (got $rc)" test "$rc" != 0
 check "2: ended inside the deadline (${took}s of 48)" test "$took" -le 48
-check "2: the hung sanitizer run was cut" grep -q "sanitizer memcheck: exit 124" out2/t2-summary.log
+check "2: the hung sanitizer run was cut" grep -q "sanitizer memcheck (gathered A): exit 124" out2/t2-summary.log
 check "2: the later sanitizer runs say they were skipped" grep -q "sanitizer racecheck: skipped (budget" out2/t2-summary.log
 check "2: the A/B and EXTRA say they were skipped" bash -c "grep -q 'ab1: skipped (deadline' out2/t2-points.txt && grep -q 'extra: skipped (deadline' out2/t2-points.txt"
 check "2: the logs packed" test -f out2/t2-logs.tgz -a ! -d out2/work
+
+# 3. SANITIZE_GROUPS picks the sanitizer groups and their order; an unknown group fails the call, by name.
+SANITIZE_GROUPS="layer gathered nosuch" STEPS=sanitizer NVFP4MOE_GIT_SHA=t3 OUT=$TMP/out3 \
+  bash scripts/device_gpu_suite.sh > "$TMP/run3.log" 2>&1
+rc=$?
+check "3: a failed status for the unknown group (got $rc)" test "$rc" != 0
+check "3: seven sanitizer runs" test "$(grep -c 'sanitizer .*: exit 0' out3/t3-summary.log)" = 7
+check "3: the layer group first" bash -c "grep 'sanitizer ' out3/t3-summary.log | head -1 | grep -q 'sanitizer memcheck: exit 0'"
+check "3: the unknown group named" grep -q "unknown group 'nosuch'" out3/t3-summary.log
+check "3: no dynamic-schedule run" bash -c "! grep -q 'dynamic tile schedule' out3/t3-summary.log"
 if [ "$fail" != 0 ]; then
   echo "--- run1.log"; cat "$TMP/run1.log"; echo "--- run2.log"; cat "$TMP/run2.log"
-  echo "--- summaries"; cat out1/t1-summary.log out2/t2-summary.log 2>/dev/null
+  echo "--- summaries"; cat out1/t1-summary.log out2/t2-summary.log out3/t3-summary.log 2>/dev/null
 fi
 exit "$fail"
