@@ -288,8 +288,7 @@ CudaMoeLayer::CudaMoeLayer(MoeWeights w, const MoeLayerOptions& options, GemmPat
       consumer_stagger_ = consumer_stagger_from_env();                 // A/B: ns, default 0
       if (const char* v = std::getenv("NVFP4MOE_GEMM1_GATHER"); v != nullptr)  // A/B: "1" = gathered A
         gemm1_gather_enabled_ = std::strcmp(v, "1") == 0;
-      if (const char* v = std::getenv("NVFP4MOE_T1_BROADCAST"); v != nullptr)  // A/B: "1" = T = 1 broadcast
-        t1_broadcast_enabled_ = std::strcmp(v, "1") == 0;
+      t1_broadcast_enabled_ = env_switch("NVFP4MOE_T1_BROADCAST");  // A/B: "0" = the gather copies at T = 1
       // Zero once; every chained launch leaves its counters zero (sm90_nvfp4_chained_gemms), every dynamically
       // scheduled one its tile counter.
       const size_t routed_n = sm90_chain_counter_count(static_cast<int>(spec_.num_experts) + 1);

@@ -967,8 +967,9 @@ TEST(CudaLayer, Gemm1GatheredABitIdenticalToGatherKernel) {
   EXPECT_GE(quantized_once_points, 4) << "w4a4 quantized once per token at too few points: the test checks little";
 }
 
-// T = 1 with GEMM1 broadcasting the token's hidden state (NVFP4MOE_T1_BROADCAST=1: the warp-streaming GEMM1 reads
-// `hidden` as the row of all its rows, the routing kernel skips its gather step) gives the gather's bits: softmax,
+// T = 1 with GEMM1 broadcasting the token's hidden state (the default; NVFP4MOE_T1_BROADCAST=0 gathers: the
+// warp-streaming GEMM1 reads `hidden` as the row of all its rows, the routing kernel skips its gather step) gives the
+// gather's bits: softmax,
 // sigmoid with a separate shared expert, the shared expert merged as expert E, relu^2 with a K tail; router logits
 // and caller ids (distinct experts, one slot masked in two of the trials); a poisoned workspace; a captured graph
 // replayed with new inputs. w4a4 (whose gather quantizes per expert) is unchanged.
@@ -978,8 +979,8 @@ TEST(CudaLayer, T1BroadcastBitIdenticalToGather) {
   for (const LayerDims& d : dims)
     for (Mode mode : {Mode::W4A16, Mode::W4A4}) {
       SCOPED_TRACE(std::string(d.name) + " " + mode_name(mode));
-      SwitchPair h("NVFP4MOE_T1_BROADCAST", "1", d, mode, 64, 47);
-      const auto launches = h.switched.cuda->sm90_launches(1);
+      SwitchPair h("NVFP4MOE_T1_BROADCAST", "0", d, mode, 64, 47);  // base: broadcast (default), switched: gather
+      const auto launches = h.base.cuda->sm90_launches(1);
       if (mode == Mode::W4A16 && !launches.empty() && launches[0].config.warp_stream) ++broadcast_points;
       for (int trial = 0; trial < 3; ++trial) {
         SCOPED_TRACE("trial " + std::to_string(trial));
