@@ -15,6 +15,10 @@ FALLBACK_BIN=${FALLBACK_BIN:-$CARRY/prev/nvfp4moe}
 FALLBACK_SHA=${FALLBACK_SHA:-unknown}
 STEPS=${STEPS:-layer gemm sanitizer}
 BENCH_BUDGET_S=${BENCH_BUDGET_S:-400}
+# The binaries as scripts/pack_carry.sh packs them (xz); the first call of 55a99fa found none unpacked and ran
+# nothing.
+for b in "$CARRY"/*.tar.xz; do [ -f "$b" ] && tar xJf "$b" -C "$CARRY"; done
+export LD_LIBRARY_PATH=$PWD/$CARRY:${LD_LIBRARY_PATH:-}  # libgomp, which the device image may lack
 if [ "$STEPS" = none ]; then
   suites=0
   echo "no suites in this call (STEPS=none: validated in an earlier call)" > "$OUT/suites-driver.log"

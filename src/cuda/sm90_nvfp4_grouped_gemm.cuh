@@ -198,8 +198,22 @@ __device__ __forceinline__ void cp_async_wait() {
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
 // Orders this thread's generic-proxy shared memory writes (its completed cp.async included) before later
 // async-proxy accesses (wgmma reading the stage) that a release/acquire through an mbarrier makes follow them.
+// sm_90a SASS: MEMBAR.ALL.CTA + FENCE.VIEW.ASYNC.S.
 __device__ __forceinline__ void fence_proxy_async_shared() {
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+}
+// The gathered-A consumers' fence after each full-barrier wait (consume_tiles' GATHER): the bidirectional fence
+// above. Experiment 18 (an A/B build, docs/gemm.md "GEMM1 without the gather kernel") takes the uni-directional
+// generic-to-async acquire form meant for an mbarrier hand-off instead, which ptxas compiles to no instruction on
+// sm_90a (only the compiler's ordering): it measures what the MEMBAR costs per k-tile. Whether that form alone
+// orders the producer warps' cp.async rows (generic-proxy writes, arrived with cp.async.mbarrier.arrive.noinc)
+// before the wgmma's reads is the open question that keeps it out of the engine.
+__device__ __forceinline__ void gathered_a_proxy_fence() {
+#if NVFP4MOE_SM90_DEQUANT_EXPERIMENT == 18
+  asm volatile("fence.proxy.async::generic.acquire.sync_restrict::shared::cluster.cluster;" ::: "memory");
+#else
+  fence_proxy_async_shared();
+#endif
 }
 // An arrival on bar once every cp.async this thread issued before it has completed; noinc: counted in the
 // barrier's expected arrivals (its init count).
@@ -1121,7 +1135,7 @@ __device__ __forceinline__ int consume_tiles(const GemmParams& p, int idx, int& 
         if (s_next == STAGES) { s_next = 0; ph_next ^= 1; }
         if (kt + 1 < p.k_tiles) {
           mbar_wait(full0 + 8 * s_next, ph_next);
-          if constexpr (GATHER) fence_proxy_async_shared();
+          if constexpr (GATHER) gathered_a_proxy_fence();
           load_dequant(s_next, next_a);
         }
         s = s_next;
@@ -1129,7 +1143,7 @@ __device__ __forceinline__ int consume_tiles(const GemmParams& p, int idx, int& 
         ++kt;
       };
       mbar_wait(full0 + 8 * s, phase);
-      if constexpr (GATHER) fence_proxy_async_shared();
+      if constexpr (GATHER) gathered_a_proxy_fence();
       load_dequant(s, a0);
       while (true) {
         step(a0, a1);
