@@ -968,11 +968,10 @@ TEST(CudaLayer, Gemm1GatheredABitIdenticalToGatherKernel) {
 }
 
 // T = 1 with GEMM1 broadcasting the token's hidden state (the default; NVFP4MOE_T1_BROADCAST=0 gathers: the
-// warp-streaming GEMM1 reads `hidden` as the row of all its rows, the routing kernel skips its gather step) gives the
-// gather's bits: softmax,
-// sigmoid with a separate shared expert, the shared expert merged as expert E, relu^2 with a K tail; router logits
-// and caller ids (distinct experts, one slot masked in two of the trials); a poisoned workspace; a captured graph
-// replayed with new inputs. w4a4 (whose gather quantizes per expert) is unchanged.
+// warp-streaming GEMM1 reads `hidden` as the row of all its rows, the routing kernel skips its gather step) gives
+// the gather's bits: softmax, sigmoid with a separate shared expert, the shared expert merged as expert E, relu^2
+// with a K tail; router logits and caller ids (distinct experts, one slot masked in two of the trials); a poisoned
+// workspace; a captured graph replayed with new inputs. w4a4 (whose gather quantizes per expert) is unchanged.
 TEST(CudaLayer, T1BroadcastBitIdenticalToGather) {
   const LayerDims dims[] = {kSmallSoftmax, kSmallSigmoid, kMergedSigmoid, kRelu2MergedShared};
   int broadcast_points = 0;
