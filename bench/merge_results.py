@@ -148,9 +148,15 @@ def targets(m):
         out.append("prefill deepseek-v3 T >= 4096: no measured point (dropped or not run)")
     cmp_ = [r for r in m["rows"] if r.get("ratio_vs_baseline") is not None]
     slower = [r for r in cmp_ if r["ratio_vs_baseline"] >= 1.0]
+    # Every measured uniform point should have a baseline (torch runs them all): a cut or failed torch step shows
+    # here instead of shrinking the count silently (55a99fa's first, cut, call compared 32 points of 88).
+    unmatched = [r for r in m["rows"] if r["routing"] == "uniform" and r.get("us_per_layer") is not None
+                 and r.get("ratio_vs_baseline") is None]
     out.append(f"faster than the torch bf16 baseline: {len(cmp_) - len(slower)} of {len(cmp_)} compared points"
                + (f"; slower at: " + ", ".join(f"{r['preset']} {r['mode']} {r['routing']} T={r['tokens']} "
-                                              f"({r['ratio_vs_baseline']:.2f}x)" for r in slower[:12]) if slower else ""))
+                                              f"({r['ratio_vs_baseline']:.2f}x)" for r in slower[:12]) if slower else "")
+               + (f"; {len(unmatched)} measured uniform points have no baseline (the torch step was cut or failed)"
+                  if unmatched else ""))
     for d in m["dropped"]:
         out.append(f"dropped: {d['preset']} {d['mode']} {d['routing']} T={d['tokens']}: {d['reason']}")
     for d in m["layers_reduced"]:
@@ -247,6 +253,12 @@ def selftest():
     assert len(m["baseline_errors"]) == 1 and len(m["dropped"]) == 1 and len(m["skipped_presets"]) == 1
     t = targets(m)
     assert any("qwen3-30b T=1 w4a16" in x and "MET" in x for x in t), t
+    assert not any("no baseline" in x for x in t), t
+    cut_torch = os.path.join(tmp, "cut.json")  # a cut torch step: only the skewed row, no uniform baseline
+    with open(cut_torch, "w") as f:
+        json.dump({"ceilings": skew["ceilings"], "torch_baseline": [skew["torch_baseline"][1]]}, f)
+    cut = targets(merge([paths["ours"]], [cut_torch]))
+    assert any("1 of 1 compared points; 1 measured uniform points have no baseline" in x for x in cut), cut
     assert "| qwen3-30b | w4a16 | uniform | 1 | 10.0 |" in table(m)
     # compare: a clear speed-up, a change inside the spread, a slow-down with overlapping ranges, a new point.
     def row(t, us, p10, p90):
