@@ -40,18 +40,16 @@ def merge(ours_paths, torch_paths, gpu_info_path=None):
     # each one is kept (ceilings_measured) and the run's ceiling is the best of them, per quantity: the rate the
     # hardware reached in this run, so no ratio is flattered by one slow measurement (at 55a99fa the first of the
     # run's three bf16 measurements read 637 TFLOP/s, the others 661 / 685; bench/results/55a99fa-ceilings/).
-    ceilings, ceilings_measured, torch_meta = None, [], {}
+    ceilings_measured = [d["ceilings"] for d in torch_docs if d.get("ceilings")]
+    torch_meta = next(({k: d.get(k) for k in ("gpu", "sm_count", "torch", "clocks", "seconds")}
+                       for d in torch_docs if d.get("ceilings")), {})
+    ceilings = None
+    if ceilings_measured:
+        keys = dict.fromkeys(k for c in ceilings_measured for k in c if k != "repeats")
+        ceilings = {k: max((c[k] for c in ceilings_measured if isinstance(c.get(k), (int, float))), default=None)
+                    for k in keys}
     baseline, baseline_errors = {}, []
     for d in torch_docs:
-        if d.get("ceilings"):
-            ceilings_measured.append(d["ceilings"])
-            if ceilings is None:
-                torch_meta = {k: d.get(k) for k in ("gpu", "sm_count", "torch", "clocks", "seconds")}
-            ceilings = dict(ceilings or {})
-            for k, v in d["ceilings"].items():
-                if isinstance(v, (int, float)) and (not isinstance(ceilings.get(k), (int, float)) or v > ceilings[k]):
-                    ceilings[k] = v
-            ceilings.pop("repeats", None)
         for r in d.get("torch_baseline", []):
             key = (r["preset"], int(r["tokens"]), "skewed" if r.get("skewed") else "uniform")
             if "error" in r:

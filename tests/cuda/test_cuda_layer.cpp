@@ -414,6 +414,15 @@ std::vector<float> random_logits(int64_t T, int64_t E, uint64_t seed) {
   for (auto& v : l) v = 2.0f * r.normal();
   return l;
 }
+
+// The same hidden states and router logits into each harness (the layers compared on one input).
+void put_inputs(std::initializer_list<Harness*> harnesses, const std::vector<uint16_t>& hidden,
+                const std::vector<float>& logits) {
+  for (Harness* h : harnesses) {
+    h->hidden.put(hidden);
+    h->logits.put(logits);
+  }
+}
 std::vector<int64_t> token_subset(int64_t T, int64_t max_count) {
   std::vector<int64_t> t;
   if (T <= max_count) {
@@ -768,10 +777,7 @@ TEST(CudaLayer, ChainedGemmsBitIdenticalToTwoLaunches) {
         chained_points += any;
         const auto hidden = random_hidden(T, H, 300 + T);
         const auto logits = random_logits(T, E, 400 + T);
-        for (Harness* h : {&two, &one}) {
-          h->hidden.put(hidden);
-          h->logits.put(logits);
-        }
+        put_inputs({&two, &one}, hidden, logits);
         two.forward_logits(T, two.out.p, DType::F32);
         CUDA_OK(cudaDeviceSynchronize());
         const auto ref = two.out.get(T * H);
@@ -825,10 +831,7 @@ TEST(CudaLayer, DynamicTileScheduleBitIdenticalToStatic) {
         for (const auto& l : dyn.cuda->sm90_launches(T)) tile_points += l.config.warp_stream ? 0 : 1;
         const auto hidden = random_hidden(T, H, 500 + T);
         const auto logits = random_logits(T, E, 600 + T);
-        for (Harness* h : {&fixed, &dyn, &stag}) {
-          h->hidden.put(hidden);
-          h->logits.put(logits);
-        }
+        put_inputs({&fixed, &dyn, &stag}, hidden, logits);
         fixed.forward_logits(T, fixed.out.p, DType::F32);
         CUDA_OK(cudaDeviceSynchronize());
         const auto ref = fixed.out.get(T * H);
@@ -875,9 +878,8 @@ void expect_forwards_bit_identical(Harness& base, Harness& other, int64_t T, uin
       ws[i] = r.uniform();
     }
   }
+  put_inputs({&base, &other}, hidden, logits);
   for (Harness* h : {&base, &other}) {
-    h->hidden.put(hidden);
-    h->logits.put(logits);
     h->ids.put(ids);
     h->weights.put(ws);
   }
@@ -907,10 +909,7 @@ void expect_replays_bit_identical(Harness& base, Harness& other, int64_t T, uint
   for (int rep = 0; rep < reps; ++rep) {
     const auto h2 = random_hidden(T, H, seed + 2 * rep);
     const auto l2 = random_logits(T, E, seed + 2 * rep + 1);
-    for (Harness* h : {&base, &other}) {
-      h->hidden.put(h2);
-      h->logits.put(l2);
-    }
+    put_inputs({&base, &other}, h2, l2);
     base.forward_logits(T, base.out.p, DType::F32);
     CUDA_OK(cudaDeviceSynchronize());
     const auto ref = base.out.get(T * H);
