@@ -11,14 +11,14 @@
 # this script may use in all: each step's (or sanitizer run's) time limit is cut to what is left of it, and a step
 # with under 20 s left is skipped with a "skipped (budget)" line, so that the logs are packed before the device
 # call's limit instead of lost), SANITIZE_GROUPS (which sanitizer groups the sanitizer step runs, in this order:
-# default "gathered dynamic layer tiles chained": the kernels never sanitized first).
+# default "wsgathered gathered dynamic layer tiles chained": the kernels never sanitized first).
 set -u -o pipefail
 OUT=${OUT:-out}
 mkdir -p "$OUT"
 CARRY=${CARRY:-.carry}
 SHA=${NVFP4MOE_GIT_SHA:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
 STEPS=${STEPS:-layer gemm quant stress sanitizer python cli}
-SANITIZE_GROUPS=${SANITIZE_GROUPS:-gathered dynamic layer tiles chained}
+SANITIZE_GROUPS=${SANITIZE_GROUPS:-wsgathered gathered dynamic layer tiles chained}
 export LD_LIBRARY_PATH=$PWD/$CARRY:${LD_LIBRARY_PATH:-}
 export NVFP4MOE_TEST_DATA=$PWD/tests/data
 export NVFP4MOE_CLI=$PWD/$CARRY/nvfp4moe
@@ -132,11 +132,14 @@ sanitize_dynamic() { gemm_sanitize 'Sm90GroupedGemm.DynamicSchedule*' 'dynamic t
 # arrivals on the full barrier and the consumers' proxy fence (docs/gemm.md, "GEMM1 without the gather kernel");
 # racecheck's view of cp.async against the async-proxy wgmma reads is new.
 sanitize_gathered() { gemm_sanitize 'Sm90GroupedGemm.GatheredA*' 'gathered A'; }
+# The warp-streaming gathered-A kernels (eighteenth session): each warp's cp.async rows through the permutation,
+# the next piece's look-ahead (its own cursor and entries), on grids of 1 and 3 CTAs (many pieces a warp).
+sanitize_wsgathered() { gemm_sanitize 'Sm90GroupedGemm.WarpStreamGathered*' 'warp-streaming gathered A'; }
 if has sanitizer; then
   for group in $SANITIZE_GROUPS; do
     case $group in
-      layer|tiles|chained|dynamic|gathered) "sanitize_$group" ;;
-      *) summary "sanitizer: unknown group '$group' in SANITIZE_GROUPS (expected layer, tiles, chained, dynamic or gathered)"
+      layer|tiles|chained|dynamic|gathered|wsgathered) "sanitize_$group" ;;
+      *) summary "sanitizer: unknown group '$group' in SANITIZE_GROUPS (expected layer, tiles, chained, dynamic, gathered or wsgathered)"
          status=1 ;;
     esac
   done

@@ -289,6 +289,8 @@ CudaMoeLayer::CudaMoeLayer(MoeWeights w, const MoeLayerOptions& options, GemmPat
       if (const char* v = std::getenv("NVFP4MOE_GEMM1_GATHER"); v != nullptr)  // A/B: "1" = gathered A
         gemm1_gather_enabled_ = std::strcmp(v, "1") == 0;
       t1_broadcast_enabled_ = env_switch("NVFP4MOE_T1_BROADCAST");  // A/B: "0" = the gather copies at T = 1
+      if (const char* v = std::getenv("NVFP4MOE_WS_GATHER"); v != nullptr)  // A/B: "1" = decode GEMM1 gathers
+        ws_gather_enabled_ = std::strcmp(v, "1") == 0;
       // Zero once; every chained launch leaves its counters zero (sm90_nvfp4_chained_gemms), every dynamically
       // scheduled one its tile counter.
       const size_t routed_n = sm90_chain_counter_count(static_cast<int>(spec_.num_experts) + 1);
@@ -601,7 +603,8 @@ void CudaMoeLayer::warm_up_sm90() {
         gb.a_broadcast_row = true;
         check_sm90(sm90_nvfp4_grouped_gemm(gb, c, nullptr, device_sm_count()), "sm90 gemm1 broadcast (warm-up)");
       }
-      if (routed && gemm1_gather_enabled_ && sm90_gather_available(c)) {  // its gathered-A kernel (no rows)
+      if (routed && (c.warp_stream ? ws_gather_enabled_ : gemm1_gather_enabled_) &&
+          sm90_gather_available(c)) {  // its gathered-A kernel (no rows)
         Sm90GemmArgs gg = g1;
         gg.a_gather_src = a1_;
         gg.a_gather_src_rows = 1;
@@ -790,9 +793,12 @@ void CudaMoeLayer::forward(const TensorRef& hidden, const RoutingArgs& routing, 
   const bool quantized_once = a4 && routed_uniform_gs13_;
   if (gemm_ == GemmPath::kSm90Wgmma && (!a4 || quantized_once) && !calibrating_) {
     gemm1_broadcasts = t1_broadcast_enabled_ && T == 1 && routed_c1.warp_stream && !a4 && !f32_in;
-    gemm1_gathers = gemm1_gather_enabled_ && sm90_gather_available(routed_c1) &&
-                    !chained(routed_c1, routed_c2, T, routed_.gated) && (quantized_once || !f32_in) &&
-                    !(route && route_plan_gather_fuses(*route, pl, routed_gather));
+    if (routed_c1.warp_stream)  // decode: w4a16 only (a w4a4 row quantized once would need a launch of its own)
+      gemm1_gathers = ws_gather_enabled_ && !gemm1_broadcasts && !a4 && !f32_in;
+    else
+      gemm1_gathers = gemm1_gather_enabled_ && sm90_gather_available(routed_c1) &&
+                      !chained(routed_c1, routed_c2, T, routed_.gated) && (quantized_once || !f32_in) &&
+                      !(route && route_plan_gather_fuses(*route, pl, routed_gather));
   }
   if (route) {
     if (gemm1_gathers || gemm1_broadcasts)

@@ -116,9 +116,9 @@ cudaError_t kernel_ready(Kernel kernel, int* ctas_per_sm) {
   return cudaSuccess;
 }
 
-// A distinct traits type for a config's second kernel (gathered A, broadcast row): kernel_ready's one-time check
-// is per (traits, kernel type), and both kernels of a config have the same type.
-template <class Tr>
+// A distinct traits type for each of a config's other kernels (gathered A, broadcast row): kernel_ready's one-time
+// check is per (traits, kernel type), and all kernels of a config have the same type.
+template <class Tr, int kVariant = 1>
 struct VariantTraits : Tr {};
 
 template <int BT, int STAGES, int WGS, int WPU, bool SYNC, sm90::Epilogue EPI, bool GATHER = false>
@@ -150,11 +150,12 @@ cudaError_t launch_chained(const CUtensorMap& map1, const CUtensorMap& map2, con
   return launch_pdl(kernel, dim3(grid), dim3(Tr::kThreads), Tr::kSmemBytes, stream, map1, map2, p1, p2, chain);
 }
 
-template <int WARPS, int DEPTH, int SPW, bool UNROLLED, sm90::Epilogue EPI, bool BROADCAST = false>
+template <int WARPS, int DEPTH, int SPW, bool UNROLLED, sm90::Epilogue EPI,
+          sm90::WsRows ROWS = sm90::WsRows::kDirect>
 cudaError_t launch_warp_stream(const Sm90GemmArgs& args, const sm90::GemmParams& p, int grid, cudaStream_t stream) {
   using Tr = sm90::WarpStreamTraits<WARPS, DEPTH, SPW, UNROLLED, EPI>;
-  using ReadyTr = std::conditional_t<BROADCAST, VariantTraits<Tr>, Tr>;
-  auto kernel = sm90::sm90_nvfp4_warp_stream_gemm_kernel<WARPS, DEPTH, SPW, UNROLLED, EPI, BROADCAST>;
+  using ReadyTr = std::conditional_t<ROWS == sm90::WsRows::kDirect, Tr, VariantTraits<Tr, static_cast<int>(ROWS)>>;
+  auto kernel = sm90::sm90_nvfp4_warp_stream_gemm_kernel<WARPS, DEPTH, SPW, UNROLLED, EPI, ROWS>;
   int fit = 0;
   if (const cudaError_t e = kernel_ready<ReadyTr>(kernel, &fit); e != cudaSuccess) return e;
   return launch_pdl(kernel, dim3(grid), dim3(Tr::kThreads), Tr::kSmemBytes, stream, args.a, args.shape.k, p,
@@ -167,18 +168,20 @@ cudaError_t refuse_f32_variant(const char* arg, const char* kernels) {
               " kernels have the activation epilogues (SwiGLU, relu^2) only; got f32");
 }
 
-// BROADCAST: the broadcast-row kernels (Sm90GemmArgs::a_broadcast_row; activation epilogues only).
-template <int WARPS, int DEPTH, int SPW, bool UNROLLED, bool BROADCAST>
+// ROWS: the broadcast-row and gathered-A kernels (Sm90GemmArgs::a_broadcast_row, a_gather_src; activation
+// epilogues only) besides the direct one.
+template <int WARPS, int DEPTH, int SPW, bool UNROLLED, sm90::WsRows ROWS>
 cudaError_t launch_warp_stream_epi(const Sm90GemmArgs& args, const sm90::GemmParams& p, int grid,
                                    cudaStream_t stream) {
   switch (args.epilogue) {
     case Sm90GemmEpilogue::kF32:
-      if constexpr (BROADCAST) return refuse_f32_variant("a_broadcast_row", "broadcast-row");
+      if constexpr (ROWS == sm90::WsRows::kBroadcast) return refuse_f32_variant("a_broadcast_row", "broadcast-row");
+      else if constexpr (ROWS == sm90::WsRows::kGathered) return refuse_f32_variant("a_gather_src", "gathered-A");
       else return launch_warp_stream<WARPS, DEPTH, SPW, UNROLLED, sm90::Epilogue::kF32>(args, p, grid, stream);
     case Sm90GemmEpilogue::kSwiGLU:
-      return launch_warp_stream<WARPS, DEPTH, SPW, UNROLLED, sm90::Epilogue::kSwiGLU, BROADCAST>(args, p, grid, stream);
+      return launch_warp_stream<WARPS, DEPTH, SPW, UNROLLED, sm90::Epilogue::kSwiGLU, ROWS>(args, p, grid, stream);
     case Sm90GemmEpilogue::kRelu2:
-      return launch_warp_stream<WARPS, DEPTH, SPW, UNROLLED, sm90::Epilogue::kRelu2, BROADCAST>(args, p, grid, stream);
+      return launch_warp_stream<WARPS, DEPTH, SPW, UNROLLED, sm90::Epilogue::kRelu2, ROWS>(args, p, grid, stream);
   }
   return fail("sm90_nvfp4_grouped_gemm: unknown epilogue");
 }
@@ -565,9 +568,6 @@ cudaError_t sm90_nvfp4_grouped_gemm(const Sm90GemmArgs& args, const Sm90GemmConf
   if (args.a_broadcast_row && (!config.warp_stream || args.a_gather_src != nullptr))
     return fail(who + ": a_broadcast_row: only the warp-streaming configs read a broadcast row (config " +
                 to_string(config) + (args.a_gather_src != nullptr ? ", and not with a_gather_src)" : ")"));
-  if (args.a_gather_src != nullptr && config.warp_stream)
-    return fail(who + ": a_gather_src: the warp-streaming config " + to_string(config) +
-                " reads its rows from `a` only (gathered A needs a tile config)");
   const sm90::GemmParams p = make_params(args);
   if (num_sms <= 0)
     if (const cudaError_t e = device_sm_count(&num_sms); e != cudaSuccess) return e;
@@ -576,9 +576,13 @@ cudaError_t sm90_nvfp4_grouped_gemm(const Sm90GemmArgs& args, const Sm90GemmConf
     if (config.block_t == sm90::kWsTokens && config.stages == depth &&                               \
         4 * config.consumer_warpgroups == warps && config.slices_per_warp == spw &&                  \
         config.ws_unrolled == (unrolled != 0))                                                       \
-      return args.a_broadcast_row                                                                      \
-                 ? launch_warp_stream_epi<warps, depth, spw, unrolled != 0, true>(args, p, num_sms, stream)  \
-                 : launch_warp_stream_epi<warps, depth, spw, unrolled != 0, false>(args, p, num_sms, stream);
+      return args.a_broadcast_row ? launch_warp_stream_epi<warps, depth, spw, unrolled != 0,               \
+                                                           sm90::WsRows::kBroadcast>(args, p, num_sms, stream)  \
+             : args.a_gather_src != nullptr                                                            \
+                 ? launch_warp_stream_epi<warps, depth, spw, unrolled != 0, sm90::WsRows::kGathered>(      \
+                       args, p, num_sms, stream)                                                       \
+                 : launch_warp_stream_epi<warps, depth, spw, unrolled != 0, sm90::WsRows::kDirect>(        \
+                       args, p, num_sms, stream);
     NVFP4MOE_SM90_WARP_STREAM_CONFIGS(NVFP4MOE_X)
 #undef NVFP4MOE_X
     return fail(who + ": config " + to_string(config) + " is not in the instantiated list");
@@ -626,7 +630,7 @@ bool listed(const std::vector<Sm90GemmConfig>& list, const Sm90GemmConfig& c) {
 }  // namespace
 
 bool sm90_chained_available(const Sm90GemmConfig& c) { return listed(sm90_chained_configs(), c); }
-bool sm90_gather_available(const Sm90GemmConfig& c) { return listed(sm90_gather_configs(), c); }
+bool sm90_gather_available(const Sm90GemmConfig& c) { return c.warp_stream || listed(sm90_gather_configs(), c); }
 
 cudaError_t sm90_nvfp4_chained_gemms(const Sm90GemmArgs& gemm1, const Sm90GemmArgs& gemm2,
                                      const Sm90GemmConfig& config, int32_t* chain_counters, cudaStream_t stream,

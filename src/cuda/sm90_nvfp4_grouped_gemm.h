@@ -132,17 +132,19 @@ struct Sm90GemmArgs {
   // the lead). 0: together. In [0, kSm90MaxConsumerStaggerNs]; the same bits for every value. Ignored by the
   // other configs and by chained launches.
   int consumer_stagger_ns = 0;
-  // Gathered A (the configs of sm90_gather_configs() with an activation epilogue, plain launches): GEMM
-  // row r (expert order) reads row src(r) of a_gather_src [a_gather_src_rows, K] bf16 instead of row r of `a`
-  // (then unused, may be null):
+  // Gathered A (the configs of sm90_gather_configs() and the warp-streaming ones, with an activation epilogue,
+  // plain launches): GEMM row r (expert order) reads row src(r) of a_gather_src [a_gather_src_rows, K] bf16
+  // instead of row r of `a` (then unused, may be null):
   //   src(r) = a_gather_perm[r] / a_gather_top_k  for r < offsets[a_gather_perm_experts] (-1: num_experts),
   //            r - offsets[a_gather_perm_experts] + a_gather_shared_row_base
   //                                                 for the rows after (a shared expert's rows, one per token,
   //                                                 appended as the last expert),
   //            r                                    without a_gather_perm.
   // A source row outside [0, a_gather_src_rows), or a negative a_gather_perm entry, reads as zeros. The same bits
-  // as `a` holding those rows. The layer's w4a16 prefill: GEMM1 reads `hidden` through the plan's permutation,
-  // and no gather kernel runs (the producer's four warps copy each k-tile's rows with cp.async).
+  // as `a` holding those rows. The layer's w4a16 GEMM1 then reads `hidden` through the plan's permutation and no
+  // gather kernel runs: at prefill the producer's four warps copy each k-tile's rows with cp.async; at decode
+  // (warp-streaming) each warp copies its own pieces' rows, looking up a piece's permutation entries during the
+  // piece before (these kernels wait for the previous kernel first: prologue_before_pdl_wait is ignored).
   const uint16_t* a_gather_src = nullptr;
   int64_t a_gather_src_rows = 0;
   const int32_t* a_gather_perm = nullptr;
@@ -181,8 +183,9 @@ cudaError_t sm90_nvfp4_chained_gemms(const Sm90GemmArgs& gemm1, const Sm90GemmAr
                                      const Sm90GemmConfig& config, int32_t* chain_counters, cudaStream_t stream,
                                      int num_sms = 0);
 
-// The configs with a gathered-A kernel (Sm90GemmArgs::a_gather_src; SwiGLU and relu^2 epilogues): the prefill
-// tiles, for GEMM1 of the layer's w4a16 prefill.
+// The tile configs with a gathered-A kernel (Sm90GemmArgs::a_gather_src; SwiGLU and relu^2 epilogues): the
+// prefill tiles, for GEMM1 of the layer's w4a16 prefill. sm90_gather_available: those and every warp-streaming
+// config (decode).
 const std::vector<Sm90GemmConfig>& sm90_gather_configs();
 bool sm90_gather_available(const Sm90GemmConfig& config);
 

@@ -58,6 +58,22 @@ struct WarpStreamTraits {  // (UNROLLED, EPI only so that each kernel gets its o
 
 // cp_async16 / cp_async4 / cp_async_commit / cp_async_wait: sm90_nvfp4_grouped_gemm.cuh.
 
+// Where a warp-streaming kernel's token rows come from: row r of `a` (kDirect, the gathered copy), row 0 of `a`
+// for every row (kBroadcast: Sm90GemmArgs::a_broadcast_row, T = 1), or GemmParams::gather_src through the plan's
+// permutation (kGathered: Sm90GemmArgs::a_gather_src, the decode GEMM1 without a gather step). Each its own
+// instantiation, so that the others keep their code.
+enum class WsRows { kDirect, kBroadcast, kGathered };
+
+// A lane's two token chunks of a piece (chunk lane and lane + 32: tile row lane / 8 + 4 h, 16-byte column
+// lane % 8): where each chunk's row starts (column 0 of its source row; a valid address even when the row is
+// not read), whether the row is read at all (false: zero-filled: past the tile's rows, or no source row), and
+// a valid address for the zero-filling copies (src-size 0).
+struct WsTokenRows {
+  const uint16_t* row[2];
+  bool ok[2];
+  const uint16_t* any;
+};
+
 // Calls f(std::integral_constant<int, i>{}) for i = 0 .. N - 1 (compile-time indices: constant slot addresses).
 template <int N, typename F, int... I>
 __device__ __forceinline__ void static_for_impl(F&& f, std::integer_sequence<int, I...>) {
@@ -144,11 +160,15 @@ __device__ __forceinline__ void ws_mma_slot(const WsSlotRegs<SPW>& r, float (&ac
 // `ring`. Two forms with the same groups, waits and arithmetic (the same bits). Rolled: the slot indices and the
 // sources are counters (measured faster where each warp streams one piece alone, qwen3-30b / nemotron-nano /
 // gpt-oss-120b T = 1: the unrolled loop's code is DEPTH times larger; bench/results/5c66c7a-ws-unroll-ab/).
-// BROADCAST: every row of the token tile is row 0 of a (Sm90GemmArgs::a_broadcast_row).
-template <int DEPTH, int SPW, bool BROADCAST = false>
-__device__ __forceinline__ void ws_piece_k_loop_rolled(const uint16_t* __restrict__ a, const int k, const GemmParams& p,
-    const uint32_t ring, const int lane, const int g, const int t, const uint32_t ldsm_off, const uint8_t* wunit,
-    const int slice0, const int64_t row_base, const int tile_rows, bool& waited, float (&acc)[SPW][2][4]) {
+// The token rows: token_rows(), a WsTokenRows. The prologue (the first DEPTH - 1 k-tiles) is split where the
+// rows are not known yet (split, or before the PDL wait: !waited): the weights of those k-tiles first, then the
+// wait (if not waited), token_rows() (which may load them: their round trip overlaps the weights' copies), and
+// the token tiles. after_prologue() runs once the prologue's copies are issued (the next piece's lookups).
+template <int DEPTH, int SPW, class TokenRowsFn, class AfterPrologueFn>
+__device__ __forceinline__ void ws_piece_k_loop_rolled(const int k, const GemmParams& p, const uint32_t ring,
+    const int lane, const int g, const int t, const uint32_t ldsm_off, const uint8_t* wunit, const int slice0,
+    const bool split, bool& waited, TokenRowsFn&& token_rows, AfterPrologueFn&& after_prologue,
+    float (&acc)[SPW][2][4]) {
   using Slot = WarpStreamSlot<SPW>;
   // Running sources of the next k-tile to fill (issue() is called for k-tiles 0, 1, 2, ... in order): this
   // lane's code bytes of both blocks, its scale word, and its two chunks of the token tile (chunk lane and
@@ -157,17 +177,24 @@ __device__ __forceinline__ void ws_piece_k_loop_rolled(const uint16_t* __restric
   const uint8_t* wcode = wunit + slice0 * 512 + lane * 16;
   const uint8_t* wscale = wunit + scale_word_offset<2>(slice0, g, t);
   const uint16_t* asrc[2];
+  const uint16_t* azero = nullptr;
   uint32_t adst[2];
   bool arow_ok[2];
   int acol[2];
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int chunk = lane + 32 * h, r = chunk >> 3, c = chunk & 7;
-    arow_ok[h] = r < tile_rows;
     acol[h] = 8 * c;
-    asrc[h] = a + (BROADCAST ? int64_t(0) : (row_base + (arow_ok[h] ? r : 0)) * static_cast<int64_t>(k)) + 8 * c;
     adst[h] = static_cast<uint32_t>(Slot::kTokenOffset + r * 128 + ((c ^ r) << 4));
   }
+  auto set_rows = [&](const WsTokenRows& tr) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      arow_ok[h] = tr.ok[h];
+      asrc[h] = tr.row[h] + acol[h];
+    }
+    azero = tr.any;
+  };
   int kt_fill = 0;
   // The copies of k-tile kt_fill + ahead into `slot`: the weights (constant), then the token tile.
   auto copy_weights = [&](uint32_t slot, int ahead) { ws_copy_weights<SPW>(slot, wcode, wscale, ahead, lane); };
@@ -175,7 +202,7 @@ __device__ __forceinline__ void ws_piece_k_loop_rolled(const uint16_t* __restric
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const bool ok = arow_ok[h] && acol[h] + ahead * kBlockK < k;
-      cp_async16(slot + adst[h], ok ? asrc[h] + ahead * kBlockK : a, ok ? 16u : 0u);
+      cp_async16(slot + adst[h], ok ? asrc[h] + ahead * kBlockK : azero, ok ? 16u : 0u);
     }
   };
   auto advance = [&](int n) {
@@ -198,21 +225,25 @@ __device__ __forceinline__ void ws_piece_k_loop_rolled(const uint16_t* __restric
     }
     cp_async_commit();
   };
+  if (!split) set_rows(token_rows());  // (known: computed, not loaded)
   ws_zero_acc<SPW>(acc);
   auto slot_of = [&](int s) { return ring + static_cast<uint32_t>(s * Slot::kBytes); };
-  if (waited) {
+  if (waited && !split) {
 #pragma unroll
     for (int d = 0; d < DEPTH - 1; ++d) issue(slot_of(d));
   } else {
-    // Before the PDL wait (the launch allows it: only the token rows come from the previous kernel): the
-    // weights of the first DEPTH - 1 k-tiles stream in while the previous kernel finishes; their token tiles
-    // follow the wait. Group 0 then holds all those weights and every group one token tile: "group kt done"
-    // still means "k-tile kt done".
+    // Before the PDL wait (the launch allows it: only the token rows come from the previous kernel), or before
+    // the rows are known: the weights of the first DEPTH - 1 k-tiles stream in first; their token tiles follow
+    // the wait and the rows' lookup. Group 0 then holds all those weights and every group one token tile:
+    // "group kt done" still means "k-tile kt done".
 #pragma unroll
     for (int d = 0; d < DEPTH - 1; ++d)
       if (d < p.k_tiles) copy_weights(slot_of(d), d);
-    kernels::pdl_wait_then_allow_next();
-    waited = true;
+    if (!waited) {
+      kernels::pdl_wait_then_allow_next();
+      waited = true;
+    }
+    if (split) set_rows(token_rows());
 #pragma unroll
     for (int d = 0; d < DEPTH - 1; ++d) {
       if (d < p.k_tiles) copy_tokens(slot_of(d), d);
@@ -220,6 +251,7 @@ __device__ __forceinline__ void ws_piece_k_loop_rolled(const uint16_t* __restric
     }
     advance(min(DEPTH - 1, p.k_tiles));
   }
+  after_prologue();
   int s_read = 0, s_fill = DEPTH - 1;
   for (int kt = 0; kt < p.k_tiles; ++kt) {
     cp_async_wait<DEPTH - 2>();  // this lane's copies of k-tile kt are in
@@ -238,25 +270,27 @@ __device__ __forceinline__ void ws_piece_k_loop_rolled(const uint16_t* __restric
 // Unrolled by DEPTH: every slot address is the ring's base plus a constant, the sources advance once per DEPTH
 // k-tiles, the token tile's row zero-fill is a src-size set once per piece and the K tail has its own branch
 // (~13% fewer executed SASS per k-tile; measured faster with two slices per warp, and with one where the warps
-// share their schedulers: deepseek-v3 T = 1, 5c66c7a-ws-unroll-ab).
-template <int DEPTH, int SPW, bool BROADCAST = false>
-__device__ __forceinline__ void ws_piece_k_loop_unrolled(const uint16_t* __restrict__ a, const int k,
-    const GemmParams& p, const uint32_t ring, const int lane, const int g, const int t, const uint32_t ldsm_off,
-    const uint8_t* wunit, const int slice0, const int64_t row_base, const int tile_rows, bool& waited,
+// share their schedulers: deepseek-v3 T = 1, 5c66c7a-ws-unroll-ab). token_rows, split, after_prologue: as in
+// the rolled form (without split, the PDL wait comes first: no early weights in this form).
+template <int DEPTH, int SPW, class TokenRowsFn, class AfterPrologueFn>
+__device__ __forceinline__ void ws_piece_k_loop_unrolled(const int k, const GemmParams& p, const uint32_t ring,
+    const int lane, const int g, const int t, const uint32_t ldsm_off, const uint8_t* wunit, const int slice0,
+    const bool split, bool& waited, TokenRowsFn&& token_rows, AfterPrologueFn&& after_prologue,
     float (&acc)[SPW][2][4]) {
   using Slot = WarpStreamSlot<SPW>;
-  if (!waited) {  // (no early weights in this form: the PDL wait before its first copy)
+  if (!split && !waited) {
     kernels::pdl_wait_then_allow_next();
     waited = true;
   }
   // Sources of k-tile kt0 + d (kt0: the first k-tile of the current group of DEPTH; d < 2 DEPTH - 1, a compile-
   // time offset once the loop below is unrolled): this lane's code bytes of both blocks, its scale word, and its
   // two chunks of the token tile (chunk lane and lane + 32: row r = chunk / 8, 16-byte column c = chunk % 8),
-  // zero-filled past the tile's rows (src-size 0 from a valid address: the tile's first row) and past K.
+  // zero-filled past the tile's rows (src-size 0 from a valid address) and past K.
   // (slice j of the piece: + j * 512 code bytes, + j * 64 scale bytes)
   const uint8_t* wcode = wunit + slice0 * 512 + lane * 16;
   const uint8_t* wscale = wunit + scale_word_offset<2>(slice0, g, t);
   const uint16_t* asrc[2];
+  const uint16_t* azero = nullptr;
   uint32_t adst[2], abytes[2], atail[2];
   const int k_tiles = p.k_tiles;
   // The k-tile whose token chunks end inside K (-1: K % 64 == 0, every chunk is whole).
@@ -264,33 +298,63 @@ __device__ __forceinline__ void ws_piece_k_loop_unrolled(const uint16_t* __restr
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int chunk = lane + 32 * h, r = chunk >> 3, c = chunk & 7;
-    const bool row_ok = r < tile_rows;
-    asrc[h] = a + (BROADCAST ? int64_t(0) : (row_base + (row_ok ? r : 0)) * static_cast<int64_t>(k)) + 8 * c;
     adst[h] = static_cast<uint32_t>(Slot::kTokenOffset + r * 128 + ((c ^ r) << 4));
-    abytes[h] = row_ok ? 16u : 0u;
-    const int tail_col = (k_tiles - 1) * kBlockK + 8 * c;  // this chunk's first column in the last k-tile
-    atail[h] = row_ok ? static_cast<uint32_t>(2 * max(0, min(8, k - tail_col))) : 0u;
   }
-  // Fills k-tile kt0 + D into `slot` (if that k-tile exists) and closes one cp.async group either way, so that
-  // "all but the newest DEPTH - 2 groups done" always means "the k-tile read next is done" in the loop below.
-  auto fill = [&](const int kt0, auto d_const, const uint32_t slot) {
+  auto set_rows = [&](const WsTokenRows& tr) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int c = lane & 7;
+      asrc[h] = tr.row[h] + 8 * c;
+      abytes[h] = tr.ok[h] ? 16u : 0u;
+      const int tail_col = (k_tiles - 1) * kBlockK + 8 * c;  // this chunk's first column in the last k-tile
+      atail[h] = tr.ok[h] ? static_cast<uint32_t>(2 * max(0, min(8, k - tail_col))) : 0u;
+    }
+    azero = tr.any;
+  };
+  if (!split) set_rows(token_rows());
+  // The copies of k-tile kt0 + D into `slot` (if that k-tile exists): the weights, the token tile.
+  auto fill_weights = [&](const int kt0, auto d_const, const uint32_t slot) {
+    constexpr int D = decltype(d_const)::value;
+    if (kt0 + D < k_tiles) ws_copy_weights<SPW>(slot, wcode, wscale, D, lane);
+  };
+  auto fill_tokens = [&](const int kt0, auto d_const, const uint32_t slot) {
     constexpr int D = decltype(d_const)::value;
     if (kt0 + D < k_tiles) {
-      ws_copy_weights<SPW>(slot, wcode, wscale, D, lane);
       if (kt0 + D != ragged_kt) {
 #pragma unroll
         for (int h = 0; h < 2; ++h) cp_async16(slot + adst[h], asrc[h] + D * kBlockK, abytes[h]);
       } else {  // the last k-tile of a K that is not a multiple of 64: each chunk's bytes inside K
 #pragma unroll
-        for (int h = 0; h < 2; ++h) cp_async16(slot + adst[h], atail[h] != 0 ? asrc[h] + D * kBlockK : a, atail[h]);
+        for (int h = 0; h < 2; ++h)
+          cp_async16(slot + adst[h], atail[h] != 0 ? asrc[h] + D * kBlockK : azero, atail[h]);
       }
     }
+  };
+  // Fills k-tile kt0 + D into `slot` (if that k-tile exists) and closes one cp.async group either way, so that
+  // "all but the newest DEPTH - 2 groups done" always means "the k-tile read next is done" in the loop below.
+  auto fill = [&](const int kt0, auto d_const, const uint32_t slot) {
+    fill_weights(kt0, d_const, slot);
+    fill_tokens(kt0, d_const, slot);
     cp_async_commit();
   };
   ws_zero_acc<SPW>(acc);
   // Slot d holds k-tiles d, d + DEPTH, d + 2 DEPTH, ...: unrolled by DEPTH, every slot address is the ring's
   // base plus a constant, and the sources advance once per DEPTH k-tiles.
-  static_for<DEPTH - 1>([&](auto d) { fill(0, d, ring + decltype(d)::value * Slot::kBytes); });
+  if (!split) {
+    static_for<DEPTH - 1>([&](auto d) { fill(0, d, ring + decltype(d)::value * Slot::kBytes); });
+  } else {  // the weights first; group 0 holds them all and the first token tile (as in the rolled form)
+    static_for<DEPTH - 1>([&](auto d) { fill_weights(0, d, ring + decltype(d)::value * Slot::kBytes); });
+    if (!waited) {
+      kernels::pdl_wait_then_allow_next();
+      waited = true;
+    }
+    set_rows(token_rows());
+    static_for<DEPTH - 1>([&](auto d) {
+      fill_tokens(0, d, ring + decltype(d)::value * Slot::kBytes);
+      cp_async_commit();
+    });
+  }
+  after_prologue();
   for (int kt0 = 0; kt0 < k_tiles; kt0 += DEPTH) {
     static_for<DEPTH>([&](auto d_const) {
       constexpr int d = decltype(d_const)::value;
@@ -312,10 +376,52 @@ __device__ __forceinline__ void ws_piece_k_loop_unrolled(const uint16_t* __restr
   }
 }
 
-// a: bf16 [rows, k] (the rows of p.offsets); k: the element count of a row (K % 16 == 0). BROADCAST: every GEMM
-// row reads row 0 of a (Sm90GemmArgs::a_broadcast_row: at T = 1 each of a token's rows is its hidden state), its
-// own instantiation, so that the other kernels keep their code.
-template <int WARPS, int DEPTH, int SPW, bool UNROLLED, Epilogue EPI, bool BROADCAST = false>
+// The source row of each of a lane's two token chunks in a gathered piece (WsRows::kGathered): tile rows
+// lane / 8 and lane / 8 + 4 of the piece whose first GEMM row is row_base. The permutation entries are loaded by
+// ws_gathered_perm_entries (one piece ahead), the rest is arithmetic (gather_source_row: -1 = zeros).
+struct WsGatherRows {
+  int perm_rows;  // offsets[gather_perm_experts] (0 without a permutation)
+};
+__device__ __forceinline__ void ws_gathered_perm_entries(const GemmParams& p, const WsGatherRows& gr,
+                                                         const int64_t row_base, const int tile_rows, const int lane,
+                                                         int (&entry)[2]) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int r = (lane >> 3) + 4 * h;
+    const int64_t row = row_base + r;
+    entry[h] = p.gather_perm != nullptr && r < tile_rows && row < gr.perm_rows ? __ldg(p.gather_perm + row) : 0;
+  }
+}
+__device__ __forceinline__ WsTokenRows ws_gathered_token_rows(const GemmParams& p, const WsGatherRows& gr,
+                                                              const int64_t row_base, const int tile_rows,
+                                                              const int lane, const int (&entry)[2]) {
+  WsTokenRows tr;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int r = (lane >> 3) + 4 * h;
+    const int src = r < tile_rows ? gather_source_row(static_cast<int>(row_base) + r, p.gather_perm != nullptr,
+                                                      gr.perm_rows, entry[h], p.gather_top_k, p.gather_src_rows,
+                                                      p.gather_shared_base)
+                                  : -1;
+    tr.ok[h] = src >= 0;
+    tr.row[h] = p.gather_src + static_cast<int64_t>(src >= 0 ? src : 0) * p.gather_k;
+  }
+  tr.any = p.gather_src;
+  return tr;
+}
+
+// a: bf16 [rows, k] (the rows of p.offsets); k: the element count of a row (K % 16 == 0). ROWS: where the token
+// rows come from (WsRows; kDirect: row r of a; kBroadcast: row 0 of a for every row; kGathered: p.gather_src
+// through the permutation, a unused).
+//
+// kGathered (the decode GEMM1 without a gather step): every piece's rows need their permutation entries, a
+// dependent L2 load after the piece's seek. A warp runs several pieces in turn (qwen3-235b T = 64: ~11), so the
+// entries of piece i + 1 are looked up during piece i: right after piece i's prologue copies are issued, the warp
+// seeks piece i + 1 (a copy of the cursor) and loads its two entries per lane, which piece i + 1's prologue then
+// reads from registers. The first piece's entries are loaded after its weights' copies are issued (the split
+// prologue), so that their round trip overlaps those. These kernels wait for the previous kernel first (the
+// routing kernel writes the permutation and the offsets; before_wait is ignored).
+template <int WARPS, int DEPTH, int SPW, bool UNROLLED, Epilogue EPI, WsRows ROWS = WsRows::kDirect>
 __global__ void __launch_bounds__(WARPS * 32, 1)
     sm90_nvfp4_warp_stream_gemm_kernel(const uint16_t* __restrict__ a, const int k, const GemmParams p,
                                        const bool before_wait) {
@@ -329,14 +435,24 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
   // rows `a` come from the previous kernel) the first piece's seek, factors and ring weights go before it (the
   // rolled loop waits after its weight copies, the unrolled one at its start; a warp without a piece exits
   // without reading anything the previous kernel writes). Its epilogue's stores follow the wait either way.
-  bool waited = !before_wait;
+  bool waited = ROWS == WsRows::kGathered || !before_wait;
   if (waited) kernels::pdl_wait_then_allow_next();
   const int n_pieces = p.units * Slot::kPiecesPerUnit;  // per expert and token tile
+  const int stride = WARPS * static_cast<int>(gridDim.x);
   // ldmatrix.x4 lane l addresses token row l % 8, 16-byte chunk 4h + l / 8 of the slot's token tile.
   const uint32_t ldsm_off = (lane & 7) * 128 + (((lane >> 3) ^ (lane & 7)) << 4);
-  TileCursor<kWsTokens> cur;
-  for (int idx = warp * static_cast<int>(gridDim.x) + static_cast<int>(blockIdx.x);
-       cur.template seek<kConsumerExpertsPerLane>(p, n_pieces, idx); idx += WARPS * static_cast<int>(gridDim.x)) {
+  // Piece idx's first GEMM row and row count (cur: the cursor sought to idx).
+  auto piece_rows = [&](const TileCursor<kWsTokens>& c, const int idx, int64_t& row_base, int& tile_rows) {
+    const int local = idx - c.first;
+    const int t_idx = local - local / c.ttiles * c.ttiles;
+    const int tok0 = t_idx * kWsTokens;
+    tile_rows = min(kWsTokens, c.rows - tok0);
+    row_base = c.row_begin + tok0;
+  };
+  // One piece: the k-loop (token rows from rows_of(row_base, tile_rows), a WsTokenRows; split and after_prologue
+  // as the k-loops take them), then the epilogue.
+  auto run_piece = [&](const TileCursor<kWsTokens>& cur, const int idx, auto&& rows_of, const bool split,
+                       auto&& after_prologue) {
     const int local = idx - cur.first;
     const int n_idx = local / cur.ttiles, t_idx = local - n_idx * cur.ttiles;
     const int unit = n_idx / Slot::kPiecesPerUnit, slice0 = n_idx % Slot::kPiecesPerUnit * SPW;
@@ -348,15 +464,16 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
     // measured +0.05..1.0 us per layer at T = 1 / 4 (experiment 13, bench/results/deb21f8-x13-x14-ab).
     const int e = cur.e;
     const float al0 = __ldg(p.alpha0 + e) * kWeightUnscale;
-    const float al1 = EPI == Epilogue::kSwiGLU ? __ldg(p.alpha1 + e) * kWeightUnscale : 0.0f;
-    const float gsv = EPI != Epilogue::kF32 && p.gs != nullptr ? __ldg(p.gs + e) : 0.0f;
+    [[maybe_unused]] const float al1 = EPI == Epilogue::kSwiGLU ? __ldg(p.alpha1 + e) * kWeightUnscale : 0.0f;
+    [[maybe_unused]] const float gsv = EPI != Epilogue::kF32 && p.gs != nullptr ? __ldg(p.gs + e) : 0.0f;
+    auto token_rows = [&]() { return rows_of(row_base, tile_rows); };
     float acc[SPW][2][4];
     if constexpr (!UNROLLED)
-      ws_piece_k_loop_rolled<DEPTH, SPW, BROADCAST>(a, k, p, ring, lane, g, t, ldsm_off, wunit, slice0, row_base,
-                                                    tile_rows, waited, acc);
+      ws_piece_k_loop_rolled<DEPTH, SPW>(k, p, ring, lane, g, t, ldsm_off, wunit, slice0, split, waited, token_rows,
+                                         after_prologue, acc);
     else
-      ws_piece_k_loop_unrolled<DEPTH, SPW, BROADCAST>(a, k, p, ring, lane, g, t, ldsm_off, wunit, slice0, row_base,
-                                                      tile_rows, waited, acc);
+      ws_piece_k_loop_unrolled<DEPTH, SPW>(k, p, ring, lane, g, t, ldsm_off, wunit, slice0, split, waited,
+                                           token_rows, after_prologue, acc);
     cp_async_wait<0>();  // the empty groups past K (nothing in flight into a slot the next piece reuses)
 
     // ---------------------------------------------------------------- epilogue (the tile kernels' arithmetic)
@@ -403,6 +520,59 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
         }
       }
     }  // slices of the piece
+  };
+
+  TileCursor<kWsTokens> cur;
+  int idx = warp * static_cast<int>(gridDim.x) + static_cast<int>(blockIdx.x);
+  if constexpr (ROWS != WsRows::kGathered) {
+    // Row r of a (or row 0 for every row), zero-filled past the tile's rows (src-size 0 from the tile's first row).
+    auto rows_of = [&](const int64_t row_base, const int tile_rows) {
+      WsTokenRows tr;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int r = (lane >> 3) + 4 * h;
+        tr.ok[h] = r < tile_rows;
+        tr.row[h] = a + (ROWS == WsRows::kBroadcast ? int64_t(0) : (row_base + (tr.ok[h] ? r : 0)) * static_cast<int64_t>(k));
+      }
+      tr.any = a;
+      return tr;
+    };
+    auto nothing = [] {};
+    for (; cur.template seek<kConsumerExpertsPerLane>(p, n_pieces, idx); idx += stride)
+      run_piece(cur, idx, rows_of, false, nothing);
+  } else {
+    WsGatherRows gr;
+    gr.perm_rows = p.gather_perm != nullptr ? __ldg(p.offsets + p.gather_perm_experts) : 0;
+    bool found = cur.template seek<kConsumerExpertsPerLane>(p, n_pieces, idx);
+    int entry[2] = {0, 0};  // the current piece's permutation entries (loaded during the previous piece)
+    bool entries_known = false;
+    while (found) {
+      TileCursor<kWsTokens> next = cur;
+      const int next_idx = idx + stride;
+      bool next_found = false;
+      int next_entry[2] = {0, 0};
+      auto rows_of = [&](const int64_t row_base, const int tile_rows) {
+        if (!entries_known) ws_gathered_perm_entries(p, gr, row_base, tile_rows, lane, entry);
+        return ws_gathered_token_rows(p, gr, row_base, tile_rows, lane, entry);
+      };
+      // The next piece's seek and entries, while this piece's first k-tiles stream in.
+      auto look_ahead = [&] {
+        next_found = next.template seek<kConsumerExpertsPerLane>(p, n_pieces, next_idx);
+        if (next_found) {
+          int64_t row_base;
+          int tile_rows;
+          piece_rows(next, next_idx, row_base, tile_rows);
+          ws_gathered_perm_entries(p, gr, row_base, tile_rows, lane, next_entry);
+        }
+      };
+      run_piece(cur, idx, rows_of, !entries_known, look_ahead);
+      cur = next;
+      idx = next_idx;
+      found = next_found;
+      entry[0] = next_entry[0];
+      entry[1] = next_entry[1];
+      entries_known = true;
+    }
   }
 }
 

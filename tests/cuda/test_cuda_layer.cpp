@@ -989,6 +989,32 @@ TEST(CudaLayer, T1BroadcastBitIdenticalToGather) {
   EXPECT_GE(broadcast_points, 4) << "GEMM1 broadcast at too few points: the test checks little";
 }
 
+// Decode with the warp-streaming GEMM1 gathering its own rows (NVFP4MOE_WS_GATHER=1: GEMM1 reads `hidden` through
+// the plan's permutation, the routing kernel skips its gather step, no gather kernel runs) gives the gather's bits:
+// softmax, sigmoid with a separate shared expert, the shared expert merged as expert E (its rows r - offsets[E]),
+// relu^2 with a K tail; router logits (the fused route + plan launch at T <= 32, route and plan apart above) and
+// caller ids (every fifth slot masked); a poisoned workspace; a captured graph replayed with new inputs. T = 1
+// still broadcasts; w4a4 (whose gather quantizes per expert) is unchanged.
+TEST(CudaLayer, WarpStreamGatheredABitIdenticalToGather) {
+  // (128 experts of top-2: T = 33 and 64 stay on the warp-streaming GEMM1 with the routing launched apart)
+  const LayerDims kManyExperts{"softmax E128 k2", 256, 128, 128, 2};
+  const LayerDims dims[] = {kSmallSoftmax, kSmallSigmoid, kMergedSigmoid, kRelu2MergedShared, kManyExperts};
+  int gathered_points = 0;
+  for (const LayerDims& d : dims)
+    for (Mode mode : {Mode::W4A16, Mode::W4A4}) {
+      SCOPED_TRACE(std::string(d.name) + " " + mode_name(mode));
+      SwitchPair h("NVFP4MOE_WS_GATHER", "1", d, mode, 64, 53);  // base: the gather (default), switched: GEMM1 gathers
+      for (int64_t T : {1, 2, 5, 16, 33, 64}) {
+        SCOPED_TRACE("T=" + std::to_string(T));
+        const auto launches = h.switched.cuda->sm90_launches(T);
+        if (mode == Mode::W4A16 && T > 1 && !launches.empty() && launches[0].config.warp_stream) ++gathered_points;
+        expect_forwards_bit_identical(h.base, h.switched, T, 2500 + 7 * T);
+        if (T == 5 || T == 64) expect_replays_bit_identical(h.base, h.switched, T, 2700 + T);
+      }
+    }
+  EXPECT_GE(gathered_points, 10) << "GEMM1 gathered at decode at too few points: the test checks little";
+}
+
 // A separate shared expert's GEMM1 reading `hidden` itself (w4a16: its gather would only copy the rows) gives the
 // bits of the gather's copy (NVFP4MOE_SHARED_HIDDEN=0): a SwiGLU shared expert wider than the routed ones and a
 // relu^2 one with H % 64 != 0, both GEMM paths, decode (warp streaming) and prefill T, router logits and caller

@@ -1120,6 +1120,48 @@ TEST(Sm90GroupedGemm, BroadcastRowBitIdenticalToRepeatedRows) {
   EXPECT_GE(configs, 1);
 }
 
+// Gathered A on the warp-streaming configs (the decode GEMM1 without a gather step): every warp-streaming config,
+// both activation epilogues and the quantizing one, bitwise equal to the same launch on the pre-gathered rows.
+// Decode-sized experts (0, 1, 2, 3, 8, 9, 17 rows: one token tile, a partial one, several), a shared expert
+// appended (one row per token; rows past the source's read as zeros), the adversarial permutation entries of
+// make_gathered_problem; grids of the device's SMs, 3 CTAs and 1 CTA (each warp then runs ~10-40 pieces in turn,
+// every one's permutation entries looked up during the piece before, across expert boundaries); K with a tail;
+// twice each (determinism); with prologue_before_pdl_wait (ignored by these kernels: they wait first).
+TEST(Sm90GroupedGemm, WarpStreamGatheredABitIdenticalToPreGathered) {
+  const std::vector<int> counts = {1, 0, 3, 8, 2, 17, 0, 9, 1, 1, 2};
+  int configs = 0;
+  for (const auto& cfg : sm90_gemm_configs()) {
+    if (!cfg.warp_stream) continue;
+    ++configs;
+    EXPECT_TRUE(sm90_gather_available(cfg));
+    for (const int form : {0, 1, 2}) {  // SwiGLU; relu^2; SwiGLU with the shared rows in the source's second half
+      const bool gated = form != 1;
+      const GatheredProblem gp = make_gathered_problem(gated ? 2 * 208 : 320, 7 * 64 + 32, gated, counts, 12, 4,
+                                                       9500 + form + 10 * cfg.slices_per_warp + cfg.ws_unrolled,
+                                                       form == 2);
+      const Problem& p = gp.p;
+      const Sm90GemmEpilogue epi = gated ? Sm90GemmEpilogue::kSwiGLU : Sm90GemmEpilogue::kRelu2;
+      for (const bool quant : {false, true}) {
+        SCOPED_TRACE(::testing::Message() << "cfg=" << to_string(cfg) << " epi=" << epi_name(epi) << " quant=" << quant
+                                          << " form=" << form);
+        GpuRun base;
+        run_gpu(p, epi, quant, cfg, base);
+        if (::testing::Test::HasFatalFailure()) return;
+        EXPECT_EQ(base.unwritten, 0);
+        for (const int sms : {0, 3, 1}) {
+          GpuRun g;
+          run_gpu(p, epi, quant, cfg, g, 2, sms == 3, nullptr, sms, 0, &gp.g);
+          if (::testing::Test::HasFatalFailure()) return;
+          EXPECT_EQ(g.unwritten, 0) << "grid " << sms;
+          EXPECT_EQ(g.overwritten, 0) << "grid " << sms;
+          EXPECT_TRUE(g.bits == base.bits) << "gathered A, grid " << sms << ": bits differ from the pre-gathered rows";
+        }
+      }
+    }
+  }
+  EXPECT_GE(configs, 1);
+}
+
 // The gathered-A arguments are refused where no kernel reads them, with the argument named.
 TEST(Sm90GroupedGemm, RefusesBadGatherArguments) {
   const Sm90PreparedShape shape = sm90_prepared_shape(2, 2 * 64, 64, true);
@@ -1145,7 +1187,10 @@ TEST(Sm90GroupedGemm, RefusesBadGatherArguments) {
         << sm90_gemm_last_error_message();
   };
   for (const auto& c : sm90_gemm_configs())
-    if (!sm90_gather_available(c)) refused(args, c, c.warp_stream ? "warp-streaming" : "no gathered-A kernel");
+    if (!sm90_gather_available(c)) {
+      EXPECT_FALSE(c.warp_stream) << "every warp-streaming config has a gathered-A kernel";
+      refused(args, c, "no gathered-A kernel");
+    }
   Sm90GemmArgs a = args;
   a.a_gather_src_rows = 0;
   refused(a, gather_cfg, "a_gather_src_rows");
@@ -1185,6 +1230,10 @@ TEST(Sm90GroupedGemm, RefusesBadGatherArguments) {
         both.a_gather_src = src.p;
         both.a_gather_src_rows = 8;
         refused(both, c, "a_broadcast_row");
+        Sm90GemmArgs gf = args;  // the warp-streaming gathered-A kernels: activation epilogues only
+        gf.epilogue = Sm90GemmEpilogue::kF32;
+        gf.shape = sm90_prepared_shape(2, 128, 64, false);
+        refused(gf, c, "activation epilogues");
       }
   }
   // A chained launch reads A through its descriptors only.
