@@ -10,6 +10,7 @@
 #include <cstring>
 #include <memory>
 #include <random>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -187,6 +188,32 @@ struct GatherInput {
   int64_t shared_base = 0;    // Sm90GemmArgs::a_gather_shared_row_base
 };
 
+// Where two outputs of [rows, n_out] elements of esz bytes differ: how many elements, how many of them are the
+// 0xFF poison (not written) in each, and the first few (row, column, both raw values).
+std::string describe_difference(const std::vector<uint8_t>& x, const std::vector<uint8_t>& y, size_t esz, int n_out) {
+  int64_t differ = 0, unwritten_x = 0, unwritten_y = 0;
+  std::ostringstream first;
+  auto value = [&](const std::vector<uint8_t>& v, size_t i) {
+    uint32_t b = 0;
+    std::memcpy(&b, &v[i * esz], esz);
+    return b;
+  };
+  const uint32_t poison = esz == 4 ? 0xFFFFFFFFu : 0xFFFFu;
+  for (size_t i = 0; i < x.size() / esz; ++i) {
+    const uint32_t a = value(x, i), b = value(y, i);
+    if (a == b) continue;
+    unwritten_x += a == poison;
+    unwritten_y += b == poison;
+    if (differ++ < 4)
+      first << " [row " << i / n_out << " col " << i % n_out << ": 0x" << std::hex << a << " vs 0x" << b << std::dec
+            << "]";
+  }
+  std::ostringstream m;
+  m << differ << " elements differ (" << unwritten_x << " not written in the first run, " << unwritten_y
+    << " in this one); first:" << first.str();
+  return m.str();
+}
+
 // Prepares the weights and runs one config; out poisoned with 0xFF bytes first. tile_counter: the dynamic tile
 // schedule (zero before the call; every launch must leave it zero); num_sms: the persistent grid (0: the SMs);
 // stagger_ns: Sm90GemmArgs::consumer_stagger_ns; gather: A gathered from it (then `a` is passed as null);
@@ -243,7 +270,8 @@ void run_gpu(const Problem& p, Sm90GemmEpilogue epi, bool quant, const Sm90GemmC
     }
     std::vector<uint8_t> h = out.get();
     if (rep == 0) first = h;
-    else ASSERT_EQ(0, std::memcmp(first.data(), h.data(), h.size())) << "run " << rep << " differs bitwise";
+    else ASSERT_EQ(0, std::memcmp(first.data(), h.data(), h.size()))
+        << "run " << rep << " differs bitwise: " << describe_difference(first, h, esz, n_out);
   }
   const int64_t rows = p.offsets[p.E];
   res.out.assign(static_cast<size_t>(rows) * n_out, 0.0f);
@@ -306,6 +334,7 @@ void check(const Problem& p, Sm90GemmEpilogue epi, const Sm90GemmConfig& cfg, co
   for (const int sms : {0, 5}) {
     if (cfg.warp_stream) break;  // (its pieces are spread statically; it ignores the counter)
     const int stagger = sms == 5 ? 3000 : 0;
+    SCOPED_TRACE(::testing::Message() << "dynamic schedule, grid " << sms << ", stagger " << stagger);
     GpuRun d;
     run_gpu(p, epi, false, cfg, d, 2, false, counter.p, sms, stagger);
     if (::testing::Test::HasFatalFailure()) return;
@@ -493,6 +522,35 @@ TEST(Sm90GroupedGemm, EveryWgmmaWidthOfATile) {
     check(p, Sm90GemmEpilogue::kF32, cfg, h, false);
     check(p, Sm90GemmEpilogue::kRelu2, cfg, h, true);
     check(g, Sm90GemmEpilogue::kSwiGLU, cfg, hg, true);
+  }
+}
+
+// The dynamic schedule launched many times in a row gives the static schedule's bits every time (an H200 run of the
+// x18 build once saw EveryWgmmaWidthOfATile's dynamic-schedule launches differ between two runs, bt16_s14_wg2_sync
+// relu^2: this repeats that problem 24 times per config and grid, for every tile config, and says which elements
+// differ and whether they were written).
+TEST(Sm90GroupedGemm, DynamicScheduleStableOverManyLaunches) {
+  const std::vector<int> counts = {1, 16, 17, 31, 33, 47, 49, 64, 65, 79, 81, 96, 97, 112, 113, 127, 129, 143, 145,
+                                   160, 161, 289, 300};
+  const Problem p = make_problem(static_cast<int>(counts.size()), 320, 208, false, counts, 4321);
+  DevBuf<int32_t> counter(std::vector<int32_t>{0});
+  ASSERT_TRUE(counter.p);
+  for (const auto& cfg : sm90_gemm_configs()) {
+    if (cfg.warp_stream) continue;
+    for (const bool quant : {false, true}) {
+      SCOPED_TRACE(::testing::Message() << "cfg=" << to_string(cfg) << " quant=" << quant);
+      GpuRun base;
+      run_gpu(p, Sm90GemmEpilogue::kRelu2, quant, cfg, base);
+      if (::testing::Test::HasFatalFailure()) return;
+      EXPECT_EQ(base.unwritten, 0);
+      for (const int sms : {0, 5}) {
+        GpuRun d;
+        run_gpu(p, Sm90GemmEpilogue::kRelu2, quant, cfg, d, 24, false, counter.p, sms);
+        if (::testing::Test::HasFatalFailure()) return;
+        EXPECT_EQ(d.unwritten, 0) << "grid " << sms;
+        EXPECT_TRUE(d.bits == base.bits) << "grid " << sms << ": the dynamic schedule's bits differ from the static one's";
+      }
+    }
   }
 }
 
