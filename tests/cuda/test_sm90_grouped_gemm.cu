@@ -158,6 +158,11 @@ struct GpuRun {
   std::vector<uint32_t> bits; // raw bits (f32) or bf16 bits, for bitwise comparisons
   int64_t unwritten = 0;      // poisoned elements left inside [0, offsets[E]) rows
   int64_t overwritten = 0;    // elements written past offsets[E]
+  // Set by the caller: runs that differ from the first are counted here (with the first one's description)
+  // instead of failing the test at once.
+  bool record_differences = false;
+  int differing_runs = 0;
+  std::string first_difference;
 };
 
 // The arguments of one launch over problem p's device copies (a, prepared w, offsets, the factors, out);
@@ -269,9 +274,15 @@ void run_gpu(const Problem& p, Sm90GemmEpilogue epi, bool quant, const Sm90GemmC
       ASSERT_EQ(left, 0) << "the dynamic schedule's last claim must reset the tile counter (run " << rep << ")";
     }
     std::vector<uint8_t> h = out.get();
-    if (rep == 0) first = h;
-    else ASSERT_EQ(0, std::memcmp(first.data(), h.data(), h.size()))
-        << "run " << rep << " differs bitwise: " << describe_difference(first, h, esz, n_out);
+    if (rep == 0) {
+      first = h;
+    } else if (res.record_differences) {
+      if (std::memcmp(first.data(), h.data(), h.size()) != 0 && res.differing_runs++ == 0)
+        res.first_difference = "run " + std::to_string(rep) + ": " + describe_difference(first, h, esz, n_out);
+    } else {
+      ASSERT_EQ(0, std::memcmp(first.data(), h.data(), h.size()))
+          << "run " << rep << " differs bitwise: " << describe_difference(first, h, esz, n_out);
+    }
   }
   const int64_t rows = p.offsets[p.E];
   res.out.assign(static_cast<size_t>(rows) * n_out, 0.0f);
@@ -525,33 +536,51 @@ TEST(Sm90GroupedGemm, EveryWgmmaWidthOfATile) {
   }
 }
 
-// The dynamic schedule launched many times in a row gives the static schedule's bits every time (an H200 run of the
-// x18 build once saw EveryWgmmaWidthOfATile's dynamic-schedule launches differ between two runs, bt16_s14_wg2_sync
-// relu^2: this repeats that problem 24 times per config and grid, for every tile config, and says which elements
-// differ and whether they were written).
-TEST(Sm90GroupedGemm, DynamicScheduleStableOverManyLaunches) {
+// Every tile config launched many times in a row gives the same bits every time, on the static and the dynamic
+// schedule, on the device's grid and on 5 CTAs (an H200 run of the x18 build once saw EveryWgmmaWidthOfATile's
+// dynamic-schedule launches of bt16_s14_wg2_sync relu^2 differ between two runs, and 1316906's first form of this
+// test saw it again, 2 of 4 repeats). Each (config, epilogue, schedule, grid) runs 24 times; every unstable one is
+// reported (how many runs differ from the first, which elements, whether written), and every run is compared
+// with the static schedule's first run on the device's grid.
+TEST(Sm90GroupedGemm, TileConfigsStableOverManyLaunches) {
   const std::vector<int> counts = {1, 16, 17, 31, 33, 47, 49, 64, 65, 79, 81, 96, 97, 112, 113, 127, 129, 143, 145,
                                    160, 161, 289, 300};
   const Problem p = make_problem(static_cast<int>(counts.size()), 320, 208, false, counts, 4321);
   DevBuf<int32_t> counter(std::vector<int32_t>{0});
   ASSERT_TRUE(counter.p);
+  int unstable = 0;
   for (const auto& cfg : sm90_gemm_configs()) {
     if (cfg.warp_stream) continue;
-    for (const bool quant : {false, true}) {
-      SCOPED_TRACE(::testing::Message() << "cfg=" << to_string(cfg) << " quant=" << quant);
-      GpuRun base;
-      run_gpu(p, Sm90GemmEpilogue::kRelu2, quant, cfg, base);
-      if (::testing::Test::HasFatalFailure()) return;
-      EXPECT_EQ(base.unwritten, 0);
-      for (const int sms : {0, 5}) {
-        GpuRun d;
-        run_gpu(p, Sm90GemmEpilogue::kRelu2, quant, cfg, d, 24, false, counter.p, sms);
-        if (::testing::Test::HasFatalFailure()) return;
-        EXPECT_EQ(d.unwritten, 0) << "grid " << sms;
-        EXPECT_TRUE(d.bits == base.bits) << "grid " << sms << ": the dynamic schedule's bits differ from the static one's";
-      }
+    for (const Sm90GemmEpilogue epi : {Sm90GemmEpilogue::kRelu2, Sm90GemmEpilogue::kF32}) {
+      std::vector<uint32_t> reference;
+      for (const bool dynamic : {false, true})
+        for (const int sms : {0, 5}) {
+          SCOPED_TRACE(::testing::Message() << "cfg=" << to_string(cfg) << " epi=" << epi_name(epi)
+                                            << (dynamic ? " dynamic" : " static") << " grid " << sms);
+          GpuRun d;
+          d.record_differences = true;
+          run_gpu(p, epi, false, cfg, d, 24, false, dynamic ? counter.p : nullptr, sms);
+          if (::testing::Test::HasFatalFailure()) return;
+          if (reference.empty()) reference = d.bits;
+          const bool same = d.bits == reference;
+          if (d.differing_runs > 0 || !same || d.unwritten != 0) {
+            ++unstable;
+            std::printf("UNSTABLE cfg=%s epi=%s %s grid %d: %d of 23 runs differ from the first; first run %s the "
+                        "static one's; unwritten %lld; %s\n",
+                        to_string(cfg).c_str(), epi_name(epi), dynamic ? "dynamic" : "static", sms, d.differing_runs,
+                        same ? "equals" : "differs from", static_cast<long long>(d.unwritten),
+                        d.first_difference.c_str());
+          }
+          EXPECT_EQ(d.differing_runs, 0) << d.first_difference;
+          EXPECT_TRUE(same) << "the first run's bits differ from the static schedule's on the device's grid";
+          EXPECT_EQ(d.unwritten, 0);
+        }
     }
   }
+  int tile_configs = 0;
+  for (const auto& cfg : sm90_gemm_configs()) tile_configs += cfg.warp_stream ? 0 : 1;
+  std::printf("TileConfigsStableOverManyLaunches: %d unstable (config, epilogue, schedule, grid) of %d\n", unstable,
+              tile_configs * 8);
 }
 
 // Rows of A that are NaN or +-Inf make whole GEMM1 output rows non-finite (one NaN in a row reaches every
