@@ -220,7 +220,8 @@ class CudaMoeLayer final : public MoeLayer {
   // H200 -1.5 us at qwen3-30b, -3.8 at deepseek-v3 (bench/results/55a99fa-ab). NVFP4MOE_T1_BROADCAST=0 (read at
   // creation): the gather copies the row, for A/B and the bitwise test.
   bool t1_broadcast_enabled_ = true;
-  // NVFP4MOE_WS_GATHER=1 (read at creation; off by default until measured on the H200): at decode (a
+  // NVFP4MOE_WS_GATHER=1 (read at creation; measured slower on the H200, +1..9%, bench/results/1316906-ws-gather-ab,
+  // so off): at decode (a
   // warp-streaming GEMM1, T > 1; w4a16, bf16 hidden, not calibrating) GEMM1 reads `hidden` through the plan's
   // permutation (Sm90GemmArgs::a_gather_src) and no gather step runs (the fused routing kernel skips it, the
   // separate gather kernel is not launched).
