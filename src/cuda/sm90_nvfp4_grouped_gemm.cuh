@@ -1159,7 +1159,13 @@ __device__ __forceinline__ int consume_tiles(const GemmParams& p, int idx, int& 
       release(s_prev);
     } else {
       // mma.sync: each warp loads its stage (codes, its scale word, the B fragments of the rows this tile
-      // has), releases the stage, dequantizes, and issues the k-tile's m16n8k16s while it fetches the next.
+      // has), dequantizes, and issues the k-tile's m16n8k16s while it fetches the next; it releases the stage
+      // once those m16n8k16s are issued. Released right after the loads (before 2026-12-05), the arrive went out
+      // with the ldmatrix loads still in flight: ptxas does not wait for them before the mbarrier arrive (their
+      // scoreboards were open at the SYNCS.ARRIVE, SASS of bt16_s14_wg2_sync), and on the H200 about one launch in
+      // 50 of that config gave a token row other bits (TileConfigsStableOverManyLaunches): the stage's next TMA
+      // had landed before some ldmatrix read it. The HMMAs read the fragments' registers, so once they are
+      // issued every load of the stage has completed.
       constexpr int NT = BT / 8;                // n-tiles of 8 tokens
       const int n_nt = (tile_rows + 7) / 8;      // the ones with rows (uniform over the CTA)
       // B fragment of k16 step j, n-tile nt: token nt * 8 + g, k 16j + 2t (+1) and + 8, i.e. 16-byte chunks 2j
@@ -1167,6 +1173,7 @@ __device__ __forceinline__ int consume_tiles(const GemmParams& p, int idx, int& 
       // ldmatrix.x4 lane l addresses row nt * 8 + l % 8 of chunk 4h + l / 8: its offset in the stage is
       // nt * 1024 + (ldsm_off ^ 64h) (4h + m = 4h | m, and XOR by 4 in the chunk index is XOR by 64 in bytes).
       const uint32_t ldsm_off = (lane & 7) * 128 + (((lane >> 3) ^ (lane & 7)) << 4);
+      int s_fetched = 0;  // the stage of the k-tile fetched last
       auto fetch = [&](uint32_t (&a)[NB][16], uint32_t (&bf)[NT][4][2]) {
         mbar_wait(full0 + 8 * s, phase);
         const uint32_t wsm = stage_weights(s);
@@ -1187,8 +1194,7 @@ __device__ __forceinline__ int consume_tiles(const GemmParams& p, int idx, int& 
             bf[nt][2 * h + 1][1] = q[3];
           }
         }
-        __syncwarp();
-        if (lane == 0) mbar_arrive(empty0 + 8 * s);  // this warp is done with the stage's shared memory
+        s_fetched = s;
         if (++s == STAGES) { s = 0; phase ^= 1; }
         dequant_ktile<NB>(codes, sw, a);
       };
@@ -1214,6 +1220,9 @@ __device__ __forceinline__ int consume_tiles(const GemmParams& p, int idx, int& 
       auto step = [&](const uint32_t (&cur_a)[NB][16], const uint32_t (&cur_b)[NT][4][2],
                       uint32_t (&next_a)[NB][16], uint32_t (&next_b)[NT][4][2]) {
         mma(cur_a, cur_b);
+        const int s_done = s_fetched;  // the stage cur_a / cur_b came from
+        __syncwarp();  // every lane's m16n8k16s of it are issued (their operand registers read)
+        if (lane == 0) mbar_arrive(empty0 + 8 * s_done);  // this warp is done with the stage's shared memory
         if (kt + 1 < p.k_tiles) fetch(next_a, next_b);
         ++kt;
       };
