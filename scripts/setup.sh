@@ -12,3 +12,10 @@ if [ ${#need[@]} -gt 0 ]; then
 fi
 # numpy for the independent numpy implementation of the layer (tests/independent) and the Python tests.
 python3 -c 'import numpy' 2>/dev/null || python3 -m pip install -q --disable-pip-version-check numpy
+# With the CUDA toolkit: cuobjdump and nvdisasm (NVIDIA's PyPI wheels) for the SASS check of the built kernels
+# (scripts/sass_arrive_check.py), where the toolkit install lacks them. Optional: the check skips without them.
+if command -v nvcc >/dev/null 2>&1 && ! command -v cuobjdump >/dev/null 2>&1; then
+  python3 -c 'import sysconfig, os, sys; p = sysconfig.get_paths()["purelib"]; sys.exit(0 if any(os.path.exists(os.path.join(p, "nvidia", c, "bin", "cuobjdump")) for c in ("cu13", "cu12")) else 1)' 2>/dev/null ||
+    python3 -m pip install -q --disable-pip-version-check nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm ||
+    echo "setup: cuobjdump wheels not installed; the SASS check will be skipped"
+fi
