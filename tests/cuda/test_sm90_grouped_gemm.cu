@@ -1132,6 +1132,32 @@ GatheredProblem make_gathered_problem(int N, int K, bool gated, const std::vecto
   return gp;
 }
 
+// One gathered launch of expect_gathered_bits_equal: the grid (0: the device's SMs), the dynamic schedule's counter
+// (nullptr: static) and prologue_before_pdl_wait.
+struct GatheredLaunch {
+  int sms;
+  int32_t* counter;
+  bool before_wait;
+};
+// cfg on gp's pre-gathered rows (returned in base), then gathered in each of `launches` (twice each): the same
+// bits, every row written once.
+void expect_gathered_bits_equal(const GatheredProblem& gp, Sm90GemmEpilogue epi, bool quant, const Sm90GemmConfig& cfg,
+                                const std::vector<GatheredLaunch>& launches, GpuRun& base) {
+  run_gpu(gp.p, epi, quant, cfg, base);
+  if (::testing::Test::HasFatalFailure()) return;
+  EXPECT_EQ(base.unwritten, 0);
+  for (const GatheredLaunch& l : launches) {
+    SCOPED_TRACE(::testing::Message() << "gathered A, grid " << l.sms << (l.counter ? " dynamic" : " static")
+                                      << (l.before_wait ? ", prologue before the PDL wait" : ""));
+    GpuRun g;
+    run_gpu(gp.p, epi, quant, cfg, g, 2, l.before_wait, l.counter, l.sms, 0, &gp.g);
+    if (::testing::Test::HasFatalFailure()) return;
+    EXPECT_EQ(g.unwritten, 0);
+    EXPECT_EQ(g.overwritten, 0);
+    EXPECT_TRUE(g.bits == base.bits) << "bits differ from the pre-gathered rows";
+  }
+}
+
 // Gathered A (the w4a16 prefill's GEMM1 without the gather kernel): every config of sm90_gather_configs(), both
 // activation epilogues and the quantizing one, bitwise equal to the same launch on the pre-gathered rows, on the
 // static schedule and the dynamic one (grids of the SMs and of 3 CTAs: many tiles through one CTA's two gather
@@ -1156,17 +1182,9 @@ TEST(Sm90GroupedGemm, GatheredABitIdenticalToPreGathered) {
         SCOPED_TRACE(::testing::Message() << "cfg=" << to_string(cfg) << " epi=" << epi_name(epi) << " quant=" << quant
                                           << " form=" << form);
         GpuRun base;
-        run_gpu(p, epi, quant, cfg, base);
+        expect_gathered_bits_equal(gp, epi, quant, cfg, {{0, nullptr, false}, {0, counter.p, false}, {3, counter.p, false}},
+                                   base);
         if (::testing::Test::HasFatalFailure()) return;
-        EXPECT_EQ(base.unwritten, 0);
-        for (const int sms : {-1, 0, 3}) {  // -1: the static schedule on the device's grid
-          GpuRun g;
-          run_gpu(p, epi, quant, cfg, g, 2, false, sms < 0 ? nullptr : counter.p, std::max(sms, 0), 0, &gp.g);
-          if (::testing::Test::HasFatalFailure()) return;
-          EXPECT_EQ(g.unwritten, 0) << "grid " << sms;
-          EXPECT_EQ(g.overwritten, 0) << "grid " << sms;
-          EXPECT_TRUE(g.bits == base.bits) << "gathered A, grid " << sms << ": bits differ from the pre-gathered rows";
-        }
         const std::vector<float> ref = reference_out(p, epi, quant, h);
         int64_t nonfinite = 0;
         EXPECT_LE(rel_l2(base.out, ref, &nonfinite), quant ? 0.1 : 4e-3) << "against the CPU reference";
@@ -1226,23 +1244,14 @@ TEST(Sm90GroupedGemm, WarpStreamGatheredABitIdenticalToPreGathered) {
       const GatheredProblem gp = make_gathered_problem(gated ? 2 * 208 : 320, 7 * 64 + 32, gated, counts, 12, 4,
                                                        9500 + form + 10 * cfg.slices_per_warp + cfg.ws_unrolled,
                                                        form == 2);
-      const Problem& p = gp.p;
       const Sm90GemmEpilogue epi = gated ? Sm90GemmEpilogue::kSwiGLU : Sm90GemmEpilogue::kRelu2;
       for (const bool quant : {false, true}) {
         SCOPED_TRACE(::testing::Message() << "cfg=" << to_string(cfg) << " epi=" << epi_name(epi) << " quant=" << quant
                                           << " form=" << form);
         GpuRun base;
-        run_gpu(p, epi, quant, cfg, base);
+        expect_gathered_bits_equal(gp, epi, quant, cfg, {{0, nullptr, false}, {3, nullptr, true}, {1, nullptr, false}},
+                                   base);
         if (::testing::Test::HasFatalFailure()) return;
-        EXPECT_EQ(base.unwritten, 0);
-        for (const int sms : {0, 3, 1}) {
-          GpuRun g;
-          run_gpu(p, epi, quant, cfg, g, 2, sms == 3, nullptr, sms, 0, &gp.g);
-          if (::testing::Test::HasFatalFailure()) return;
-          EXPECT_EQ(g.unwritten, 0) << "grid " << sms;
-          EXPECT_EQ(g.overwritten, 0) << "grid " << sms;
-          EXPECT_TRUE(g.bits == base.bits) << "gathered A, grid " << sms << ": bits differ from the pre-gathered rows";
-        }
       }
     }
   }
