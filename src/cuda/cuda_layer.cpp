@@ -286,11 +286,9 @@ CudaMoeLayer::CudaMoeLayer(MoeWeights w, const MoeLayerOptions& options, GemmPat
       early_gemm2_enabled_ = env_switch("NVFP4MOE_EARLY_GEMM2");  // A/B: "0" = GEMM2 waits first
       dynamic_tiles_enabled_ = env_switch("NVFP4MOE_DYNAMIC_TILES");  // A/B: "0" = static tile round-robin
       consumer_stagger_ = consumer_stagger_from_env();                 // A/B: ns, default 0
-      if (const char* v = std::getenv("NVFP4MOE_GEMM1_GATHER"); v != nullptr)  // A/B: "1" = gathered A
-        gemm1_gather_enabled_ = std::strcmp(v, "1") == 0;
+      gemm1_gather_enabled_ = env_opt_in("NVFP4MOE_GEMM1_GATHER");  // A/B: "1" = gathered A at prefill
       t1_broadcast_enabled_ = env_switch("NVFP4MOE_T1_BROADCAST");  // A/B: "0" = the gather copies at T = 1
-      if (const char* v = std::getenv("NVFP4MOE_WS_GATHER"); v != nullptr)  // A/B: "1" = decode GEMM1 gathers
-        ws_gather_enabled_ = std::strcmp(v, "1") == 0;
+      ws_gather_enabled_ = env_opt_in("NVFP4MOE_WS_GATHER");  // A/B: "1" = decode GEMM1 gathers
       // Zero once; every chained launch leaves its counters zero (sm90_nvfp4_chained_gemms), every dynamically
       // scheduled one its tile counter.
       const size_t routed_n = sm90_chain_counter_count(static_cast<int>(spec_.num_experts) + 1);

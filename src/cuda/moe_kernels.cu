@@ -20,6 +20,11 @@ bool env_switch(const char* name) {
   return v == nullptr || v[0] == '\0' || std::strcmp(v, "0") != 0;
 }
 
+bool env_opt_in(const char* name) {
+  const char* v = std::getenv(name);
+  return v != nullptr && std::strcmp(v, "1") == 0;
+}
+
 bool pdl_enabled() {
   static const bool enabled = env_switch("NVFP4MOE_PDL");
   return enabled;

@@ -181,6 +181,8 @@ cudaError_t launch_combine(const CombineArgs& a, cudaStream_t stream);
 // An on/off switch of the forward's launches (A/B measurements), read once by its caller: unset, empty or
 // anything but "0" on, "0" off.
 bool env_switch(const char* name);
+// An opt-in switch (measured slower or not yet measured): on only when set to "1".
+bool env_opt_in(const char* name);
 
 // Device SM count (cached per device), used to size the persistent grids.
 int device_sm_count();

@@ -1110,6 +1110,13 @@ __device__ __forceinline__ int consume_tiles(const GemmParams& p, int idx, int& 
       run(IntC<16>{});
       wgmma_commit();
     };
+    // A warp's release of a stage (both consumer kinds): every lane's reads of it are done (__syncwarp), then one
+    // arrive. Only after the values read have been consumed by an instruction: ptxas does not make the arrive wait
+    // for loads still in flight (scripts/sass_arrive_check.py).
+    auto release = [&](int stage) {
+      __syncwarp();
+      if (lane == 0) mbar_arrive(empty0 + 8 * stage);
+    };
     if constexpr (!SYNC) {
       // One wgmma batch stays in flight across k-tiles: batch kt is issued while batch kt - 1 may still run,
       // and only then does the warpgroup wait for kt - 1 (wait_group 1), release its stage and dequantize
@@ -1119,10 +1126,6 @@ __device__ __forceinline__ int consume_tiles(const GemmParams& p, int idx, int& 
       uint32_t a0[NB][16], a1[NB][16];
       int kt = 0;
       int s_prev = 0;  // the stage of the batch issued one k-tile earlier (released once that batch is done)
-      auto release = [&](int stage) {
-        __syncwarp();  // every lane's loads of the stage (codes, scale word) happen before this warp's arrive
-        if (lane == 0) mbar_arrive(empty0 + 8 * stage);
-      };
       auto step = [&](const uint32_t (&cur_a)[NB][16], uint32_t (&next_a)[NB][16]) {
         issue(s, cur_a);  // batch kt
         if (kt > 0) {
@@ -1220,9 +1223,7 @@ __device__ __forceinline__ int consume_tiles(const GemmParams& p, int idx, int& 
       auto step = [&](const uint32_t (&cur_a)[NB][16], const uint32_t (&cur_b)[NT][4][2],
                       uint32_t (&next_a)[NB][16], uint32_t (&next_b)[NT][4][2]) {
         mma(cur_a, cur_b);
-        const int s_done = s_fetched;  // the stage cur_a / cur_b came from
-        __syncwarp();  // every lane's m16n8k16s of it are issued (their operand registers read)
-        if (lane == 0) mbar_arrive(empty0 + 8 * s_done);  // this warp is done with the stage's shared memory
+        release(s_fetched);  // the stage cur_a / cur_b came from: its m16n8k16s are issued, their registers read
         if (kt + 1 < p.k_tiles) fetch(next_a, next_b);
         ++kt;
       };

@@ -379,20 +379,17 @@ __device__ __forceinline__ void ws_piece_k_loop_unrolled(const int k, const Gemm
 // The source row of each of a lane's two token chunks in a gathered piece (WsRows::kGathered): tile rows
 // lane / 8 and lane / 8 + 4 of the piece whose first GEMM row is row_base. The permutation entries are loaded by
 // ws_gathered_perm_entries (one piece ahead), the rest is arithmetic (gather_source_row: -1 = zeros).
-struct WsGatherRows {
-  int perm_rows;  // offsets[gather_perm_experts] (0 without a permutation)
-};
-__device__ __forceinline__ void ws_gathered_perm_entries(const GemmParams& p, const WsGatherRows& gr,
+__device__ __forceinline__ void ws_gathered_perm_entries(const GemmParams& p, const int perm_rows,
                                                          const int64_t row_base, const int tile_rows, const int lane,
                                                          int (&entry)[2]) {
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int r = (lane >> 3) + 4 * h;
     const int64_t row = row_base + r;
-    entry[h] = p.gather_perm != nullptr && r < tile_rows && row < gr.perm_rows ? __ldg(p.gather_perm + row) : 0;
+    entry[h] = p.gather_perm != nullptr && r < tile_rows && row < perm_rows ? __ldg(p.gather_perm + row) : 0;
   }
 }
-__device__ __forceinline__ WsTokenRows ws_gathered_token_rows(const GemmParams& p, const WsGatherRows& gr,
+__device__ __forceinline__ WsTokenRows ws_gathered_token_rows(const GemmParams& p, const int perm_rows,
                                                               const int64_t row_base, const int tile_rows,
                                                               const int lane, const int (&entry)[2]) {
   WsTokenRows tr;
@@ -400,7 +397,7 @@ __device__ __forceinline__ WsTokenRows ws_gathered_token_rows(const GemmParams& 
   for (int h = 0; h < 2; ++h) {
     const int r = (lane >> 3) + 4 * h;
     const int src = r < tile_rows ? gather_source_row(static_cast<int>(row_base) + r, p.gather_perm != nullptr,
-                                                      gr.perm_rows, entry[h], p.gather_top_k, p.gather_src_rows,
+                                                      perm_rows, entry[h], p.gather_top_k, p.gather_src_rows,
                                                       p.gather_shared_base)
                                   : -1;
     tr.ok[h] = src >= 0;
@@ -453,11 +450,11 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
   // as the k-loops take them), then the epilogue.
   auto run_piece = [&](const TileCursor<kWsTokens>& cur, const int idx, auto&& rows_of, const bool split,
                        auto&& after_prologue) {
-    const int local = idx - cur.first;
-    const int n_idx = local / cur.ttiles, t_idx = local - n_idx * cur.ttiles;
+    const int n_idx = (idx - cur.first) / cur.ttiles;
     const int unit = n_idx / Slot::kPiecesPerUnit, slice0 = n_idx % Slot::kPiecesPerUnit * SPW;
-    const int tok0 = t_idx * kWsTokens, tile_rows = min(kWsTokens, cur.rows - tok0);
-    const int64_t row_base = cur.row_begin + tok0;
+    int64_t row_base;
+    int tile_rows;
+    piece_rows(cur, idx, row_base, tile_rows);
     const uint8_t* wunit = p.w + (static_cast<size_t>(cur.e) * p.units + unit) * p.k_tiles * kUnitBytes;
     // The expert's epilogue factors, loaded before the k-loop: issued after it, their L2 round trip was one more
     // step in series at the end of every piece (the same values either way). Loading them after the k-loop again
@@ -478,7 +475,7 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
 
     // ---------------------------------------------------------------- epilogue (the tile kernels' arithmetic)
     // acc[sj][b][i]: weight row 16 slice + g + 8 ((i >> 1) & 1) of block b, slice = slice0 + sj, token
-    // tok0 + 2t + (i & 1).
+    // row_base + 2t + (i & 1).
 #pragma unroll
     for (int sj = 0; sj < SPW; ++sj) {
       const int slice = slice0 + sj;
@@ -541,8 +538,8 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
     for (; cur.template seek<kConsumerExpertsPerLane>(p, n_pieces, idx); idx += stride)
       run_piece(cur, idx, rows_of, false, nothing);
   } else {
-    WsGatherRows gr;
-    gr.perm_rows = p.gather_perm != nullptr ? __ldg(p.offsets + p.gather_perm_experts) : 0;
+    // offsets[gather_perm_experts]: the rows past it are the appended shared expert's (none without a permutation)
+    const int perm_rows = p.gather_perm != nullptr ? __ldg(p.offsets + p.gather_perm_experts) : 0;
     bool found = cur.template seek<kConsumerExpertsPerLane>(p, n_pieces, idx);
     int entry[2] = {0, 0};  // the current piece's permutation entries (loaded during the previous piece)
     bool entries_known = false;
@@ -552,8 +549,8 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
       bool next_found = false;
       int next_entry[2] = {0, 0};
       auto rows_of = [&](const int64_t row_base, const int tile_rows) {
-        if (!entries_known) ws_gathered_perm_entries(p, gr, row_base, tile_rows, lane, entry);
-        return ws_gathered_token_rows(p, gr, row_base, tile_rows, lane, entry);
+        if (!entries_known) ws_gathered_perm_entries(p, perm_rows, row_base, tile_rows, lane, entry);
+        return ws_gathered_token_rows(p, perm_rows, row_base, tile_rows, lane, entry);
       };
       // The next piece's seek and entries, while this piece's first k-tiles stream in.
       auto look_ahead = [&] {
@@ -562,7 +559,7 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
           int64_t row_base;
           int tile_rows;
           piece_rows(next, next_idx, row_base, tile_rows);
-          ws_gathered_perm_entries(p, gr, row_base, tile_rows, lane, next_entry);
+          ws_gathered_perm_entries(p, perm_rows, row_base, tile_rows, lane, next_entry);
         }
       };
       run_piece(cur, idx, rows_of, !entries_known, look_ahead);
