@@ -5,10 +5,12 @@
 // until the previous kernel has completed and its memory is visible, and every kernel calls it before its
 // first global memory access, so no read or write can overlap the previous kernel (graph capture turns the
 // attribute into a programmatic graph edge with the same meaning). Exceptions, each stated where it happens:
-// reads of data complete before the previous launch began (constants, and what a kernel two or more launches
-// back wrote: it completed before the previous kernel passed its own wait, which is before that kernel let
-// this one start): the warp-streaming GEMM2's prologue (prologue_before_pdl_wait) and combine_kernel's slots. Without the attribute (NVFP4MOE_PDL=0) the
-// wait and the trigger are no-ops.
+// reads of constants and of what a kernel two or more launches back wrote (it completed before the previous
+// kernel passed its own wait, which is before that kernel let this one start): the warp-streaming GEMM2's prologue (prologue_before_pdl_wait) and combine_kernel's slots.
+// That argument, and the chain of waits as a whole, needs every launch to wait in at least one block before it
+// can complete, also when it has no work: a kernel whose blocks may skip the wait (the warp-streaming kernel with
+// prologue_before_pdl_wait, where a warp without a piece exits early) keeps one block's warp waiting then.
+// Without the attribute (NVFP4MOE_PDL=0) the wait and the trigger are no-ops.
 #pragma once
 
 #include <cuda_runtime.h>

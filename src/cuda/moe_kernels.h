@@ -173,9 +173,9 @@ struct CombineArgs {
   void* out = nullptr;
   bool out_bf16 = false;
 };
-// inv, topk_weights, shared_gate and shared_row_base must have been complete before the previous launch of the
-// stream began (the layer's: the plan and the gathers, with the GEMMs since): the kernel reads them before its
-// PDL wait; y after it.
+// inv, topk_weights, shared_gate and shared_row_base must have been complete before the previous kernel of the
+// stream passed its own PDL wait (written two or more launches back: the layer's plan and gathers, with the GEMMs
+// since; launch_pdl.cuh): the kernel reads them before its PDL wait; y after it.
 cudaError_t launch_combine(const CombineArgs& a, cudaStream_t stream);
 
 // An on/off switch of the forward's launches (A/B measurements), read once by its caller: unset, empty or

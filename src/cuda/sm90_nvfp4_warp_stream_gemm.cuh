@@ -571,6 +571,12 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
       entries_known = true;
     }
   }
+  // With before_wait, a warp waits in its first piece, so a launch without any piece (e.g. caller ids that route
+  // no token to this rank's experts) would complete without ever waiting, possibly before the previous kernel:
+  // the next kernel's wait, and the chain of waits behind it, would then not cover the previous one. One waiting
+  // warp in the grid is enough for the launch's completion to follow the previous kernel's; warp 0 of block 0
+  // runs piece 0, so it has waited whenever any piece exists and this costs nothing then.
+  if (!waited && blockIdx.x == 0 && warp == 0) kernels::pdl_wait_then_allow_next();
 }
 
 }  // namespace nvfp4moe::cuda::sm90

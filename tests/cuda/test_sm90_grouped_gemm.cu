@@ -788,6 +788,89 @@ TEST(Sm90GroupedGemm, WarpStreamPrologueBeforePdlWaitBitIdentical) {
   EXPECT_EQ(runs, 2 * 3 * 5 * listed_ws);  // 2 row patterns x 3 K x 5 (epilogue, quantized) per config
 }
 
+// A warp-streaming launch with prologue_before_pdl_wait and no piece at all (every expert empty: e.g. caller ids
+// that route no token to this rank's experts) must still complete after the previous kernel of the stream, or the
+// next kernel's PDL wait no longer covers that one. Kernel A lets its dependents start at once, then spins ~20 ms
+// and sets a flag; the launch under test follows with the PDL attribute, then a kernel that waits and reads the
+// flag. A control run puts a kernel that exits without waiting (the bug's shape) in the middle: where it sees the
+// flag unset, the device overlaps the three launches and the check can fail; where it does not, the check cannot
+// see the bug on this device and the test says so.
+__global__ void trigger_then_spin_then_flag(int* flag, long long spin_ns) {
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  long long start, now;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
+  do {
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+  } while (now - start < spin_ns);
+  __threadfence();
+  *reinterpret_cast<volatile int*>(flag) = 1;
+}
+__global__ void exit_without_waiting() {}
+__global__ void wait_then_read_flag(const int* flag, int* seen) {
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  *seen = *reinterpret_cast<const volatile int*>(flag);
+}
+
+TEST(Sm90GroupedGemm, WarpStreamWithoutPiecesWaitsForThePreviousKernel) {
+  if (!pdl_enabled()) GTEST_SKIP() << "NVFP4MOE_PDL=0: no programmatic launches to order";
+  cudaStream_t stream;
+  CUDA_GEMM_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  DevBuf<int> flag(1), seen(1);
+  ASSERT_TRUE(flag.p && seen.p);
+  // A (spinning spin_ns), middle(), then the reader; `got`: the flag the reader saw (1: the middle launch
+  // completed after A).
+  auto run = [&](long long spin_ns, auto&& middle, int& got) {
+    CUDA_GEMM_OK(cudaMemset(flag.p, 0, 4));
+    CUDA_GEMM_OK(cudaMemset(seen.p, 0xFF, 4));
+    CUDA_GEMM_OK(cudaDeviceSynchronize());
+    trigger_then_spin_then_flag<<<1, 32, 0, stream>>>(flag.p, spin_ns);
+    CUDA_GEMM_OK(cudaGetLastError());
+    middle();
+    CUDA_GEMM_OK(launch_pdl(wait_then_read_flag, dim3(1), dim3(1), 0, stream, static_cast<const int*>(flag.p),
+                            seen.p));
+    CUDA_GEMM_OK(cudaStreamSynchronize(stream));
+    got = seen.get()[0];
+  };
+  constexpr long long kSpinNs = 20'000'000;
+  auto control = [&] { CUDA_GEMM_OK(launch_pdl(exit_without_waiting, dim3(132), dim3(32), 0, stream)); };
+
+  const int E = 5, N = 320, K = 448;
+  Problem p = make_problem(E, N, K, false, std::vector<int>(E, 0), 77);
+  const Sm90PreparedShape shape = sm90_prepared_shape(E, N, K, false);
+  DevBuf<uint8_t> packed(p.packed), scales(p.scales), w(shape.bytes);
+  DevBuf<uint16_t> a(p.a);
+  DevBuf<int32_t> off(p.offsets);
+  DevBuf<float> al0(p.alpha0), al1(p.alpha1);
+  DevBuf<float> out(static_cast<size_t>(p.cap) * N);
+  ASSERT_TRUE(packed.p && scales.p && w.p && a.p && off.p && out.p);
+  CUDA_GEMM_OK(sm90_prepare_weights(packed.p, scales.p, shape, w.p, nullptr));
+  Sm90GemmArgs args = problem_args(p, shape, a.p, w.p, off.p, al0.p, al1.p, out.p, Sm90GemmEpilogue::kF32);
+  args.prologue_before_pdl_wait = true;
+  // Every kernel once without a spin first: a first launch may load its module, which can wait for the device.
+  int got = -1;
+  run(0, control, got);
+  for (const auto& cfg : sm90_gemm_configs())
+    if (cfg.warp_stream) run(0, [&] { CUDA_GEMM_OK(sm90_nvfp4_grouped_gemm(args, cfg, stream)); }, got);
+  if (HasFatalFailure()) return;
+
+  run(kSpinNs, control, got);
+  if (HasFatalFailure()) return;
+  const bool detectable = got == 0;
+  int configs = 0;
+  for (const auto& cfg : sm90_gemm_configs()) {
+    if (!cfg.warp_stream) continue;
+    ++configs;
+    run(kSpinNs, [&] { CUDA_GEMM_OK(sm90_nvfp4_grouped_gemm(args, cfg, stream)); }, got);
+    if (HasFatalFailure()) return;
+    EXPECT_EQ(got, 1) << to_string(cfg) << ": a launch without pieces completed before the previous kernel";
+  }
+  EXPECT_GE(configs, 3);
+  CUDA_GEMM_OK(cudaStreamDestroy(stream));
+  if (!detectable)
+    GTEST_SKIP() << "the control (a kernel that exits without waiting) saw the flag set: this device did not "
+                    "overlap the three launches, so the check above could not have failed here";
+}
+
 // GEMM1 -> GEMM2 in one launch (sm90_nvfp4_chained_gemms) against the two launches, bitwise: GEMM1's
 // activations (bf16, NVFP4-quantized or not) and GEMM2's f32 rows, every chained config, SwiGLU and relu^2,
 // masked units and K tails, empty experts, experts with several token tiles, all rows in one expert, the
