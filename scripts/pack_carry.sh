@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Packs the binaries one device call needs into .carry/ (ignored by git), xz-compressed: the GPU test binaries
 # and the CLI of build dir B (default build), optionally a second CLI as .carry/base/nvfp4moe (BASE_CLI=path),
-# optionally whole A/B trees (VARIANT_BUILDS="x17:build-x17 ...": each one's CLI and its GEMM and layer test
-# binaries as .carry/<name>/, for CARRY=.carry/<name> STEPS="gemm layer" scripts/device_gpu_suite.sh and an A/B
-# variant name:.carry/<name>/nvfp4moe), and libgomp. scripts/device_bundle.sh unpacks it on the device.
+# optionally whole A/B trees (VARIANT_BUILDS="x17:build-x17 ...": each one's CLI and, where built, its GEMM and
+# layer test binaries as .carry/<name>/, for CARRY=.carry/<name> STEPS="gemm layer" scripts/device_gpu_suite.sh
+# and an A/B variant name:.carry/<name>/nvfp4moe), and libgomp. scripts/device_bundle.sh unpacks it on the device.
 # A gemm_microbench built in B (`cmake --build B --target gemm_microbench`) or in a variant tree is packed beside
 # its CLI when present (.carry/gemm_microbench, .carry/<name>/gemm_microbench): GEMM-only A/Bs in the same call.
 #   BASE_CLI=/tmp/old/nvfp4moe VARIANT_BUILDS="x17:build-x17" bash scripts/pack_carry.sh [build]
@@ -22,7 +22,10 @@ for v in ${VARIANT_BUILDS:-}; do
   mkdir -p ".carry/stage/$name"
   cp "$dir/nvfp4moe" ".carry/stage/$name/"
   [ -f "$dir/gemm_microbench" ] && cp "$dir/gemm_microbench" ".carry/stage/$name/"
-  for t in cuda_test_cuda_layer cuda_test_sm90_grouped_gemm; do cp "$dir/tests/$t" ".carry/stage/$name/"; done
+  # (a measurement tree built with -DNVFP4MOE_TESTS=OFF, e.g. bench/experiments' patches, has no test binaries)
+  for t in cuda_test_cuda_layer cuda_test_sm90_grouped_gemm; do
+    if [ -f "$dir/tests/$t" ]; then cp "$dir/tests/$t" ".carry/stage/$name/"; fi
+  done
 done
 cp /lib/x86_64-linux-gnu/libgomp.so.1 .carry/stage/ 2>/dev/null || cp "$(g++ -print-file-name=libgomp.so.1)" .carry/stage/
 rm -f .carry/bins.tar.xz

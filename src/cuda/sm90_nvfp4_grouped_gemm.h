@@ -170,10 +170,14 @@ cudaError_t sm90_nvfp4_grouped_gemm(const Sm90GemmArgs& args, const Sm90GemmConf
 // stored (per-expert counters in device memory, release / acquire). Same bits as the two launches.
 // chain_counters: int32 [sm90_chain_counter_count(E)] in device memory, zero before the first launch (e.g.
 // cudaMemset once at allocation); every launch that completes leaves them zero, so nothing resets them per
-// forward (graph-safe). One buffer per stream of launches (two chains in flight at once must not share it).
+// forward (graph-safe). One buffer per chain that may be in flight.
 // The grid (num_sms) must fit on the device at once (one CTA per SM; a GEMM2 tile waits for GEMM1 tiles of
 // other CTAs): the launcher refuses a grid larger than the occupancy allows; under MPS limits on the SMs a
-// client sees, pass its SM count.
+// client sees, pass its SM count. The launcher checks the grid against an otherwise idle device only: kernels
+// of other streams that hold SMs until something after this launch happens (a persistent communication kernel,
+// a second chained launch) can keep some of its CTAs from ever starting while the started ones wait for their
+// tiles, a deadlock. Run a chain where it has the SMs of its grid to itself (the layer launches every kernel of
+// a forward on one stream); two chains must not overlap.
 // Only the configs of sm90_chained_configs() have a chained kernel (decode tiles, where the second launch's
 // fixed costs matter).
 const std::vector<Sm90GemmConfig>& sm90_chained_configs();
