@@ -105,6 +105,19 @@ std::string py_str(nb::handle o) {
 
 std::string pytype_name(nb::handle o) { return py_str(nb::type_name(o.type())); }
 
+// forward's `stream`: a cudaStream_t as a Python int (what torch.cuda.Stream.cuda_stream gives); anything else is
+// refused naming the argument (nb::cast alone throws a bare std::bad_cast for -1 or a non-int).
+void* stream_arg(nb::handle stream) {
+  if (!nb::isinstance<nb::int_>(stream) || nb::isinstance<nb::bool_>(stream))
+    raise_type_error(nvfp4moe::detail::cat("stream: expected a cudaStream_t as an int (or None), got ",
+                                           pytype_name(stream)));
+  uintptr_t v = 0;
+  if (!nb::try_cast<uintptr_t>(stream, v, false))
+    raise_value_error(nvfp4moe::detail::cat("stream: expected a cudaStream_t as an int in [0, 2^64), got ",
+                                            py_str(stream)));
+  return reinterpret_cast<void*>(v);
+}
+
 bool truthy(const nb::object& o) {
   const int r = PyObject_IsTrue(o.ptr());
   if (r < 0) throw nb::python_error();
@@ -471,7 +484,7 @@ class PyMoeLayer {
 
     void* s = nullptr;
     if (!stream.is_none()) {
-      s = reinterpret_cast<void*>(nb::cast<uintptr_t>(stream));
+      s = stream_arg(stream);
     } else if (torch_in && h.device == DeviceType::CUDA && !g_torch.raw_stream.is_none()) {
       s = reinterpret_cast<void*>(nb::cast<uintptr_t>(g_torch.raw_stream(h.device_id)));
     }

@@ -137,3 +137,14 @@ def test_out_none_for_immutable_framework(cpu_layer, logits):
         cpu_layer.forward(x, router_logits=logits)
     out = np.empty((4, H), np.float32)
     assert cpu_layer.forward(x, router_logits=logits, out=out) is out
+
+
+def test_bad_stream(cpu_layer, x, logits):
+    # a cudaStream_t is an int; anything else is refused naming the argument (not a bare std::bad_cast)
+    with pytest.raises(ValueError, match="stream"):
+        cpu_layer.forward(x, router_logits=logits, stream=-1)
+    with pytest.raises(ValueError, match="stream"):
+        cpu_layer.forward(x, router_logits=logits, stream=2**64)
+    for bad in (object(), 1.5, "0", True):
+        with pytest.raises(TypeError, match="stream"):
+            cpu_layer.forward(x, router_logits=logits, stream=bad)

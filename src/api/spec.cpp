@@ -1,5 +1,6 @@
 #include "nvfp4moe/spec.h"
 
+#include <cmath>
 #include <sstream>
 
 #include "nvfp4moe/error.h"
@@ -37,7 +38,7 @@ void MoeSpec::validate() const {
   }
   NVFP4MOE_CHECK(shared_intermediate >= 0 && shared_intermediate % 16 == 0, ArgumentError,
                  "MoeSpec.shared_intermediate must be a non-negative multiple of 16, got ", shared_intermediate);
-  NVFP4MOE_CHECK(!(routed_scaling_factor != routed_scaling_factor) && routed_scaling_factor > 0.0f, ArgumentError,
+  NVFP4MOE_CHECK(std::isfinite(routed_scaling_factor) && routed_scaling_factor > 0.0f, ArgumentError,
                  "MoeSpec.routed_scaling_factor must be finite and > 0, got ", routed_scaling_factor);
 }
 

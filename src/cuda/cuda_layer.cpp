@@ -257,9 +257,12 @@ CudaMoeLayer::CudaMoeLayer(MoeWeights w, const MoeLayerOptions& options, GemmPat
   NVFP4MOE_CHECK(spec_.intermediate % 16 == 0 && spec_.shared_intermediate % 16 == 0 && spec_.hidden % 16 == 0,
                  ArgumentError, "MoeSpec: the cuda backend needs hidden, intermediate and shared_intermediate % 16 == 0,"
                  " got ", spec_.hidden, ", ", spec_.intermediate, ", ", spec_.shared_intermediate);
-  NVFP4MOE_CHECK(options.max_tokens * spec_.top_k < (int64_t(1) << 30), ArgumentError,
-                 "MoeLayerOptions.max_tokens * top_k: expected < 2^30 (int32 row indices), got ",
-                 options.max_tokens * spec_.top_k);
+  // (divided, not multiplied: max_tokens is the caller's, and a product that wraps would size the workspace for
+  // almost nothing)
+  const int64_t max_tokens_limit = ((int64_t(1) << 30) - 1) / std::max<int64_t>(1, spec_.top_k);
+  NVFP4MOE_CHECK(options.max_tokens <= max_tokens_limit, ArgumentError,
+                 "MoeLayerOptions.max_tokens: expected <= ", max_tokens_limit, " (max_tokens * top_k < 2^30: int32 row "
+                 "indices; top_k = ", spec_.top_k, "), got ", options.max_tokens);
   int count = 0;
   check_cuda(cudaGetDeviceCount(&count), "cudaGetDeviceCount");
   NVFP4MOE_CHECK(options.device >= 0 && options.device < count, ArgumentError,

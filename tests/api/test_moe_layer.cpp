@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -95,6 +96,25 @@ TEST(MoeLayerCpu, CreateRefusals) {
   } catch (const ArgumentError& e) {
     EXPECT_NE(std::string(e.what()).find("w2_input_scale"), std::string::npos) << e.what();
   }
+}
+
+// routed_scaling_factor multiplies every routed weight: inf (or a config's 1e39, inf as a float) would make every
+// output NaN, so the spec refuses it as it refuses NaN and <= 0, naming the field and the value.
+TEST(MoeSpec, RefusesNonFiniteScaling) {
+  for (const float bad : {std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(),
+                          std::numeric_limits<float>::quiet_NaN(), 0.0f, -1.0f}) {
+    MoeSpec s = deepseek_spec();
+    s.routed_scaling_factor = bad;
+    try {
+      s.validate();
+      ADD_FAILURE() << "routed_scaling_factor = " << bad << " was accepted";
+    } catch (const ArgumentError& e) {
+      EXPECT_NE(std::string(e.what()).find("routed_scaling_factor"), std::string::npos) << e.what();
+    }
+  }
+  MoeSpec s = deepseek_spec();
+  s.routed_scaling_factor = std::numeric_limits<float>::max();
+  EXPECT_NO_THROW(s.validate());
 }
 
 TEST(MoeLayerCpu, ForwardFormsMatchReference) {

@@ -1475,6 +1475,27 @@ TEST(CudaLayer, ForwardTimesForTheRecord) {
 namespace nvfp4moe::cuda {
 namespace {
 
+// max_tokens sizes the workspace at creation: a max_tokens whose product with top_k wraps (2^62 x 8 is 0 in int64)
+// must be refused, not give a workspace for one row that the next forward overruns.
+TEST(CudaLayer, MaxTokensBoundIsCheckedWithoutOverflow) {
+  const int64_t K = kSmallSoftmax.k;
+  const int64_t limit = ((int64_t(1) << 30) - 1) / K;
+  for (const int64_t max_tokens : {int64_t(1) << 62, int64_t(1) << 61, std::numeric_limits<int64_t>::max(),
+                                   limit + 1}) {
+    MoeLayerOptions o;
+    o.backend = Backend::Cuda;
+    o.max_tokens = max_tokens;
+    try {
+      MoeLayer::create(make_weights(kSmallSoftmax, 3), o);
+      ADD_FAILURE() << "max_tokens = " << max_tokens << " was accepted";
+    } catch (const ArgumentError& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find("max_tokens"), std::string::npos) << what;
+      EXPECT_NE(what.find(std::to_string(max_tokens)), std::string::npos) << what;
+    }
+  }
+}
+
 // Through the public API: MoeLayer::create with backend cuda vs backend cpu on the same weights and inputs.
 TEST(CudaLayer, PublicApiCudaVsCpuBackend) {
   for (Mode mode : {Mode::W4A16, Mode::W4A4}) {
