@@ -52,6 +52,7 @@ struct ModelConfig {
   int64_t hidden = -1;
   int64_t moe_intermediate = -1;       // -1: take it from the tensors
   int64_t num_experts = -1;            // -1: take it from the tensors
+  std::string num_experts_field;       // the key num_experts came from ("" when config.json has none)
   int64_t top_k = -1;
   Routing routing = Routing::SoftmaxTopK;
   bool norm_topk_prob = false;
@@ -59,6 +60,7 @@ struct ModelConfig {
   float routed_scaling_factor = 1.0f;
   std::optional<Activation> activation;    // when the config names it
   int64_t shared_intermediate = -1;        // -1: unknown (tensors decide), 0: none
+  std::string shared_declared_by;          // "field n_shared_experts = 1" when config.json declares one, else ""
   // Which layers are MoE according to the config (when it says): first_k_dense_replace / moe_layer_freq
   // (DeepSeek), mlp_only_layers / decoder_sparse_step (Qwen), hybrid_override_pattern 'E' (Nemotron-H).
   bool layer_rule_known = false;

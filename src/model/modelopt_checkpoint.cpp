@@ -116,8 +116,12 @@ ModelConfig parse_model_config(const json& root, const std::string& file) {
   c.hidden = first_of<int64_t>({opt_int(j, "hidden_size", file)}, -1);
   NVFP4MOE_CHECK(c.hidden > 0, FormatError, file, ": field hidden_size: expected a positive integer, got ",
                  j.contains("hidden_size") ? j["hidden_size"].dump() : std::string("nothing (missing)"));
-  c.num_experts = first_of<int64_t>({opt_int(j, "n_routed_experts", file), opt_int(j, "num_experts", file),
-                                     opt_int(j, "num_local_experts", file)}, -1);
+  for (const char* key : {"n_routed_experts", "num_experts", "num_local_experts"})
+    if (auto n = opt_int(j, key, file)) {
+      c.num_experts = *n;
+      c.num_experts_field = key;  // a non-positive value is refused at the MoE layers (dense configs may say 0)
+      break;
+    }
   c.top_k = first_of<int64_t>({opt_int(j, "num_experts_per_tok", file), opt_int(j, "experts_per_token", file),
                                opt_int(j, "moe_topk", file)}, -1);
   // Mixtral and gpt-oss use intermediate_size for the expert width; elsewhere it is the dense MLP's width.
@@ -150,17 +154,39 @@ ModelConfig parse_model_config(const json& root, const std::string& file) {
     c.notes.push_back("gpt-oss: experts computed as plain SwiGLU (the model's clamped swiglu, alpha 1.702, limit 7, "
                       "and expert biases are not modelled)");
 
+  // The expert activation. Only the spellings real checkpoints use for what the experts compute: silu (HF's
+  // name for SwiGLU's gate, "swish" its alias) / swiglu, and relu2. Anything else (gelu ...) would silently
+  // run as a different model.
+  auto activation_of = [&](const char* field, const std::string& v) {
+    if (v == "silu" || v == "swish" || v == "swiglu") return Activation::SwiGLU;
+    NVFP4MOE_CHECK(v == "relu2", FormatError, file, ": field ", field,
+                   ": expected \"silu\", \"swish\", \"swiglu\" or \"relu2\" (the expert activations supported), got \"",
+                   v, "\"");
+    return Activation::Relu2;
+  };
   const auto mlp_act = opt_str(j, "mlp_hidden_act", file);
   const auto hidden_act = opt_str(j, "hidden_act", file);
-  if (mlp_act) c.activation = (*mlp_act == "relu2") ? Activation::Relu2 : Activation::SwiGLU;
+  if (mlp_act) c.activation = activation_of("mlp_hidden_act", *mlp_act);
   else if (nemotron) c.activation = Activation::Relu2;
-  else if (hidden_act) c.activation = (*hidden_act == "relu2") ? Activation::Relu2 : Activation::SwiGLU;
+  else if (hidden_act) c.activation = activation_of("hidden_act", *hidden_act);
 
-  // Shared expert width.
-  if (auto n = opt_int(j, "moe_shared_expert_intermediate_size", file)) c.shared_intermediate = *n;
-  else if (auto q = opt_int(j, "shared_expert_intermediate_size", file)) c.shared_intermediate = *q;
+  // Shared expert width. A declared shared expert (width or count > 0) must have tensors (finish_layer).
+  auto non_negative = [&](const char* field, int64_t v) {
+    NVFP4MOE_CHECK(v >= 0, FormatError, file, ": field ", field, ": expected a non-negative integer, got ", v);
+    if (v > 0) c.shared_declared_by = cat("field ", field, " = ", v);
+    return v;
+  };
+  if (auto n = opt_int(j, "moe_shared_expert_intermediate_size", file))
+    c.shared_intermediate = non_negative("moe_shared_expert_intermediate_size", *n);
+  else if (auto q = opt_int(j, "shared_expert_intermediate_size", file))
+    c.shared_intermediate = non_negative("shared_expert_intermediate_size", *q);
   else if (auto s = opt_int(j, "n_shared_experts", file)) {
-    if (*s > 0 && c.moe_intermediate > 0) c.shared_intermediate = *s * c.moe_intermediate;
+    non_negative("n_shared_experts", *s);
+    int64_t w = 0;
+    NVFP4MOE_CHECK(!__builtin_mul_overflow(*s, std::max<int64_t>(c.moe_intermediate, 0), &w), FormatError, file,
+                   ": field n_shared_experts = ", *s, " times moe_intermediate_size = ", c.moe_intermediate,
+                   ": expected a shared expert width that fits int64, got an overflow");
+    if (*s > 0 && c.moe_intermediate > 0) c.shared_intermediate = w;
     else if (*s == 0) c.shared_intermediate = 0;
   }
 
@@ -354,6 +380,34 @@ std::string shape_str(const std::vector<int64_t>& s) {
   return r + "]";
 }
 
+// NaN/Inf in the router, its correction bias or the shared-expert gate silently drops or pins experts (NaN logits
+// select nothing, an Inf bias puts its expert in every top-k): refused. These are small ([E, H] at most), so
+// they are scanned whole; the expert weights are not. BF16 or F32 (an F32 router is held as bf16: `to_bf16`).
+void check_finite(const io::TensorInfo& t, const std::string& where, bool to_bf16) {
+  const int64_t n = t.numel(), cols = t.shape.size() == 2 ? t.shape[1] : 0;
+  for (int64_t i = 0; i < n; ++i) {
+    float f, v;
+    if (t.dtype == DType::F32) {
+      std::memcpy(&f, t.data + 4 * i, 4);
+      v = to_bf16 ? fmt::bf16_to_float(fmt::bf16_from_float(f)) : f;
+    } else {
+      uint16_t h;
+      std::memcpy(&h, t.data + 2 * i, 2);
+      f = v = fmt::bf16_to_float(h);
+    }
+    if (std::isfinite(v)) continue;
+    throw FormatError(cat(where, ": tensor ", t.name, ": expected finite values, got ", f, " at index ", i,
+                          cols ? cat(" ([", i / cols, ", ", i % cols, "])") : std::string(),
+                          std::isfinite(f) ? " (inf once rounded to bf16, as MoeWeights holds it)" : ""));
+  }
+}
+
+// GEMM1's input scale of a gated expert: the larger of gate's and up's. NaN (no scale, a W4A16 checkpoint) if
+// either is: std::max would keep or drop a NaN depending on the argument order.
+float w13_input_scale(float gate, float up) {
+  return std::isnan(gate) || std::isnan(up) ? std::numeric_limits<float>::quiet_NaN() : std::max(gate, up);
+}
+
 // ------------------------------------------------------------------ the checkpoint
 class Nvfp4Checkpoint final : public Checkpoint {
  public:
@@ -412,9 +466,10 @@ class Nvfp4Checkpoint final : public Checkpoint {
 
 void Nvfp4Checkpoint::discover() {
   const int64_t L = model_.num_layers;
-  std::vector<std::map<std::string, ModuleTensors>> mods(static_cast<size_t>(L));
-  std::vector<bool> seen(static_cast<size_t>(L), false);
-  std::vector<std::string> dense_prefix(static_cast<size_t>(L));
+  // Keyed by layer, not sized by L: num_hidden_layers is untrusted until every layer below it has tensors.
+  std::map<int64_t, std::map<std::string, ModuleTensors>> mods;
+  std::set<int64_t> seen;
+  std::map<int64_t, std::string> dense_prefix;
   int64_t beyond = 0;
   for (const std::string& name : files_.names()) {
     const auto t = split_dots(name);
@@ -427,11 +482,11 @@ void Nvfp4Checkpoint::discover() {
       ++beyond;
       continue;
     }
-    seen[static_cast<size_t>(layer)] = true;
+    seen.insert(layer);
     if (i + 3 >= t.size()) continue;
     const std::string prefix = join_dots(t, 0, i + 3);
     const std::string& child = t[i + 3];
-    ModuleTensors& m = mods[static_cast<size_t>(layer)][prefix];
+    ModuleTensors& m = mods[layer][prefix];
     m.prefix = prefix;
     int64_t e = -1;
     if (child == "experts" && i + 6 <= t.size() && parse_index(t[i + 4], &e)) {
@@ -447,27 +502,33 @@ void Nvfp4Checkpoint::discover() {
     } else if (child == "shared_expert_gate" && i + 5 == t.size() && t[i + 4] == "weight") {
       m.shared_gate = name;
     } else {
-      if (child == "gate_proj" || child == "up_proj" || child == "down_proj") dense_prefix[static_cast<size_t>(layer)] = prefix;
+      if (child == "gate_proj" || child == "up_proj" || child == "down_proj") dense_prefix[layer] = prefix;
       m.other.push_back(name);
     }
   }
   if (beyond > 0)
     notes_.push_back(cat(beyond, " tensors of layers >= num_hidden_layers (", L, ") ignored (e.g. MTP layers)"));
+  // Every layer 0..L-1 must have tensors; checked before the loop below so that L is bounded by the file.
+  if (static_cast<int64_t>(seen.size()) != L) {
+    int64_t missing = 0;
+    while (seen.count(missing)) ++missing;
+    throw FormatError(cat(dir_, ": layer ", missing, " has no tensors at all (config ", model_.file,
+                          " says num_hidden_layers = ", L, "; ", seen.empty() ? std::string("no layer has tensors")
+                          : cat("the highest layer with tensors is ", *seen.rbegin()), ")"));
+  }
 
   for (int64_t l = 0; l < L; ++l) {
     LayerInfo li;
     li.summary.layer = static_cast<int>(l);
     const ModuleTensors* moe = nullptr;
-    for (const auto& [p, m] : mods[static_cast<size_t>(l)]) {
+    for (const auto& [p, m] : mods[l]) {
       if (m.experts.empty()) continue;
       NVFP4MOE_CHECK(!moe, FormatError, dir_, ": layer ", l, " has experts under two modules: ", moe->prefix,
                      ".experts and ", p, ".experts");
       moe = &m;
     }
-    NVFP4MOE_CHECK(seen[static_cast<size_t>(l)], FormatError, dir_, ": layer ", l, " has no tensors at all (config ",
-                   model_.file, " says num_hidden_layers = ", L, ")");
     if (!moe) {  // fused expert tensors (experts.gate_up_proj ...) are a layout this loader does not read
-      for (const auto& [p, m] : mods[static_cast<size_t>(l)])
+      for (const auto& [p, m] : mods[l])
         for (const auto& n : m.other)
           NVFP4MOE_CHECK(n.find(".experts.") == std::string::npos, FormatError, dir_, ": layer ", l,
                          ": tensor ", n, " looks like fused expert weights; expected one tensor per expert (",
@@ -486,7 +547,7 @@ void Nvfp4Checkpoint::discover() {
       li.summary.experts_found = static_cast<int64_t>(moe->experts.size());
       finish_layer(li);
     } else {
-      li.summary.prefix = dense_prefix[static_cast<size_t>(l)];
+      li.summary.prefix = dense_prefix[l];
     }
     summaries_.push_back(li.summary);
     infos_.push_back(std::move(li));
@@ -511,6 +572,9 @@ void Nvfp4Checkpoint::finish_layer(LayerInfo& li) {
   s.n_group = model_.n_group;
   s.topk_group = model_.topk_group;
   s.routed_scaling_factor = model_.routed_scaling_factor;
+  NVFP4MOE_CHECK(model_.num_experts_field.empty() || model_.num_experts > 0, FormatError, model_.file, ": field ",
+                 model_.num_experts_field, ": expected a positive integer, got ", model_.num_experts, " (layer ",
+                 li.summary.layer, " holds ", m.experts.size(), " experts)");
   s.num_experts = model_.num_experts > 0 ? model_.num_experts : static_cast<int64_t>(m.experts.size());
   s.top_k = model_.top_k;
   NVFP4MOE_CHECK(s.top_k > 0, FormatError, model_.file, ": field num_experts_per_tok: expected a positive integer, got ",
@@ -521,7 +585,9 @@ void Nvfp4Checkpoint::finish_layer(LayerInfo& li) {
   NVFP4MOE_CHECK(down, FormatError, where, ": tensor ", base0, li.proj.down, quant_.naming.weight, " not found");
   NVFP4MOE_CHECK(down->shape.size() == 2, FormatError, where, ": tensor ", down->name, ": expected rank 2, got shape ",
                  shape_str(down->shape));
-  const int64_t i_tensor = down->shape[1] * 2;
+  int64_t i_tensor = 0;  // a zero-size tensor may have any other dimension: 2 * it must not overflow
+  NVFP4MOE_CHECK(!__builtin_mul_overflow(down->shape[1], int64_t{2}, &i_tensor), FormatError, where, ": tensor ",
+                 down->name, ": expected shape [H, I/2] with I within int64, got ", shape_str(down->shape));
   if (model_.moe_intermediate > 0) {
     NVFP4MOE_CHECK(model_.moe_intermediate == i_tensor, FormatError, where, ": ", model_.file,
                    " expert intermediate size = ", model_.moe_intermediate, " but tensor ", down->name, " has shape ",
@@ -536,12 +602,21 @@ void Nvfp4Checkpoint::finish_layer(LayerInfo& li) {
     if (!sd) sd = files_.find(sp + "down_proj" + quant_.naming.weight);
     NVFP4MOE_CHECK(sd && sd->shape.size() == 2, FormatError, where, ": shared expert tensor ", sp, "down_proj",
                    quant_.naming.weight, sd ? cat(": expected rank 2, got shape ", shape_str(sd->shape)) : " not found");
-    s.shared_intermediate = sd->dtype == DType::U8 ? sd->shape[1] * 2 : sd->shape[1];
+    s.shared_intermediate = sd->shape[1];
+    NVFP4MOE_CHECK(sd->dtype != DType::U8 || !__builtin_mul_overflow(sd->shape[1], int64_t{2}, &s.shared_intermediate),
+                   FormatError, where, ": shared expert tensor ", sd->name,
+                   ": expected shape [H, I/2] with I within int64, got ", shape_str(sd->shape));
     if (model_.shared_intermediate > 0)
       NVFP4MOE_CHECK(model_.shared_intermediate == s.shared_intermediate, FormatError, where, ": ", model_.file,
                      " shared expert intermediate size = ", model_.shared_intermediate, " but tensor ", sd->name,
                      " has shape ", shape_str(sd->shape), " (I = ", s.shared_intermediate, ")");
     s.shared_expert_gated = !m.shared_gate.empty();
+  } else {
+    // A shared expert the config declares but the tensors lack would be silently dropped: a different model.
+    NVFP4MOE_CHECK(model_.shared_declared_by.empty(), FormatError, where, ": ", model_.file, " ",
+                   model_.shared_declared_by, " declares a shared expert, but there are no tensors ", m.prefix,
+                   ".shared_experts.* or ", m.prefix, ".shared_expert.* (expected e.g. ", m.prefix,
+                   ".shared_experts.down_proj", quant_.naming.weight, ")");
   }
   if (!m.router.empty())
     if (const io::TensorInfo* r = files_.find(m.router); r && r->dtype == DType::F32)
@@ -659,15 +734,15 @@ MoeWeights Nvfp4Checkpoint::load_layer(int layer, const ProgressFn& progress) co
     x.down = check_proj(li, base + li.proj.down, what + " " + li.proj.down, H, width, sufs_of(li.proj.down));
     return x;
   };
-  std::vector<ExpertScalars> scalars(static_cast<size_t>(E));
-  for (int64_t e = 0; e < E; ++e) {
-    auto it = li.t.experts.find(e);
-    NVFP4MOE_CHECK(it != li.t.experts.end(), FormatError, dir_, ": ", lname, ": missing expert ", e, " (no tensors ",
+  // Every expert present before anything is sized by E (config.json's num_experts, untrusted until then).
+  for (int64_t e = 0; e < E; ++e)
+    NVFP4MOE_CHECK(li.t.experts.count(e), FormatError, dir_, ": ", lname, ": missing expert ", e, " (no tensors ",
                    li.t.prefix, ".experts.", e, ".*; config says num_experts = ", E, ", found ",
                    li.t.experts.size(), ")");
+  std::vector<ExpertScalars> scalars(static_cast<size_t>(E));
+  for (int64_t e = 0; e < E; ++e)
     scalars[static_cast<size_t>(e)] =
-        check_expert(cat(li.t.prefix, ".experts.", e, "."), it->second, cat(lname, " expert ", e), I);
-  }
+        check_expert(cat(li.t.prefix, ".experts.", e, "."), li.t.experts.at(e), cat(lname, " expert ", e), I);
   ExpertScalars shared_scalars;
   const std::string shared_base = cat(li.t.prefix, ".", li.t.shared_kind, ".");
   if (s.shared_intermediate > 0)
@@ -678,6 +753,7 @@ MoeWeights Nvfp4Checkpoint::load_layer(int layer, const ProgressFn& progress) co
                    ": tensor ", router->name, ": expected dtype BF16 (or F32), got ", dtype_name(router->dtype));
     NVFP4MOE_CHECK(router->shape == (std::vector<int64_t>{E, H}), FormatError, dir_, ": ", lname, ": tensor ",
                    router->name, ": expected shape ", shape_str({E, H}), ", got ", shape_str(router->shape));
+    check_finite(*router, cat(dir_, ": ", lname), true);
   }
   const io::TensorInfo* bias = li.t.correction_bias.empty() ? nullptr : &need(li.t.correction_bias, lname);
   if (bias) {
@@ -685,6 +761,7 @@ MoeWeights Nvfp4Checkpoint::load_layer(int layer, const ProgressFn& progress) co
                    bias->name, ": expected dtype F32 (or BF16), got ", dtype_name(bias->dtype));
     NVFP4MOE_CHECK(bias->shape == (std::vector<int64_t>{E}), FormatError, dir_, ": ", lname, ": tensor ", bias->name,
                    ": expected shape ", shape_str({E}), ", got ", shape_str(bias->shape));
+    check_finite(*bias, cat(dir_, ": ", lname), false);
   }
   const io::TensorInfo* sgate = li.t.shared_gate.empty() ? nullptr : &need(li.t.shared_gate, lname);
   if (sgate) {
@@ -693,6 +770,7 @@ MoeWeights Nvfp4Checkpoint::load_layer(int layer, const ProgressFn& progress) co
     NVFP4MOE_CHECK(sgate->shape == (std::vector<int64_t>{1, H}) || sgate->shape == (std::vector<int64_t>{H}),
                    FormatError, dir_, ": ", lname, ": tensor ", sgate->name, ": expected shape ", shape_str({1, H}),
                    ", got ", shape_str(sgate->shape));
+    check_finite(*sgate, cat(dir_, ": ", lname), false);
   }
 
   // ---- 2. allocate the one packed copy, then stream bytes from the mapping into their slots
@@ -729,7 +807,7 @@ MoeWeights Nvfp4Checkpoint::load_layer(int layer, const ProgressFn& progress) co
     std::memcpy(w13 + off * half_w, files_.get(base + li.proj.up + nm.weight).data, half_w);
     std::memcpy(w13s + off * half_s, files_.get(base + li.proj.up + nm.weight_scale).data, half_s);
     dst.w13_up_scale2[ue] = x.up.weight_scale_2;
-    dst.w13_input_scale[ue] = dst.gated ? std::max(x.gate.input_scale, x.up.input_scale) : x.up.input_scale;
+    dst.w13_input_scale[ue] = dst.gated ? w13_input_scale(x.gate.input_scale, x.up.input_scale) : x.up.input_scale;
     std::memcpy(dst.w2.data() + ue * dst.w2_bytes_per_expert(), files_.get(base + li.proj.down + nm.weight).data,
                 dst.w2_bytes_per_expert());
     std::memcpy(dst.w2_scale.data() + ue * dst.w2_scale_bytes_per_expert(),
@@ -861,7 +939,7 @@ MoeShard Nvfp4Checkpoint::load_shard(int layer, const ParallelConfig& parallel, 
     }
     rows(li.proj.up);
     dst.w13_up_scale2[ue] = x.up.weight_scale_2;
-    dst.w13_input_scale[ue] = dst.gated ? std::max(x.gate.input_scale, x.up.input_scale) : x.up.input_scale;
+    dst.w13_input_scale[ue] = dst.gated ? w13_input_scale(x.gate.input_scale, x.up.input_scale) : x.up.input_scale;
     const uint8_t* d = files_.get(base + li.proj.down + nm.weight).data;
     const uint8_t* ds = files_.get(base + li.proj.down + nm.weight_scale).data;
     uint8_t* w2 = dst.w2.data() + ue * dst.w2_bytes_per_expert();
@@ -903,6 +981,7 @@ MoeShard Nvfp4Checkpoint::load_shard(int layer, const ParallelConfig& parallel, 
     NVFP4MOE_CHECK((router.dtype == DType::BF16 || router.dtype == DType::F32) && router.shape == (std::vector<int64_t>{E, H}),
                    FormatError, dir_, ": ", lname, ": tensor ", router.name, ": expected BF16 (or F32) ",
                    shape_str({E, H}), ", got ", dtype_name(router.dtype), " ", shape_str(router.shape));
+    check_finite(router, cat(dir_, ": ", lname), true);
     shard.router_weight.resize(static_cast<size_t>(E * H));
     if (router.dtype == DType::BF16) {
       std::memcpy(shard.router_weight.data(), router.data, router.nbytes());
@@ -919,6 +998,7 @@ MoeShard Nvfp4Checkpoint::load_shard(int layer, const ParallelConfig& parallel, 
     NVFP4MOE_CHECK((bias.dtype == DType::F32 || bias.dtype == DType::BF16) && bias.shape == (std::vector<int64_t>{E}),
                    FormatError, dir_, ": ", lname, ": tensor ", bias.name, ": expected F32 (or BF16) ", shape_str({E}),
                    ", got ", dtype_name(bias.dtype), " ", shape_str(bias.shape));
+    check_finite(bias, cat(dir_, ": ", lname), false);
     shard.router_bias.resize(static_cast<size_t>(E));
     for (int64_t e = 0; e < E; ++e) {
       if (bias.dtype == DType::F32) {
@@ -936,6 +1016,7 @@ MoeShard Nvfp4Checkpoint::load_shard(int layer, const ParallelConfig& parallel, 
                        (sgate.shape == (std::vector<int64_t>{1, H}) || sgate.shape == (std::vector<int64_t>{H})),
                    FormatError, dir_, ": ", lname, ": tensor ", sgate.name, ": expected BF16 ", shape_str({1, H}),
                    ", got ", dtype_name(sgate.dtype), " ", shape_str(sgate.shape));
+    check_finite(sgate, cat(dir_, ": ", lname), false);
     shard.local.shared_gate_weight.resize(static_cast<size_t>(H));
     std::memcpy(shard.local.shared_gate_weight.data(), sgate.data, static_cast<size_t>(H) * 2);
   }

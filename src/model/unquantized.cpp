@@ -147,13 +147,16 @@ UnquantizedCheckpoint::UnquantizedCheckpoint(const std::string& dir, ModelConfig
   const std::string& cfg_path = m.file;
   std::string decoder_prefix;  // "model.layers." (text before the index)
   std::string module_child;    // "mlp"
+  std::set<int64_t> seen;      // layers below num_hidden_layers with any tensor
   for (const std::string& name : files_.names()) {
     const auto t = split_dots(name);
     size_t i = 0;
     int64_t layer = -1;
     for (; i + 1 < t.size(); ++i)
       if (t[i] == "layers" && parse_index(t[i + 1], &layer)) break;
-    if (layer < 0 || layer >= m.num_layers || i + 4 >= t.size()) continue;
+    if (layer < 0 || layer >= m.num_layers) continue;
+    seen.insert(layer);
+    if (i + 4 >= t.size()) continue;
     std::string module;
     for (size_t j = 0; j <= i + 2; ++j) module += (j ? "." : "") + t[j];
     const std::string& child = t[i + 3];
@@ -197,6 +200,10 @@ UnquantizedCheckpoint::UnquantizedCheckpoint(const std::string& dir, ModelConfig
     const int64_t E = static_cast<int64_t>(L.experts.size());
     NVFP4MOE_CHECK(L.experts.rbegin()->first == E - 1, FormatError, what, ": experts are not numbered 0..", E - 1,
                    " (found ", E, " experts, the largest index ", L.experts.rbegin()->first, ")");
+    // A count config.json gives must be positive where there are experts (a dense config may say 0).
+    NVFP4MOE_CHECK(m.num_experts_field.empty() || m.num_experts > 0, FormatError, cfg_path, ": field ",
+                   m.num_experts_field, ": expected a positive integer, got ", m.num_experts, " (layer ", l, " holds ",
+                   E, " experts)");
     if (m.num_experts > 0)
       NVFP4MOE_CHECK(m.num_experts == E, FormatError, what, ": ", cfg_path, " says num_experts = ", m.num_experts,
                      " but the tensors hold ", E, " experts");
@@ -248,6 +255,11 @@ UnquantizedCheckpoint::UnquantizedCheckpoint(const std::string& dir, ModelConfig
       const int64_t sw = check_expert(*L.shared, "shared expert", 0, false).first;
       check_expert(*L.shared, "shared expert", sw, gated);
       s.shared_intermediate = sw;
+    } else {
+      // A shared expert the config declares but the tensors lack would be silently dropped: a different model.
+      NVFP4MOE_CHECK(m.shared_declared_by.empty(), FormatError, what, ": ", cfg_path, " ", m.shared_declared_by,
+                     " declares a shared expert, but there are no tensors ", L.module, ".shared_experts.* or ",
+                     L.module, ".shared_expert.* (expected e.g. ", L.module, ".shared_experts.down_proj.weight)");
     }
     s.shared_expert_gated = !L.shared_gate.empty() && L.shared;
     NVFP4MOE_CHECK(s.gated() == gated, FormatError, what, ": activation ", activation_name(s.activation),
@@ -277,6 +289,16 @@ UnquantizedCheckpoint::UnquantizedCheckpoint(const std::string& dir, ModelConfig
                      shape_str(g.shape));
     }
     L.spec = s;
+  }
+  // Every layer 0..L-1 must have tensors (as the NVFP4 loader requires); checked before the loop below so that
+  // num_hidden_layers, untrusted until then, is bounded by the file (a huge one ran out of memory there).
+  if (static_cast<int64_t>(seen.size()) != m.num_layers) {
+    int64_t missing = 0;
+    while (seen.count(missing)) ++missing;
+    throw FormatError(cat(dir, ": layer ", missing, " has no tensors at all (config ", cfg_path,
+                          " says num_hidden_layers = ", m.num_layers, "; ",
+                          seen.empty() ? std::string("no layer has tensors")
+                                       : cat("the highest layer with tensors is ", *seen.rbegin()), ")"));
   }
   for (int64_t l = 0; l < m.num_layers; ++l) {
     const auto mit = moe_.find(static_cast<int>(l));
@@ -340,6 +362,37 @@ MoeWeights UnquantizedCheckpoint::load_layer_with(int layer, ExpertQuantizer& q,
   const float nan = std::numeric_limits<float>::quiet_NaN();
   MoeWeights w;
   w.spec = s;
+  // NaN/Inf in the router, its correction bias or the shared-expert gate silently drops or pins experts (NaN logits
+  // select nothing, an Inf bias puts its expert in every top-k): refused, before the experts are quantized. `held`
+  // is the value as MoeWeights keeps it (bf16 for the router and the gate: a finite F32 value can round to inf).
+  auto check_finite = [&](const io::TensorInfo& t, size_t i, float f, float held) {
+    if (std::isfinite(held)) return;
+    const size_t cols = t.shape.size() == 2 ? static_cast<size_t>(t.shape[1]) : 0;
+    throw FormatError(cat(dir_, ": layer ", layer, ": tensor ", t.name, ": expected finite values, got ", f,
+                          " at index ", i, cols ? cat(" ([", i / cols, ", ", i % cols, "])") : std::string(),
+                          std::isfinite(f) ? " (inf once rounded to bf16, as MoeWeights holds it)" : ""));
+  };
+  auto to_bf16 = [&](const std::string& name) {
+    const io::TensorInfo& t = files_.get(name);
+    std::vector<float> f(static_cast<size_t>(t.numel()));
+    tensor_to_float(t, f.data());
+    std::vector<uint16_t> v(f.size());
+    if (t.dtype == DType::BF16) {
+      std::memcpy(v.data(), t.data, v.size() * 2);
+    } else {
+      for (size_t i = 0; i < f.size(); ++i) v[i] = fmt::bf16_from_float(f[i]);
+    }
+    for (size_t i = 0; i < f.size(); ++i) check_finite(t, i, f[i], fmt::bf16_to_float(v[i]));
+    return v;
+  };
+  if (!L.router.empty()) w.router_weight = to_bf16(L.router);
+  if (!L.bias.empty()) {
+    const io::TensorInfo& t = files_.get(L.bias);
+    w.router_bias.resize(static_cast<size_t>(t.numel()));
+    tensor_to_float(t, w.router_bias.data());
+    for (size_t i = 0; i < w.router_bias.size(); ++i) check_finite(t, i, w.router_bias[i], w.router_bias[i]);
+  }
+  if (s.shared_expert_gated) w.shared_gate_weight = to_bf16(L.shared_gate);
   w.experts.allocate(s.num_experts, s.hidden, s.intermediate, s.gated());
   if (L.shared) w.shared.allocate(1, s.hidden, s.shared_intermediate, s.gated());
   const size_t total = layer_source_bytes(layer);
@@ -363,25 +416,6 @@ MoeWeights UnquantizedCheckpoint::load_layer_with(int layer, ExpertQuantizer& q,
     std::fill(se->w13_input_scale.begin(), se->w13_input_scale.end(), nan);
     std::fill(se->w2_input_scale.begin(), se->w2_input_scale.end(), nan);
   }
-  auto to_bf16 = [&](const std::string& name) {
-    const io::TensorInfo& t = files_.get(name);
-    std::vector<uint16_t> v(static_cast<size_t>(t.numel()));
-    if (t.dtype == DType::BF16) {
-      std::memcpy(v.data(), t.data, v.size() * 2);
-    } else {
-      std::vector<float> f(v.size());
-      tensor_to_float(t, f.data());
-      for (size_t i = 0; i < f.size(); ++i) v[i] = fmt::bf16_from_float(f[i]);
-    }
-    return v;
-  };
-  if (!L.router.empty()) w.router_weight = to_bf16(L.router);
-  if (!L.bias.empty()) {
-    const io::TensorInfo& t = files_.get(L.bias);
-    w.router_bias.resize(static_cast<size_t>(t.numel()));
-    tensor_to_float(t, w.router_bias.data());
-  }
-  if (s.shared_expert_gated) w.shared_gate_weight = to_bf16(L.shared_gate);
   // (no w.validate(): it refuses the NaN input scales, which MoeLayer::create handles)
   return w;
 }

@@ -767,5 +767,138 @@ TEST_F(Crafted, ProgressReportsWhenSlow) {
   EXPECT_EQ(calls, 0);
 }
 
+// ------------------------------------------------------------------ untrusted config.json sizes and values
+TEST_F(Crafted, HugeConfigSizesRefusedBeforeAllocating) {
+  // Sized by config.json before these checks: ~48 PB of per-layer maps, ~24 PB of expert scalars (bad_alloc).
+  const std::string layers = craft("huge_layers", {}, [](auto& c, auto&) { c["num_hidden_layers"] = 1000000000000000; });
+  expect_error<FormatError>([&] { Checkpoint::open(layers); },
+                            {"layer 1 has no tensors at all", "num_hidden_layers = 1000000000000000",
+                             "the highest layer with tensors is 0"});
+  const std::string experts = craft("huge_experts", {}, [](auto& c, auto&) { c["num_experts"] = 1000000000000000; });
+  expect_load_error(experts, {"layer 0", "missing expert 3", "num_experts = 1000000000000000", "found 3"});
+  expect_error<FormatError>([&] { Checkpoint::open(experts)->load_shard(0, ParallelConfig{}); },
+                            {"layer 0", "missing expert 3", "num_experts = 1000000000000000", "found 3"});
+}
+
+TEST_F(Crafted, NonPositiveNumExpertsRefused) {
+  for (int v : {0, -5}) {
+    const std::string dir = craft("experts_" + std::to_string(v), {}, [&](auto& c, auto&) { c["num_experts"] = v; });
+    expect_error<FormatError>([&] { Checkpoint::open(dir); },
+                              {"config.json", "field num_experts", "expected a positive integer", "got " + std::to_string(v),
+                               "layer 0 holds 3 experts"});
+  }
+  const std::string ds = craft("ds_experts_0", {}, [](auto& c, auto&) { c["n_routed_experts"] = 0; }, ds_);
+  expect_error<FormatError>([&] { Checkpoint::open(ds); }, {"field n_routed_experts", "positive", "got 0"});
+}
+
+TEST_F(Crafted, UnknownActivationRefused) {
+  const std::string gelu = craft("act_gelu", {}, [](auto& c, auto&) { c["hidden_act"] = "gelu"; });
+  expect_error<FormatError>([&] { Checkpoint::open(gelu); },
+                            {"config.json", "field hidden_act", "expected \"silu\"", "\"relu2\"", "got \"gelu\""});
+  const std::string tanh = craft("act_tanh", {}, [](auto& c, auto&) { c["mlp_hidden_act"] = "tanh"; });
+  expect_error<FormatError>([&] { Checkpoint::open(tanh); }, {"field mlp_hidden_act", "got \"tanh\""});
+  // The spellings real checkpoints use are accepted.
+  for (const char* a : {"silu", "swish", "swiglu"}) {
+    const std::string dir = craft(std::string("act_") + a, {}, [&](auto& c, auto&) { c["hidden_act"] = a; });
+    EXPECT_EQ(Checkpoint::open(dir)->spec(0).activation, Activation::SwiGLU) << a;
+  }
+}
+
+TEST_F(Crafted, DeclaredSharedExpertWithoutTensorsRefused) {
+  auto drop_shared = [](auto& ts) {
+    erase_if(ts, [](const std::string& n) { return n.find(".shared_expert") != std::string::npos; });
+  };
+  // DeepSeek: n_shared_experts = 1 (config) but no shared_experts.* tensors.
+  const std::string ds = craft("ds_no_shared", drop_shared, {}, ds_);
+  expect_error<FormatError>([&] { Checkpoint::open(ds); },
+                            {"layer 0", "config.json", "field n_shared_experts = 1", "declares a shared expert",
+                             "no tensors model.layers.0.mlp.shared_experts.*",
+                             "model.layers.0.mlp.shared_experts.down_proj.weight"});
+  // Qwen2 style: shared_expert_intermediate_size > 0 on a checkpoint without a shared expert.
+  const std::string qw = craft("qw_no_shared", {}, [](auto& c, auto&) { c["shared_expert_intermediate_size"] = 32; });
+  expect_error<FormatError>([&] { Checkpoint::open(qw); },
+                            {"field shared_expert_intermediate_size = 32", "declares a shared expert"});
+  // 0 declares none; a negative width is refused.
+  const std::string zero = craft("qw_shared_0", {}, [](auto& c, auto&) { c["shared_expert_intermediate_size"] = 0; });
+  EXPECT_EQ(Checkpoint::open(zero)->spec(0).shared_intermediate, 0);
+  const std::string neg = craft("qw_shared_neg", {}, [](auto& c, auto&) { c["moe_shared_expert_intermediate_size"] = -5; });
+  expect_error<FormatError>([&] { Checkpoint::open(neg); },
+                            {"field moe_shared_expert_intermediate_size", "non-negative", "got -5"});
+}
+
+TEST_F(Crafted, ShapeProductsOverflowRefused) {
+  // A zero-size tensor may have any other dimension (valid safetensors): I = 2 * 2^62 overflows int64.
+  const std::string dir = craft("down_2p62", [](auto& ts) {
+    Tensor* t = find(ts, kE + "0.down_proj.weight");
+    t->shape = {0, int64_t{1} << 62};
+    t->bytes.clear();
+  });
+  expect_error<FormatError>([&] { Checkpoint::open(dir); },
+                            {"layer 0", "experts.0.down_proj.weight", "I within int64", "[0, 4611686018427387904]"});
+  const std::string sh = craft("shared_down_2p62", [](auto& ts) {
+    Tensor* t = find(ts, "model.layers.0.mlp.shared_experts.down_proj.weight");
+    t->shape = {0, int64_t{1} << 62};
+    t->bytes.clear();
+  }, {}, ds_);
+  expect_error<FormatError>([&] { Checkpoint::open(sh); },
+                            {"shared expert tensor", "shared_experts.down_proj.weight", "I within int64",
+                             "[0, 4611686018427387904]"});
+  const std::string n = craft("n_shared_ovf", {}, [](auto& c, auto&) {
+    c["n_shared_experts"] = int64_t{1} << 40;
+    c["moe_intermediate_size"] = int64_t{1} << 40;
+  }, ds_);
+  expect_error<FormatError>([&] { Checkpoint::open(n); },
+                            {"field n_shared_experts = 1099511627776", "moe_intermediate_size = 1099511627776", "overflow"});
+}
+
+TEST_F(Crafted, NonFiniteRouterBiasOrSharedGateRefused) {
+  auto set_bf16 = [](Tensor* t, size_t i, uint16_t h) { std::memcpy(t->bytes.data() + 2 * i, &h, 2); };
+  const std::string nan = craft("router_nan", [&](auto& ts) { set_bf16(find(ts, "model.layers.0.mlp.gate.weight"), 37, 0x7FC0); });
+  for (bool shard : {false, true}) {
+    auto ck = Checkpoint::open(nan);
+    expect_error<FormatError>([&] { shard ? (void)ck->load_shard(0, ParallelConfig{}) : (void)ck->load_layer(0); },
+                              {"layer 0", "tensor model.layers.0.mlp.gate.weight", "expected finite values", "got nan",
+                               "index 37 ([1, 5])"});
+  }
+  // An F32 router finite in fp32 but inf once rounded to the bf16 MoeWeights holds.
+  const std::string big = craft("router_f32_big", [](auto& ts) {
+    Tensor* t = find(ts, "model.layers.0.mlp.gate.weight");
+    std::vector<uint8_t> b(t->bytes.size() * 2, 0);
+    const float f = 3.4e38f;
+    std::memcpy(b.data() + 4 * 2, &f, 4);
+    t->dtype = DType::F32;
+    t->bytes = b;
+  });
+  expect_load_error(big, {"mlp.gate.weight", "expected finite values", "index 2", "inf once rounded to bf16"});
+  // DeepSeek correction bias (F32): an Inf would put expert 3 in every token's top-k.
+  const std::string bias = craft("bias_inf", [](auto& ts) {
+    const float f = INFINITY;
+    std::memcpy(find(ts, "model.layers.0.mlp.gate.e_score_correction_bias")->bytes.data() + 4 * 3, &f, 4);
+  }, {}, ds_);
+  for (bool shard : {false, true}) {
+    auto ck = Checkpoint::open(bias);
+    expect_error<FormatError>([&] { shard ? (void)ck->load_shard(0, ParallelConfig{}) : (void)ck->load_layer(0); },
+                              {"tensor model.layers.0.mlp.gate.e_score_correction_bias", "expected finite values",
+                               "got inf at index 3"});
+  }
+  // Qwen2's shared-expert gate (BF16 [1, H]).
+  SyntheticOptions o;
+  o.hidden = 32;
+  o.intermediate = 32;
+  o.experts = 3;
+  o.top_k = 2;
+  o.shared_intermediate = 32;
+  const auto qw2 = gen("crafted_qw2", o);
+  const std::string sg = craft("shared_gate_ninf", [&](auto& ts) {
+    set_bf16(find(ts, "model.layers.0.mlp.shared_expert_gate.weight"), 7, 0xFF80);
+  }, {}, &qw2);
+  for (bool shard : {false, true}) {
+    auto ck = Checkpoint::open(sg);
+    expect_error<FormatError>([&] { shard ? (void)ck->load_shard(0, ParallelConfig{}) : (void)ck->load_layer(0); },
+                              {"tensor model.layers.0.mlp.shared_expert_gate.weight", "expected finite values",
+                               "got -inf at index 7"});
+  }
+}
+
 }  // namespace
 }  // namespace nvfp4moe

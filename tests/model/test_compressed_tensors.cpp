@@ -287,6 +287,34 @@ TEST_F(CompressedTensors, W4A16HasNoInputScalesAndW4A4IsRefused) {
   EXPECT_EQ(0, std::memcmp(out.data(), ref.data(), out.size() * 4));
 }
 
+// A W4A16 checkpoint with an input scale on only one of gate/up: GEMM1's input scale is missing either way (NaN,
+// so w4a4 is refused), whichever of the two has it (std::max(gate, up) kept or hid the NaN by argument order).
+TEST_F(CompressedTensors, W4A16WithOneOfGateUpInputScalesIsStillMissing) {
+  for (const char* proj : {"gate_proj", "up_proj"}) {
+    SCOPED_TRACE(proj);
+    auto ts = read_all(*qwen_);
+    std::vector<Tensor> extra;
+    for (const auto& t : ts)
+      if (t.name == std::string("model.layers.0.mlp.experts.1.") + proj + ".input_scale") extra.push_back(t);
+    ASSERT_EQ(extra.size(), 1u);
+    auto ct = to_compressed_tensors(ts, false);
+    for (auto& t : to_compressed_tensors(extra, true)) ct.push_back(t);  // this one input_global_scale only
+    std::sort(ct.begin(), ct.end(), [](const Tensor& a, const Tensor& b) { return a.name < b.name; });
+    json cc = read_json(fs::path(*qwen_) / "config.json");
+    cc["quantization_config"] = ct_quant_config(false);
+    const std::string dir = fresh_dir(std::string("w4a16_one_") + proj);
+    write_dir(dir, ct, cc, json(nullptr));
+    auto ck = Checkpoint::open(dir);
+    const MoeWeights w = ck->load_layer(0);
+    EXPECT_TRUE(std::isnan(w.experts.w13_input_scale[1]));
+    const MoeShard sh = ck->load_shard(0, ParallelConfig{});
+    EXPECT_TRUE(std::isnan(sh.local.experts.w13_input_scale[1]));
+    MoeLayerOptions o;
+    o.mode = Mode::W4A4;
+    expect_error<ArgumentError>([&] { MoeLayer::create(*ck, 0, o); }, {"no activation input scales", "got w4a4"});
+  }
+}
+
 TEST_F(CompressedTensors, IgnoreListWithRegexes) {
   // the default list ("lm_head", "re:.*mlp.gate$") loads; a pattern naming the experts is refused
   const auto ok = both(*qwen_, "ignore_ok", true, true);

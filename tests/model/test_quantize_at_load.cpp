@@ -376,4 +376,123 @@ TEST(QuantizeAtLoad, Errors) {
   }
 }
 
+// ------------------------------------------------------------------ untrusted config.json sizes and values
+Src& src_of(Model& m, const std::string& n) {
+  for (auto& s : m.src)
+    if (s.name == n) return s;
+  throw std::runtime_error("no " + n);
+}
+void drop_src(Model& m, const std::string& part) {
+  m.src.erase(std::remove_if(m.src.begin(), m.src.end(),
+                             [&](const Src& s) { return s.name.find(part) != std::string::npos; }),
+              m.src.end());
+}
+
+TEST(QuantizeAtLoad, LayersWithoutTensorsRefused) {
+  // A config with no layer rule (no decoder_sparse_step / mlp_only_layers): layers past the tensors were taken as
+  // dense, and a huge num_hidden_layers pushed one summary per layer before any check (out of memory).
+  for (int64_t n : {int64_t{5}, int64_t{1000000000000000}}) {
+    Model m = make_model(Family::Qwen, DType::BF16);
+    m.config.erase("decoder_sparse_step");
+    m.config.erase("mlp_only_layers");
+    m.config["num_hidden_layers"] = n;
+    const std::string d = write_model("layers_" + std::to_string(n), m, DType::BF16);
+    expect_error<FormatError>([&] { Checkpoint::open(d); },
+                              {"layer 2 has no tensors at all", "config.json",
+                               "num_hidden_layers = " + std::to_string(n), "the highest layer with tensors is 1"});
+  }
+  // Qwen: layer 0, dense by mlp_only_layers, has no tensors at all (was taken as dense).
+  Model m = make_model(Family::Qwen, DType::BF16);
+  drop_src(m, "model.layers.0.");
+  const std::string d = write_model("layer0_missing", m, DType::BF16);
+  expect_error<FormatError>([&] { Checkpoint::open(d); },
+                            {"layer 0 has no tensors at all", "num_hidden_layers = 2",
+                             "the highest layer with tensors is 1"});
+}
+
+TEST(QuantizeAtLoad, NonPositiveNumExpertsRefused) {
+  for (auto [f, field] : {std::pair{Family::Qwen, "num_experts"}, {Family::Mixtral, "num_local_experts"},
+                          {Family::DeepSeek, "n_routed_experts"}})
+    for (int v : {0, -5}) {
+      Model m = make_model(f, DType::BF16);
+      m.config[field] = v;
+      const std::string d = write_model(std::string(field) + "_" + std::to_string(v), m, DType::BF16);
+      const int l = f == Family::Mixtral ? 0 : 1;
+      expect_error<FormatError>([&] { Checkpoint::open(d); },
+                                {"config.json", std::string("field ") + field, "expected a positive integer",
+                                 "got " + std::to_string(v), "layer " + std::to_string(l) + " holds 4 experts"});
+    }
+}
+
+TEST(QuantizeAtLoad, DeclaredSharedExpertWithoutTensorsRefused) {
+  // DeepSeek: n_shared_experts = 2 but no shared_experts.* tensors (was: loaded without its shared expert).
+  Model ds = make_model(Family::DeepSeek, DType::BF16);
+  drop_src(ds, ".shared_experts.");
+  const std::string d = write_model("ds_no_shared", ds, DType::BF16);
+  expect_error<FormatError>([&] { Checkpoint::open(d); },
+                            {"layer 1", "config.json", "field n_shared_experts = 2", "declares a shared expert",
+                             "no tensors model.layers.1.mlp.shared_experts.*",
+                             "model.layers.1.mlp.shared_experts.down_proj.weight"});
+  // Qwen2 style width on a checkpoint without a shared expert; 0 declares none.
+  Model qw = make_model(Family::Qwen, DType::BF16);
+  qw.config["shared_expert_intermediate_size"] = 32;
+  expect_error<FormatError>([&] { Checkpoint::open(write_model("qw_no_shared", qw, DType::BF16)); },
+                            {"field shared_expert_intermediate_size = 32", "declares a shared expert"});
+  qw.config["shared_expert_intermediate_size"] = 0;
+  EXPECT_EQ(Checkpoint::open(write_model("qw_shared_0", qw, DType::BF16))->spec(1).shared_intermediate, 0);
+}
+
+TEST(QuantizeAtLoad, ZeroSizeExpertTensorWithHugeDimRefused) {
+  // A zero-size tensor may have any other dimension (valid safetensors); I is taken only once [H, I] matched, so
+  // no product of it is formed before the shape check.
+  Model m = make_model(Family::Qwen, DType::BF16);
+  Src& s = src_of(m, "model.layers.1.mlp.experts.0.down_proj.weight");
+  s.shape = {0, int64_t{1} << 62};
+  s.v.clear();
+  expect_error<FormatError>([&] { Checkpoint::open(write_model("down_2p62", m, DType::BF16)); },
+                            {"layer 1", "experts.0.down_proj.weight", "expected shape [64, I]",
+                             "[0, 4611686018427387904]"});
+}
+
+TEST(QuantizeAtLoad, NonFiniteRouterBiasOrSharedGateRefused) {
+  const std::string router = "model.layers.1.mlp.gate.weight";
+  auto expect_refused = [](const std::string& dir, std::initializer_list<std::string> parts) {
+    auto ck = Checkpoint::open(dir);
+    expect_error<FormatError>([&] { ck->load_layer(1); }, parts);
+    expect_error<FormatError>([&] { ck->load_shard(1, ParallelConfig{}); }, parts);
+  };
+  {  // a BF16 router NaN: the tokens' logits NaN, top-k selects nothing sensible
+    Model m = make_model(Family::Qwen, DType::BF16);
+    src_of(m, router).v[70] = std::numeric_limits<float>::quiet_NaN();
+    expect_refused(write_model("router_nan", m, DType::BF16),
+                   {"layer 1", "tensor " + router, "expected finite values", "got nan", "index 70 ([1, 6])"});
+  }
+  {  // an F32 router finite in fp32 but inf once rounded to the bf16 MoeWeights holds
+    Model m = make_model(Family::Qwen, DType::F32);
+    src_of(m, router).v[2] = 3.4e38f;
+    expect_refused(write_model("router_f32_big", m, DType::F32),
+                   {"tensor " + router, "expected finite values", "index 2 ([0, 2])", "inf once rounded to bf16"});
+  }
+  {  // DeepSeek's correction bias (F32): an Inf would put expert 3 in every token's top-k
+    Model m = make_model(Family::DeepSeek, DType::BF16);
+    src_of(m, "model.layers.1.mlp.gate.e_score_correction_bias").v[3] = std::numeric_limits<float>::infinity();
+    expect_refused(write_model("bias_inf", m, DType::BF16),
+                   {"tensor model.layers.1.mlp.gate.e_score_correction_bias", "expected finite values",
+                    "got inf at index 3"});
+  }
+  {  // Qwen2's shared expert gate [1, H] (BF16)
+    Model m = make_model(Family::Qwen, DType::BF16);
+    m.config["shared_expert_intermediate_size"] = I;
+    const std::string mod = "model.layers.1.mlp.";
+    for (auto [p, n, k] : {std::tuple{"gate_proj", I, H}, {"up_proj", I, H}, {"down_proj", H, I}})
+      m.src.push_back(Src{mod + "shared_expert." + p + ".weight", {n, k}, std::vector<float>(size_t(n * k), 0.01f)});
+    m.src.push_back(Src{mod + "shared_expert_gate.weight", {1, H}, std::vector<float>(size_t(H), 0.5f)});
+    const MoeWeights ok = Checkpoint::open(write_model("shared_gate_ok", m, DType::BF16))->load_layer(1);
+    EXPECT_EQ(ok.shared_gate_weight.size(), size_t(H));
+    src_of(m, mod + "shared_expert_gate.weight").v[7] = -std::numeric_limits<float>::infinity();
+    expect_refused(write_model("shared_gate_ninf", m, DType::BF16),
+                   {"tensor " + mod + "shared_expert_gate.weight", "expected finite values", "got -inf at index 7"});
+  }
+}
+
 }  // namespace
