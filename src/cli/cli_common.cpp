@@ -1,13 +1,39 @@
 #include "cli/cli_common.h"
 
+#include <CLI/CLI.hpp>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
+#include <limits>
+
+#include "nvfp4moe/error.h"
 
 namespace nvfp4moe::cli {
+
+CLI::Validator seed_check() {
+  return CLI::Validator(
+      [](std::string& s) -> std::string {
+        char* end = nullptr;
+        errno = 0;
+        if (!s.empty() && std::isdigit(static_cast<unsigned char>(s[0]))) std::strtoull(s.c_str(), &end, 0);
+        if (end && *end == '\0' && errno == 0) return {};
+        return "expected an integer in [0, 18446744073709551615], got '" + s + "'";
+      },
+      "UINT64");
+}
+
+size_t shard_bytes_from_mb(double mb) {
+  NVFP4MOE_CHECK(std::isfinite(mb) && mb > 0, ArgumentError, "--shard-mb: expected a finite size in MB > 0, got ", mb);
+  const double bytes = mb * 1e6;
+  if (bytes >= static_cast<double>(std::numeric_limits<size_t>::max())) return std::numeric_limits<size_t>::max();
+  return std::max<size_t>(1, static_cast<size_t>(bytes));
+}
 
 double now_seconds() {
   using clock = std::chrono::steady_clock;

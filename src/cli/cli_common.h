@@ -15,6 +15,7 @@
 
 namespace CLI {
 class App;
+class Validator;
 }
 
 namespace nvfp4moe::cli {
@@ -29,6 +30,21 @@ Command add_gen_command(CLI::App& parent);
 Command add_inspect_command(CLI::App& parent);
 Command add_run_command(CLI::App& parent);
 Command add_demo_command(CLI::App& parent);
+
+// ------------------------------------------------------------------ bounds of the size flags
+// Every product the commands form from these (T x H, T x E, E x H x I, ep x tp ...) stays far from int64 overflow,
+// and a value past a bound is refused naming the flag (CLI11 alone saturates an out-of-range integer silently).
+constexpr int64_t kMaxTokens = 65536;  // run --tokens (quantize/calibrate --random-calibration: quantize.h)
+constexpr int64_t kMaxDim = 65536;     // bench/gen --hidden, --intermediate, --shared-intermediate
+constexpr int64_t kMaxExperts = 4096;  // bench/gen --experts
+constexpr int kMaxLayers = 1024;       // gen --layers
+constexpr int kMaxRanks = 4096;        // run --ep, --tp (each)
+
+// --seed: an integer in [0, 2^64 - 1]; CLI11 alone wraps "-1" to 2^64 - 1 and saturates a larger value.
+CLI::Validator seed_check();
+// --shard-mb MB -> bytes: refuses a non-finite or non-positive value (ArgumentError naming the flag); a value past
+// 2^64 bytes means no limit (SIZE_MAX), one under a byte means one byte (every tensor in its own shard).
+size_t shard_bytes_from_mb(double mb);
 
 // ------------------------------------------------------------------ small helpers (cli_common.cpp)
 double now_seconds();                      // monotonic clock

@@ -51,6 +51,8 @@ uint64_t logits_seed(uint64_t seed, int l, RoutingKind rk) {
 double budget_share(RoutingKind r) { return r == RoutingKind::Uniform ? 1.0 : 0.5; }
 
 // ------------------------------------------------------------------ options and their checks
+constexpr int kMaxBenchLayers = 256;  // --layers
+
 struct BenchOpts {
   std::string preset;
   int64_t hidden = 0, intermediate = 0, experts = 0, top_k = 0, shared_intermediate = 0;
@@ -166,8 +168,12 @@ BenchPlan make_plan(const BenchOpts& o, bool dims_given) {
   }
   NVFP4MOE_CHECK(o.layers >= 8, ArgumentError, "--layers: the protocol needs >= 8 distinct layers per replay (so the "
                  "L2 cannot hold what a replay reads), got ", o.layers);
+  // Each layer holds its own host router logits [max T, E] (and device weights): a bound, not an unchecked count.
+  NVFP4MOE_CHECK(o.layers <= kMaxBenchLayers, ArgumentError, "--layers: expected 8..", kMaxBenchLayers,
+                 " distinct layers per replay, got ", o.layers);
   NVFP4MOE_CHECK(o.iters >= 1, ArgumentError, "--iters: expected >= 1 timed replays (the protocol: >= 50), got ", o.iters);
-  NVFP4MOE_CHECK(o.warmup >= 1, ArgumentError, "--warmup: expected >= 1, got ", o.warmup);
+  NVFP4MOE_CHECK(o.iters <= 100000, ArgumentError, "--iters: expected at most 100000 timed replays, got ", o.iters);
+  NVFP4MOE_CHECK(o.warmup >= 1 && o.warmup <= 10000, ArgumentError, "--warmup: expected 1..10000, got ", o.warmup);
   NVFP4MOE_CHECK(o.time_budget >= 0, ArgumentError, "--time-budget: expected seconds >= 0 (0 = none), got ",
                  o.time_budget);
   p.out_bytes = o.out_dtype == "f32" ? 4 : 2;
@@ -692,11 +698,14 @@ Command add_bench_command(CLI::App& parent) {
                "benchmarks.md protocol) and write JSON rows");
   app->add_option("--preset", o->preset, "Shape: deepseek-v3, qwen3-235b, qwen3-30b, gpt-oss-120b, nemotron-nano");
   std::vector<CLI::Option*> dims;
-  dims.push_back(app->add_option("--hidden", o->hidden, "H (instead of --preset)"));
-  dims.push_back(app->add_option("--intermediate", o->intermediate, "I per routed expert"));
-  dims.push_back(app->add_option("--experts", o->experts, "E"));
+  dims.push_back(app->add_option("--hidden", o->hidden, "H (instead of --preset), 1..65536")
+                     ->check(CLI::Range(int64_t{1}, kMaxDim)));
+  dims.push_back(app->add_option("--intermediate", o->intermediate, "I per routed expert, 1..65536")
+                     ->check(CLI::Range(int64_t{1}, kMaxDim)));
+  dims.push_back(app->add_option("--experts", o->experts, "E, 1..4096")->check(CLI::Range(int64_t{1}, kMaxExperts)));
   dims.push_back(app->add_option("--top-k", o->top_k, "k"));
-  dims.push_back(app->add_option("--shared-intermediate", o->shared_intermediate, "Shared expert width (0 = none)"));
+  dims.push_back(app->add_option("--shared-intermediate", o->shared_intermediate, "Shared expert width (0 = none)")
+                     ->check(CLI::Range(int64_t{0}, kMaxDim)));
   dims.push_back(app->add_option("--activation", o->activation, "swiglu (default) or relu2")
                      ->check(CLI::IsMember({"swiglu", "relu2"})));
   dims.push_back(app->add_option("--routing-fn", o->routing_fn, "softmax (default) or sigmoid-grouped (with bias)")
@@ -708,14 +717,14 @@ Command add_bench_command(CLI::App& parent) {
   app->add_option("--mode", o->modes, "w4a16 and/or w4a4, comma-separated (default w4a16)");
   app->add_option("--routing", o->routings,
                   "uniform, skewed and/or balanced (every expert T*k/E rows), comma-separated (default uniform)");
-  app->add_option("--layers", o->layers, "Distinct layers per graph replay (>= 8; default 8)");
-  app->add_option("--iters", o->iters, "Timed replays per point (default 50; the protocol needs >= 50)");
-  app->add_option("--warmup", o->warmup, "Warm-up replays per point (default 3)");
+  app->add_option("--layers", o->layers, "Distinct layers per graph replay (8..256; default 8)");
+  app->add_option("--iters", o->iters, "Timed replays per point (default 50; the protocol needs >= 50; <= 100000)");
+  app->add_option("--warmup", o->warmup, "Warm-up replays per point (default 3; <= 10000)");
   app->add_option("--time-budget", o->time_budget,
                   "Seconds for this invocation (0 = none): points predicted to overrun are dropped and recorded");
   app->add_option("--json", o->json_path, "Write the results (rewritten after every point) to this file");
   app->add_option("--git-sha", o->git_sha, "Recorded in the JSON (default: env NVFP4MOE_GIT_SHA)");
-  app->add_option("--seed", o->seed, "Seed of weights and inputs (default 1)");
+  app->add_option("--seed", o->seed, "Seed of weights and inputs (default 1)")->check(seed_check());
   app->add_option("--device", o->device, "CUDA device ordinal (default 0)");
   app->add_option("--out-dtype", o->out_dtype, "Layer output dtype: bf16 (default) or f32")
       ->check(CLI::IsMember({"bf16", "f32"}));

@@ -22,8 +22,10 @@ Command add_calibrate_command(CLI::App& parent) {
   app->add_option("in", o->in, "NVFP4 (ModelOpt) checkpoint directory")->required();
   app->add_option("out", o->out, "Output directory (must not exist)")->required();
   app->add_option("--calibration", o->c.file, "safetensors file with layer.L.hidden [N, H] per MoE layer");
-  app->add_option("--random-calibration", o->c.random_tokens, "N random N(0,1) tokens per layer instead (smoke test)");
-  app->add_option("--seed", o->c.seed, "Seed of --random-calibration (default 1)");
+  app->add_option("--random-calibration", o->c.random_tokens,
+                  "N random N(0,1) tokens per layer instead, 1..65536 (smoke test)")
+      ->check(CLI::Range(int64_t{1}, model::kMaxRandomCalibrationTokens));
+  app->add_option("--seed", o->c.seed, "Seed of --random-calibration (default 1)")->check(seed_check());
   return {app, [o] {
             const model::CalibrateResult r = model::calibrate_checkpoint(o->in, o->out, o->c);
             std::printf("calibrated %zu input scales of %zu MoE layer(s) in %s: %s\n", r.input_scales_written,

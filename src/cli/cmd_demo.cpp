@@ -54,7 +54,7 @@ Command add_demo_command(CLI::App& parent) {
   app->add_option("--tokens", o->tokens, "Tokens of random input (default 32)")->check(CLI::Range(1, 4096));
   app->add_option("--backend", o->backend, "auto (cuda when a device is present, else cpu), cpu or cuda")
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
-  app->add_option("--seed", o->seed, "Seed of weights and input (default 1)");
+  app->add_option("--seed", o->seed, "Seed of weights and input (default 1)")->check(seed_check());
 
   return {app, [o] {
             Backend backend = Backend::Cpu;

@@ -27,13 +27,14 @@ Command add_quantize_command(CLI::App& parent) {
   app->add_option("--calibration", o->q.calibration.file,
                   "safetensors file with sample hidden states layer.L.hidden [N, H] per MoE layer (input scales)");
   app->add_option("--random-calibration", o->q.calibration.random_tokens,
-                  "Calibrate input scales on N random N(0,1) tokens per layer instead (smoke test)");
-  app->add_option("--seed", o->q.calibration.seed, "Seed of --random-calibration (default 1)");
-  app->add_option("--shard-mb", o->shard_mb, "Shard size in MB (default 4000)");
+                  "Calibrate input scales on N random N(0,1) tokens per layer instead, 1..65536 (smoke test)")
+      ->check(CLI::Range(int64_t{1}, model::kMaxRandomCalibrationTokens));
+  app->add_option("--seed", o->q.calibration.seed, "Seed of --random-calibration (default 1)")->check(seed_check());
+  app->add_option("--shard-mb", o->shard_mb, "Shard size in MB, > 0 (default 4000)");
   app->add_option("--device", o->device, "Quantize the experts on: cpu (default) or cuda (GPU 0; the same bits)")
       ->check(CLI::IsMember({"cpu", "cuda"}));
   return {app, [o] {
-            o->q.max_shard_bytes = static_cast<size_t>(o->shard_mb * 1e6);
+            o->q.max_shard_bytes = shard_bytes_from_mb(o->shard_mb);
             o->q.cuda = o->device == "cuda";
             o->q.on_layer = [](const model::LayerTiming& t) {
               std::printf("layer %d: quantized %.3f GB of expert weights in %.3f s (%.2f GB/s), calibrated in %.3f s\n",

@@ -157,6 +157,9 @@ Inputs read_input_file(const std::string& path, const MoeSpec& spec) {
     NVFP4MOE_CHECK(logits->shape == (std::vector<int64_t>{T, E}), ArgumentError, "--input ", path,
                    ": tensor 'router_logits' must have shape [T=", T, ", E=", E, "], got ", shape_str(logits->shape));
     in.logits = copy_tensor<float>(*logits);
+    for (size_t i = 0; i < in.logits.size(); ++i)
+      NVFP4MOE_CHECK(std::isfinite(in.logits[i]), ArgumentError, "--input ", path, ": router_logits[", i / E, ", ",
+                     i % E, "] is not finite (", in.logits[i], "); expected finite logits");
     in.have_logits = true;
     in.desc = detail::cat("hidden ", dtype_name(hidden->dtype), " and router_logits from ", path);
     return in;
@@ -215,23 +218,33 @@ LayerRunResult run_layer(const Checkpoint& checkpoint, const LayerRunRequest& re
   // Everything cheap is checked before anything is loaded.
   find_moe_layer(checkpoint, req.layer);
   const MoeSpec spec = checkpoint.spec(req.layer);
-  const bool sharded = req.ep * req.tp > 1;
+  // Each size alone first: ep x tp is formed only once both are known to be small.
+  NVFP4MOE_CHECK(req.ep >= 1 && req.ep <= kMaxRanks, ArgumentError, "--ep: expected 1..", kMaxRanks, ", got ", req.ep);
+  NVFP4MOE_CHECK(req.tp >= 1 && req.tp <= kMaxRanks, ArgumentError, "--tp: expected 1..", kMaxRanks, ", got ", req.tp);
+  const bool sharded = req.ep > 1 || req.tp > 1;
   if (sharded) {
-    NVFP4MOE_CHECK(req.ep >= 1 && req.tp >= 1, ArgumentError, "--ep/--tp: expected >= 1, got ", req.ep, "/", req.tp);
     NVFP4MOE_CHECK(req.backend == Backend::Cpu, ArgumentError, "--ep ", req.ep, " --tp ", req.tp,
                    " with --backend cuda: the multi-GPU run (one process per GPU over NCCL) is not built yet "
                    "(issue 6: blocked, no multi-GPU machine to run it on); use --backend cpu, which runs every "
                    "rank's shard on the CPU and compares");
-    for (int r = 0; r < req.ep * req.tp; ++r) plan_shard(spec, ParallelConfig::of_rank(req.ep, req.tp, r));
+    const int64_t ranks = int64_t{req.ep} * req.tp;
+    for (int64_t r = 0; r < ranks; ++r) plan_shard(spec, ParallelConfig::of_rank(req.ep, req.tp, static_cast<int>(r)));
   }
   check_backend(req.backend);
+  // An unquantized checkpoint has no activation input scales: refused here, before the load and the reference.
+  NVFP4MOE_CHECK(req.mode != Mode::W4A4 || checkpoint.format() != CheckpointFormat::Bf16, ArgumentError,
+                 "--mode w4a4: layer ", req.layer, " of ", checkpoint.path(), " is unquantized (bf16, quantized to "
+                 "NVFP4 at load) and has no activation input scales; expected --mode w4a16, or w4a4 on a checkpoint "
+                 "with input scales: `nvfp4moe quantize IN OUT --calibration FILE` (or `nvfp4moe calibrate` on its "
+                 "output), got w4a4");
   if (!req.output_path.empty()) check_output_path(req.output_path);
 
   Inputs in;
   if (!req.input_path.empty()) {
     in = read_input_file(req.input_path, spec);
   } else {
-    NVFP4MOE_CHECK(req.tokens >= 1, ArgumentError, "--tokens must be >= 1, got ", req.tokens);
+    NVFP4MOE_CHECK(req.tokens >= 1 && req.tokens <= kMaxTokens, ArgumentError, "--tokens: expected 1..", kMaxTokens,
+                   ", got ", req.tokens);
     in.tokens = req.tokens;
   }
   const int64_t T = in.tokens, H = spec.hidden, E = spec.num_experts, k = spec.top_k;
@@ -352,10 +365,10 @@ Command add_run_command(CLI::App& parent) {
                                 "safetensors with 'hidden' [T,H] BF16|F32 and 'router_logits' [T,E] F32 or "
                                 "'topk_ids' [T,k] I32 + 'topk_weights' [T,k] F32");
   app->add_option("--output", o->req.output_path, "Write 'out' [T,H] F32 to this safetensors file (atomically)");
-  app->add_option("--tokens", o->req.tokens, "Tokens of random input (default 16)")
-      ->check(CLI::PositiveNumber)
+  app->add_option("--tokens", o->req.tokens, "Tokens of random input, 1..65536 (default 16)")
+      ->check(CLI::Range(int64_t{1}, kMaxTokens))
       ->excludes(input);
-  app->add_option("--seed", o->req.seed, "Seed of the random input (default 1)")->excludes(input);
+  app->add_option("--seed", o->req.seed, "Seed of the random input (default 1)")->check(seed_check())->excludes(input);
   app->add_option("--backend", o->backend, "cpu or cuda (default cpu)")->check(CLI::IsMember({"cpu", "cuda"}));
   app->add_option("--routing-from", o->routing_from,
                   "Random input routing: router (logits = hidden . router^T) or logits (random); default: router "
@@ -367,9 +380,9 @@ Command add_run_command(CLI::App& parent) {
                   "Expert-parallel ranks (cpu backend: each rank's shard loaded on its own and run in this "
                   "process, sum compared with the unsharded layer; --output then holds the ranks' combine). "
                   "The multi-GPU NCCL launch is not built yet (docs/parallel.md)")
-      ->check(CLI::PositiveNumber);
+      ->check(CLI::Range(1, kMaxRanks));
   app->add_option("--tp", o->req.tp, "Tensor-parallel ranks (split of the intermediate dimension; as --ep)")
-      ->check(CLI::PositiveNumber);
+      ->check(CLI::Range(1, kMaxRanks));
 
   return {app, [o] {
             LayerRunRequest req = o->req;

@@ -136,6 +136,9 @@ void copy_side_files(const std::string& in_dir, const std::string& out_dir) {
 class Calibration {
  public:
   explicit Calibration(const CalibrationSource& src) : src_(src) {
+    NVFP4MOE_CHECK(src.random_tokens >= 0 && src.random_tokens <= kMaxRandomCalibrationTokens, ArgumentError,
+                   "--random-calibration: expected 1..", kMaxRandomCalibrationTokens, " tokens per layer, got ",
+                   src.random_tokens);
     NVFP4MOE_CHECK(!src.file.empty() || src.random_tokens > 0, ArgumentError,
                    "calibration: w4a4 input scales need sample activations: expected --calibration FILE.safetensors "
                    "or --random-calibration N (N > 0), got neither");

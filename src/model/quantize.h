@@ -27,6 +27,8 @@
 
 namespace nvfp4moe::model {
 
+constexpr int64_t kMaxRandomCalibrationTokens = 65536;  // CalibrationSource::random_tokens: 0 (none) or 1..65536
+
 // Sample activations: a safetensors file with "layer.L.hidden" [N, H] (BF16, F16 or F32) per MoE layer, or
 // random_tokens random N(0, 1) bf16 tokens per layer (a smoke test; seeded).
 struct CalibrationSource {

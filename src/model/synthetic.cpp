@@ -107,7 +107,6 @@ void weight_row(uint64_t key, int64_t n, int64_t k_dim, float* out) {
   }
 }
 
-constexpr int kMaxCalibrationTokens = 64;
 constexpr int64_t kParallelMin = int64_t(1) << 20;  // smaller tensors: threads cost more than they save
 
 // Generates weight [N, K] into bf16 bits (one pass, threaded over rows); returns amax(|W|).
@@ -210,6 +209,9 @@ SyntheticModel resolve_synthetic(const SyntheticOptions& o) {
   s.norm_topk_prob = o.norm_topk_prob.value_or(true);
   s.shared_intermediate = o.shared_intermediate.value_or(preset ? preset->shared : 0);
   s.routed_scaling_factor = o.routed_scaling_factor.value_or(preset ? preset->scale : 1.0f);
+  // config.json cannot hold inf (JSON writes null, which loads as the default 1.0: a different model).
+  NVFP4MOE_CHECK(std::isfinite(s.routed_scaling_factor) && s.routed_scaling_factor > 0, ArgumentError,
+                 "routed_scaling_factor: expected a finite value > 0, got ", s.routed_scaling_factor);
   if (s.routing == Routing::SigmoidGroupedTopK) {
     s.n_group = o.n_group.value_or(preset ? preset->n_group : 1);
     if (!o.n_group)
@@ -557,11 +559,17 @@ SyntheticResult generate_synthetic_checkpoint(const std::string& dir, const Synt
   const bool non_empty = exists && !fs::is_empty(target);
   NVFP4MOE_CHECK(!non_empty || options.overwrite, ArgumentError, "dir: ", dir,
                  " exists and is not empty (pass overwrite to replace it)");
-  if (target.has_parent_path()) fs::create_directories(target.parent_path());
-
-  const fs::path tmp = target.string() + ".tmp-" + random_suffix();
   std::vector<Planned> planned = plan(m);
+  // The missing parent directories, deepest first: created here and, on failure, removed again (only those, and
+  // only while empty).
+  std::vector<fs::path> created;
+  for (fs::path p = target.parent_path(); !p.empty() && !fs::exists(p); p = p.parent_path()) {
+    created.push_back(p);
+    if (p == p.parent_path()) break;
+  }
+  const fs::path tmp = target.string() + ".tmp-" + random_suffix();
   try {
+    if (!created.empty()) fs::create_directories(target.parent_path());
     fs::create_directories(tmp);
     write_text(tmp / "config.json", config_json(m).dump(2) + "\n");
     write_text(tmp / "hf_quant_config.json", quant_json(m).dump(2) + "\n");
@@ -647,6 +655,7 @@ SyntheticResult generate_synthetic_checkpoint(const std::string& dir, const Synt
   } catch (...) {
     std::error_code ec;
     fs::remove_all(tmp, ec);
+    for (const fs::path& p : created) fs::remove(p, ec);  // fails (and stops nothing) where p is not empty
     throw;
   }
   res.seconds = now_s() - t0;

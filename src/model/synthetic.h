@@ -31,6 +31,8 @@ enum class ModelStyle : uint8_t {
 const char* style_name(ModelStyle s);                          // "deepseek_v3", "qwen3_moe", ...
 bool style_from_name(const std::string& name, ModelStyle* out);
 
+constexpr int kMaxCalibrationTokens = 64;  // SyntheticOptions::calibration_tokens: 1..64
+
 // Every field left unset takes the preset's value (or, without a preset, a documented default).
 struct SyntheticOptions {
   std::string preset;                    // one of synthetic_presets(); "" = explicit fields (hidden, I, E, k needed)

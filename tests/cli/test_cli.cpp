@@ -26,8 +26,10 @@
 #include "cpu/reference.h"
 #include "format/nvfp4.h"
 #include "io/safetensors.h"
+#include "model/synthetic.h"
 #include "support/cli_runner.h"
 #include "nvfp4moe/checkpoint.h"
+#include "nvfp4moe/error.h"
 #include "nvfp4moe/moe.h"
 
 namespace fs = std::filesystem;
@@ -359,6 +361,93 @@ TEST_F(CliFixture, BadArguments) {
   EXPECT_FALSE(fs::exists(out + ".tmp"));
 }
 
+// Size flags have real upper bounds (CLI11 alone saturates an out-of-range integer and wraps a negative seed);
+// each refusal names the flag, the range and the value given.
+TEST_F(CliFixture, SizeFlagsAreBounded) {
+  TempDir tmp;
+  const std::string out = tmp / "out.safetensors";
+  expect_error(run("--mode w4a16 --tokens 0", out), 2, "--tokens: Value 0 not in range 1 to 65536");
+  expect_error(run("--mode w4a16 --tokens 65537", out), 2, "--tokens: Value 65537 not in range 1 to 65536");
+  expect_error(run("--mode w4a16 --tokens 99999999999999999999", out), 2,
+               "--tokens: Value 99999999999999999999 not in range 1 to 65536");
+  // ep x tp overflowed int and ran unsharded
+  expect_error(run("--mode w4a16 --ep 65536 --tp 65536", out), 2, "--ep: Value 65536 not in range 1 to 4096");
+  expect_error(run("--mode w4a16 --ep 2147483647 --tp 2", out), 2, "--ep: Value 2147483647 not in range 1 to 4096");
+  expect_error(run("--mode w4a16 --tp 0", out), 2, "--tp: Value 0 not in range 1 to 4096");
+  expect_error(run("--mode w4a16 --seed -1", out), 2,
+               "--seed: expected an integer in [0, 18446744073709551615], got '-1'");
+  expect_error(run("--mode w4a16 --seed 18446744073709551616", out), 2, "got '18446744073709551616'");
+  EXPECT_FALSE(fs::exists(out));
+  const std::string g = tmp / "g";
+  const std::string gen = "gen --hidden 64 --intermediate 32 --experts 4 --top-k 2 --out '" + g + "' ";
+  expect_error(cli(gen + "--layers 1025"), 2, "--layers: Value 1025 not in range 1 to 1024");
+  expect_error(cli(gen + "--layers 0"), 2, "--layers: Value 0 not in range 1 to 1024");
+  expect_error(cli(gen + "--calibration-tokens 65"), 2, "--calibration-tokens: Value 65 not in range 1 to 64");
+  expect_error(cli(gen + "--seed -1"), 2, "--seed: expected an integer");
+  expect_error(cli("gen --hidden 64 --intermediate 32 --experts 4097 --top-k 2 --out '" + g + "'"), 2,
+               "--experts: Value 4097 not in range 1 to 4096");
+  expect_error(cli("gen --hidden 99999999999999999999 --intermediate 32 --experts 4 --top-k 2 --out '" + g + "'"), 2,
+               "--hidden: Value 99999999999999999999 not in range 1 to 65536");
+  expect_error(cli("gen --hidden 64 --intermediate 4611686018427387904 --experts 4 --top-k 2 --out '" + g + "'"), 2,
+               "--intermediate: Value 4611686018427387904 not in range 1 to 65536");
+  // --shard-mb: finite and > 0; a value past 2^64 bytes is no limit (one shard), not a wrong refusal
+  expect_error(cli(gen + "--shard-mb nan"), 1, "--shard-mb: expected a finite size in MB > 0, got nan");
+  expect_error(cli(gen + "--shard-mb -5"), 1, "--shard-mb: expected a finite size in MB > 0, got -5");
+  expect_error(cli(gen + "--shard-mb 0"), 1, "--shard-mb: expected a finite size in MB > 0, got 0");
+  EXPECT_FALSE(fs::exists(g));
+  Result r = cli(gen + "--shard-mb 1e300");
+  ASSERT_EQ(r.code, 0) << r.all();
+  EXPECT_TRUE(fs::exists(g + "/config.json"));
+}
+
+// gen --scaling: inf (or a value past the float range) was written to config.json as null, which loads as 1.0.
+TEST_F(CliFixture, GenRefusesNonFiniteScaling) {
+  TempDir tmp;
+  const std::string g = tmp / "g";
+  const std::string gen =
+      "gen --hidden 64 --intermediate 32 --experts 4 --top-k 2 --routing deepseek --out '" + g + "'";
+  expect_error(cli(gen + " --scaling inf"), 1, "--scaling: expected a finite routed_scaling_factor > 0");
+  expect_error(cli(gen + " --scaling inf"), 1, "got inf");
+  expect_error(cli(gen + " --scaling 1e39"), 1, "got 1e+39");
+  expect_error(cli(gen + " --scaling nan"), 1, "--scaling");
+  expect_error(cli(gen + " --scaling -1"), 1, "got -1");
+  EXPECT_FALSE(fs::exists(g));
+  // the library refuses it too (Python's generate_checkpoint goes there)
+  model::SyntheticOptions o;
+  o.hidden = 64;
+  o.intermediate = 32;
+  o.experts = 4;
+  o.top_k = 2;
+  o.routing = Routing::SigmoidGroupedTopK;
+  o.routed_scaling_factor = INFINITY;
+  try {
+    model::resolve_synthetic(o);
+    ADD_FAILURE() << "routed_scaling_factor = inf was accepted";
+  } catch (const ArgumentError& e) {
+    EXPECT_NE(std::string(e.what()).find("routed_scaling_factor: expected a finite value > 0, got inf"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+// A failed gen removes the parent directories it created (and only those).
+TEST(GenCleanup, FailedGenRemovesTheParentsItCreated) {
+  TempDir tmp;
+  fs::create_directories(tmp / "keep");
+  std::ofstream(tmp / "keep/file.txt") << "x";
+  model::SyntheticOptions o;
+  o.hidden = 16;
+  o.intermediate = int64_t(1) << 62;  // passes the option checks, fails in the writer (size overflows int64)
+  o.experts = 1;
+  o.top_k = 1;
+  EXPECT_THROW(model::generate_synthetic_checkpoint(tmp / "keep/a/b/ck", o), Error);
+  EXPECT_FALSE(fs::exists(tmp / "keep/a"));
+  EXPECT_TRUE(fs::exists(tmp / "keep/file.txt"));
+  EXPECT_THROW(model::generate_synthetic_checkpoint(tmp / "np/a/b/ck", o), Error);
+  EXPECT_FALSE(fs::exists(tmp / "np"));
+  EXPECT_EQ(std::distance(fs::directory_iterator(tmp.path()), fs::directory_iterator()), 1);  // only keep/
+}
+
 TEST_F(CliFixture, GenForceReplaces) {
   TempDir tmp;
   const std::string dir = tmp / "g";
@@ -382,6 +471,9 @@ TEST_F(CliFixture, BadInputFiles) {
   std::vector<int32_t> bad_ids = d.ids;
   bad_ids[3] = static_cast<int32_t>(E);
   std::vector<float> logits_wrong_e(static_cast<size_t>(T * (E + 1)), 0.f);
+  std::vector<float> logits_nan = d.logits, logits_inf = d.logits;
+  logits_nan[1 * E + 2] = NAN;
+  logits_inf[3 * E + 5] = -INFINITY;
 
   struct Case {
     const char* name;
@@ -428,6 +520,14 @@ TEST_F(CliFixture, BadInputFiles) {
                    {tensor("hidden", DType::BF16, {T, H}, d.hidden_bf16.data()),
                     tensor("router_logits", DType::F32, {T, E + 1}, logits_wrong_e.data())},
                    "'router_logits' must have shape [T=4, E=6]"});
+  cases.push_back({"logits_nan",
+                   {tensor("hidden", DType::BF16, {T, H}, d.hidden_bf16.data()),
+                    tensor("router_logits", DType::F32, {T, E}, logits_nan.data())},
+                   "router_logits[1, 2] is not finite (nan)"});
+  cases.push_back({"logits_inf",
+                   {tensor("hidden", DType::BF16, {T, H}, d.hidden_bf16.data()),
+                    tensor("router_logits", DType::F32, {T, E}, logits_inf.data())},
+                   "router_logits[3, 5] is not finite (-inf)"});
   cases.push_back({"extra_tensor",
                    {tensor("hidden", DType::BF16, {T, H}, d.hidden_bf16.data()),
                     tensor("router_logits", DType::F32, {T, E}, d.logits.data()),

@@ -23,6 +23,7 @@
 #include "cpu/reference.h"
 #include "format/nvfp4.h"
 #include "io/safetensors.h"
+#include "model/quantize.h"
 #include "support/cli_runner.h"
 #include "nvfp4moe/checkpoint.h"
 #include "nvfp4moe/error.h"
@@ -318,6 +319,59 @@ TEST_F(Quantize, BadInputOneErrorNoOutput) {
   write_bf16_checkpoint(in2, bad);
   expect_error(cli("quantize '" + in2 + "' '" + tmp / "o2" + "' --random-calibration 8"), 1, "expert 2");
   EXPECT_FALSE(fs::exists(tmp / "o2"));
+}
+
+// --random-calibration and --shard-mb are checked (naming the flag, the range and the value) before anything is
+// written; a --shard-mb past 2^64 bytes means no limit.
+TEST_F(Quantize, CalibrationAndShardFlagsAreBounded) {
+  TempDir tmp;
+  const auto model = make_bf16_model();
+  const std::string in = tmp / "bf16", out = tmp / "out";
+  write_bf16_checkpoint(in, model);
+  for (const char* cmd : {"quantize", "calibrate"}) {
+    SCOPED_TRACE(cmd);
+    const std::string base = std::string(cmd) + " '" + in + "' '" + out + "' ";
+    expect_error(cli(base + "--random-calibration -5"), 2, "--random-calibration: Value -5 not in range 1 to 65536");
+    expect_error(cli(base + "--random-calibration 4611686018427387904"), 2,
+                 "--random-calibration: Value 4611686018427387904 not in range 1 to 65536");
+    expect_error(cli(base + "--random-calibration 8 --seed -1"), 2, "--seed: expected an integer");
+  }
+  const std::string q = "quantize '" + in + "' '" + out + "' --random-calibration 8 ";
+  expect_error(cli(q + "--shard-mb -5"), 1, "--shard-mb: expected a finite size in MB > 0, got -5");
+  expect_error(cli(q + "--shard-mb nan"), 1, "--shard-mb: expected a finite size in MB > 0, got nan");
+  EXPECT_FALSE(fs::exists(out));
+  EXPECT_FALSE(has_tmp_sibling(out));
+  const Result r = cli(q + "--shard-mb 1e300");
+  ASSERT_EQ(r.code, 0) << r.all();
+  EXPECT_TRUE(fs::exists(out + "/model.safetensors.index.json"));
+  // the library says which number it got (it said "got neither" for a negative count)
+  for (int64_t n : {int64_t{-5}, int64_t{65537}}) {
+    model::QuantizeOptions o;
+    o.calibration.random_tokens = n;
+    try {
+      model::quantize_checkpoint(in, tmp / "lib", o);
+      ADD_FAILURE() << "random_tokens = " << n << " was accepted";
+    } catch (const ArgumentError& e) {
+      EXPECT_NE(std::string(e.what()).find("--random-calibration: expected 1..65536 tokens per layer, got " +
+                                           std::to_string(n)),
+                std::string::npos)
+          << e.what();
+    }
+  }
+  EXPECT_FALSE(fs::exists(tmp / "lib"));
+}
+
+// run --mode w4a4 on an unquantized checkpoint: refused before the load, with the real reason.
+TEST_F(Quantize, RunW4a4OnUnquantizedIsRefusedUpFront) {
+  TempDir tmp;
+  const std::string in = tmp / "bf16", out = tmp / "out.safetensors";
+  write_bf16_checkpoint(in, make_bf16_model());
+  const Result r = cli("run '" + in + "' --layer 1 --mode w4a4 --tokens 4 --output '" + out + "'");
+  expect_error(r, 1, "--mode w4a4: layer 1 of " + in + " is unquantized (bf16, quantized to NVFP4 at load)");
+  expect_error(r, 1, "expected --mode w4a16, or w4a4 on a checkpoint with input scales");
+  EXPECT_FALSE(fs::exists(out));
+  const Result ok = cli("run '" + in + "' --layer 1 --mode w4a16 --tokens 4");
+  EXPECT_EQ(ok.code, 0) << ok.all();
 }
 
 // DeepSeek-style: F32 expert weights, a shared expert (mlp.shared_experts.*) and e_score_correction_bias.
