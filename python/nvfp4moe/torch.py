@@ -139,8 +139,8 @@ def fused_experts(
 ) -> torch.Tensor:
     """The routed-experts call of vLLM's MoE methods: out = sum_j topk_weights[:, j] * expert_{topk_ids[:, j]}(x).
 
-    hidden_states [T, H] bf16; topk_weights [T, k] (cast to float32); topk_ids [T, k] (cast to int32, -1 =
-    unused slot). ``layer`` is an NvFp4MoE, an nvfp4moe.MoeLayer, a handle, or an object with an
+    hidden_states [T, H] bf16; topk_weights [T, k] (cast to float32); topk_ids [T, k] (cast to int32, int64
+    values past int32 saturated so that they stay out of range; -1 = unused slot). ``layer`` is an NvFp4MoE, an nvfp4moe.MoeLayer, a handle, or an object with an
     ``.nvfp4moe`` attribute holding one. inplace=True writes the result into hidden_states. The extra keyword
     arguments vLLM passes (w1_scale, a1_scale, ...) are accepted and ignored: the weights live in the layer.
     """
@@ -155,6 +155,10 @@ def fused_experts(
         raise ValueError(f"activation: the layer computes {spec.activation}, got activation={activation!r}")
     if global_num_experts not in (-1, spec.num_experts):
         raise ValueError(f"global_num_experts: expected {spec.num_experts} (or -1), got {global_num_experts}")
+    if topk_ids.dtype == torch.int64:
+        # saturate, not wrap: an id past int32 stays out of range (2**32 + 1 would wrap to expert 1), and the
+        # layer then treats it as any out-of-range id; checking the values here would need a device sync
+        topk_ids = topk_ids.clamp(-2**31, 2**31 - 1)
     if topk_ids.dtype != torch.int32:
         topk_ids = topk_ids.to(torch.int32)
     if topk_weights.dtype != torch.float32:

@@ -125,3 +125,9 @@ def test_fused_experts(cpu_layer):
         nt.fused_experts(x, m, w, ids, expert_map=torch.arange(E))
     with pytest.raises(TypeError):
         nt.fused_experts(x, object(), w, ids)
+    # int64 ids past int32 must not wrap into range (2**32 + 1 is not expert 1): the cpu layer refuses them
+    for bad in (2**32 + 1, -(2**32) + 1):
+        wrapped = ids.clone()
+        wrapped[0, 0] = bad
+        with pytest.raises(ValueError, match="topk_ids"):
+            nt.fused_experts(x, cpu_layer, w, wrapped)
