@@ -8,6 +8,7 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <cfloat>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -58,7 +59,7 @@ struct BenchOpts {
   int64_t hidden = 0, intermediate = 0, experts = 0, top_k = 0, shared_intermediate = 0;
   std::string activation = "swiglu", routing_fn = "softmax";
   int64_t n_group = 1, topk_group = 1;
-  float scaling = 1.0f;
+  double scaling = 1.0;  // double: a value past the float range is refused, not turned into inf
   std::string tokens = "1,4,16,64,256,1024,4096,16384";
   std::string modes = "w4a16";
   std::string routings = "uniform";
@@ -127,7 +128,11 @@ BenchPlan make_plan(const BenchOpts& o, bool dims_given) {
       s.routing = Routing::SigmoidGroupedTopK;
       s.n_group = o.n_group;
       s.topk_group = o.topk_group;
-      s.routed_scaling_factor = o.scaling;
+      // Named here: MoeSpec::validate would only name routed_scaling_factor (and a float cast makes 1e39 inf).
+      NVFP4MOE_CHECK(std::isfinite(o.scaling) && o.scaling > 0 && o.scaling <= FLT_MAX, ArgumentError,
+                     "--scaling: expected a finite routed_scaling_factor > 0 (at most ", FLT_MAX, ", a float), got ",
+                     o.scaling);
+      s.routed_scaling_factor = static_cast<float>(o.scaling);
       s.has_router_bias = true;
     }
     s.shared_intermediate = o.shared_intermediate;

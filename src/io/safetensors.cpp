@@ -87,55 +87,6 @@ size_t find_invalid_utf8(const uint8_t* s, size_t n) {
   return std::string::npos;
 }
 
-// Parses JSON text, refusing duplicate keys (nlohmann keeps the last one silently) and deep nesting.
-// `what` names the text in messages ("header", "index").
-json parse_json_strict(const char* begin, const char* end, const std::string& file, const char* what) {
-  struct Level {
-    std::set<std::string> keys;
-    std::string last_key;
-    std::string name;  // key of this object in its parent ("" for the top level)
-  };
-  std::vector<Level> objects;
-  int depth = 0;
-  auto callback = [&](int, json::parse_event_t event, json& parsed) -> bool {
-    switch (event) {
-      case json::parse_event_t::object_start:
-      case json::parse_event_t::array_start:
-        if (++depth > kMaxJsonDepth) fail(file, what, " JSON nests deeper than ", kMaxJsonDepth, " levels");
-        if (event == json::parse_event_t::object_start)
-          objects.push_back({{}, {}, objects.empty() ? std::string() : objects.back().last_key});
-        break;
-      case json::parse_event_t::object_end:
-        objects.pop_back();
-        --depth;
-        break;
-      case json::parse_event_t::array_end:
-        --depth;
-        break;
-      case json::parse_event_t::key: {
-        Level& level = objects.back();
-        const std::string& key = parsed.get_ref<const std::string&>();
-        if (!level.keys.insert(key).second) {
-          if (objects.size() == 1)
-            fail(file, "duplicate key \"", key, "\" in the ", what,
-                 std::string(what) == "header" ? " (duplicate tensor name)" : "");
-          fail(file, "duplicate key \"", key, "\" in \"", level.name, "\" of the ", what);
-        }
-        level.last_key = key;
-        break;
-      }
-      case json::parse_event_t::value:
-        break;
-    }
-    return true;
-  };
-  try {
-    return json::parse(begin, end, callback, /*allow_exceptions=*/true, /*ignore_comments=*/false);
-  } catch (const json::exception& e) {
-    fail(file, what, " is not valid JSON: ", e.what());
-  }
-}
-
 // A non-negative JSON integer, or nullopt-like failure reported by the caller.
 bool get_nonneg_integer(const json& v, uint64_t* out) {
   if (v.is_number_unsigned()) {
@@ -246,6 +197,56 @@ std::string read_small_file(const std::string& path, uint64_t limit, const std::
 
 }  // namespace
 
+// Parses JSON text, refusing duplicate keys (nlohmann keeps the last one silently) and deep nesting.
+// `what` names the text in messages ("header", "index"); `label` starts them ("safetensors <file>").
+json parse_json_strict(const char* begin, const char* end, const std::string& label, const char* what) {
+  auto fail = [&](const auto&... args) { throw FormatError(detail::cat(label, ": ", args...)); };
+  struct Level {
+    std::set<std::string> keys;
+    std::string last_key;
+    std::string name;  // key of this object in its parent ("" for the top level)
+  };
+  std::vector<Level> objects;
+  int depth = 0;
+  auto callback = [&](int, json::parse_event_t event, json& parsed) -> bool {
+    switch (event) {
+      case json::parse_event_t::object_start:
+      case json::parse_event_t::array_start:
+        if (++depth > kMaxJsonDepth) fail(what, " JSON nests deeper than ", kMaxJsonDepth, " levels");
+        if (event == json::parse_event_t::object_start)
+          objects.push_back({{}, {}, objects.empty() ? std::string() : objects.back().last_key});
+        break;
+      case json::parse_event_t::object_end:
+        objects.pop_back();
+        --depth;
+        break;
+      case json::parse_event_t::array_end:
+        --depth;
+        break;
+      case json::parse_event_t::key: {
+        Level& level = objects.back();
+        const std::string& key = parsed.get_ref<const std::string&>();
+        if (!level.keys.insert(key).second) {
+          if (objects.size() == 1)
+            fail("duplicate key \"", key, "\" in the ", what,
+                 std::string(what) == "header" ? " (duplicate tensor name)" : "");
+          fail("duplicate key \"", key, "\" in \"", level.name, "\" of the ", what);
+        }
+        level.last_key = key;
+        break;
+      }
+      case json::parse_event_t::value:
+        break;
+    }
+    return true;
+  };
+  try {
+    return json::parse(begin, end, callback, /*allow_exceptions=*/true, /*ignore_comments=*/false);
+  } catch (const json::exception& e) {
+    throw FormatError(detail::cat(label, ": ", what, " is not valid JSON: ", e.what()));
+  }
+}
+
 // ------------------------------------------------------------------------------------------ reader
 
 int64_t TensorInfo::numel() const {
@@ -324,7 +325,7 @@ void SafetensorsFile::parse(const uint8_t* bytes, size_t size) {
   if (const void* z = std::memchr(header, 0, n))
     fail(f, "header contains a NUL byte at header offset ", static_cast<const uint8_t*>(z) - header);
   const json j = parse_json_strict(reinterpret_cast<const char*>(header), reinterpret_cast<const char*>(header + n),
-                                   f, "header");
+                                   "safetensors " + f, "header");
   if (!j.is_object()) fail(f, "header is not a JSON object (got ", j.type_name(), ")");
 
   const uint64_t data_size = size - 8 - n;  // the data section starts right after the header
@@ -435,7 +436,7 @@ SafetensorsSet SafetensorsSet::open(const std::string& path) {
     fail(ix, "index is not valid UTF-8 (byte ", hex_byte(static_cast<uint8_t>(text[bad])), " at offset ", bad, ")");
   if (const size_t z = text.find('\0'); z != std::string::npos)
     fail(ix, "index contains a NUL byte at offset ", z);
-  const json j = parse_json_strict(text.data(), text.data() + text.size(), ix, "index");
+  const json j = parse_json_strict(text.data(), text.data() + text.size(), "safetensors " + ix, "index");
   if (!j.is_object()) fail(ix, "index is not a JSON object (got ", brief(j), ")");
   auto wm = j.find("weight_map");
   if (wm == j.end()) fail(ix, "index has no \"weight_map\"");

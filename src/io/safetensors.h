@@ -11,9 +11,17 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json_fwd.hpp>
+
 #include "nvfp4moe/tensor.h"
 
 namespace nvfp4moe::io {
+
+// Parses JSON text, refusing what nlohmann accepts silently: a duplicate key (it keeps the last value) and
+// nesting deeper than 32 levels. Throws FormatError "<label>: duplicate key "k" in the <what>" (naming the
+// enclosing object's key when nested) or "<label>: <what> is not valid JSON: ...". Used for the safetensors
+// header and index, and for the checkpoints' config.json / hf_quant_config.json.
+nlohmann::json parse_json_strict(const char* begin, const char* end, const std::string& label, const char* what);
 
 struct TensorInfo {
   std::string name;

@@ -71,7 +71,8 @@ struct ModelConfig {
   bool predicted_moe(int64_t layer) const;
 };
 
-nlohmann::json read_json_file(const std::string& path);   // FormatError naming the file on failure
+// FormatError naming the file on failure: not valid JSON, or a duplicate key (named; io::parse_json_strict).
+nlohmann::json read_json_file(const std::string& path);
 ModelConfig parse_model_config(const nlohmann::json& config, const std::string& file);
 
 // Quantization-config parsers. Each returns nullopt when the checkpoint is not of its format, and throws

@@ -31,11 +31,10 @@ json read_json_file(const std::string& path) {
   NVFP4MOE_CHECK(in.good(), FormatError, path, ": cannot open file");
   std::stringstream ss;
   ss << in.rdbuf();
-  try {
-    return json::parse(ss.str());
-  } catch (const json::exception& e) {
-    throw FormatError(cat(path, ": not valid JSON: ", e.what()));
-  }
+  const std::string text = ss.str();
+  // Strict, as for the safetensors header: a duplicate key (nlohmann keeps the last value) is refused, since
+  // which of the two values the model uses would be a guess. "<path>: duplicate key "k" in the file".
+  return io::parse_json_strict(text.data(), text.data() + text.size(), path, "file");
 }
 
 namespace {
@@ -476,7 +475,7 @@ void Nvfp4Checkpoint::discover() {
     size_t i = 0;
     int64_t layer = -1;
     for (; i + 1 < t.size(); ++i)
-      if (t[i] == "layers" && parse_index(t[i + 1], &layer)) break;
+      if (t[i] == "layers" && parse_index(t[i + 1], &layer, dir_, name)) break;
     if (layer < 0 || i + 3 > t.size()) continue;
     if (layer >= L) {
       ++beyond;
@@ -489,7 +488,7 @@ void Nvfp4Checkpoint::discover() {
     ModuleTensors& m = mods[layer][prefix];
     m.prefix = prefix;
     int64_t e = -1;
-    if (child == "experts" && i + 6 <= t.size() && parse_index(t[i + 4], &e)) {
+    if (child == "experts" && i + 6 <= t.size() && parse_index(t[i + 4], &e, dir_, name)) {
       m.experts[e][t[i + 5]].insert("." + join_dots(t, i + 6, t.size()));
     } else if ((child == "shared_experts" || child == "shared_expert") && i + 5 <= t.size()) {
       m.shared_kind = child;
@@ -606,6 +605,9 @@ void Nvfp4Checkpoint::finish_layer(LayerInfo& li) {
     NVFP4MOE_CHECK(sd->dtype != DType::U8 || !__builtin_mul_overflow(sd->shape[1], int64_t{2}, &s.shared_intermediate),
                    FormatError, where, ": shared expert tensor ", sd->name,
                    ": expected shape [H, I/2] with I within int64, got ", shape_str(sd->shape));
+    // Zero width would be taken as "no shared expert" below (shared_intermediate > 0 decides): refused instead.
+    NVFP4MOE_CHECK(s.shared_intermediate > 0, FormatError, where, ": shared expert tensor ", sd->name,
+                   ": expected shape [H, I/2] with I > 0 (a shared expert of width 0), got ", shape_str(sd->shape));
     if (model_.shared_intermediate > 0)
       NVFP4MOE_CHECK(model_.shared_intermediate == s.shared_intermediate, FormatError, where, ": ", model_.file,
                      " shared expert intermediate size = ", model_.shared_intermediate, " but tensor ", sd->name,
@@ -617,6 +619,10 @@ void Nvfp4Checkpoint::finish_layer(LayerInfo& li) {
                    model_.shared_declared_by, " declares a shared expert, but there are no tensors ", m.prefix,
                    ".shared_experts.* or ", m.prefix, ".shared_expert.* (expected e.g. ", m.prefix,
                    ".shared_experts.down_proj", quant_.naming.weight, ")");
+    // A gate with nothing to gate means the shared expert's tensors are missing (or misnamed): not ignored.
+    NVFP4MOE_CHECK(m.shared_gate.empty(), FormatError, where, ": tensor ", m.shared_gate,
+                   " gates a shared expert, but there are no tensors ", m.prefix, ".shared_experts.* or ", m.prefix,
+                   ".shared_expert.*");
   }
   if (!m.router.empty())
     if (const io::TensorInfo* r = files_.find(m.router); r && r->dtype == DType::F32)

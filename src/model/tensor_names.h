@@ -6,16 +6,22 @@
 #include <string>
 #include <vector>
 
+#include "nvfp4moe/error.h"
+
 namespace nvfp4moe::model {
 
-// A decimal layer/expert index of at most 9 digits (no sign, no leading '+'); false otherwise.
-inline bool parse_index(const std::string& s, int64_t* out) {
+// A decimal layer/expert index of at most 9 digits (no sign, no leading '+'); false otherwise. A zero-padded
+// one ("007", "01") is refused with a FormatError naming the tensor (`dir`: tensor `name`): read as 7 it would
+// alias "experts.7", and skipped as not-an-index the tensor would be dropped silently.
+inline bool parse_index(const std::string& s, int64_t* out, const std::string& dir, const std::string& name) {
   if (s.empty() || s.size() > 9) return false;
   int64_t v = 0;
   for (char ch : s) {
     if (ch < '0' || ch > '9') return false;
     v = v * 10 + (ch - '0');
   }
+  NVFP4MOE_CHECK(s.size() == 1 || s[0] != '0', FormatError, dir, ": tensor ", name, ": index \"", s,
+                 "\" has a leading zero (expected \"", v, "\"; indices are written without padding)");
   *out = v;
   return true;
 }

@@ -153,7 +153,7 @@ UnquantizedCheckpoint::UnquantizedCheckpoint(const std::string& dir, ModelConfig
     size_t i = 0;
     int64_t layer = -1;
     for (; i + 1 < t.size(); ++i)
-      if (t[i] == "layers" && parse_index(t[i + 1], &layer)) break;
+      if (t[i] == "layers" && parse_index(t[i + 1], &layer, dir, name)) break;
     if (layer < 0 || layer >= m.num_layers) continue;
     seen.insert(layer);
     if (i + 4 >= t.size()) continue;
@@ -162,7 +162,7 @@ UnquantizedCheckpoint::UnquantizedCheckpoint(const std::string& dir, ModelConfig
     const std::string& child = t[i + 3];
     UnquantizedLayer& L = moe_[static_cast<int>(layer)];
     int64_t e = -1;
-    if (child == "experts" && t.size() == i + 7 && parse_index(t[i + 4], &e) && t[i + 6] == "weight" &&
+    if (child == "experts" && t.size() == i + 7 && parse_index(t[i + 4], &e, dir, name) && t[i + 6] == "weight" &&
         proj_role(t[i + 5]) >= 0) {
       UnquantizedExpert& x = L.experts[e];
       x.base = cat(module, ".experts.", e, ".");
@@ -238,6 +238,11 @@ UnquantizedCheckpoint::UnquantizedCheckpoint(const std::string& dir, ModelConfig
     };
     const auto [I, gated] = check_expert(L.experts.begin()->second, "expert 0", 0, false);
     for (const auto& [e, x] : L.experts) check_expert(x, cat("expert ", e), I, gated);
+    // The config's expert width must match the tensors (as the NVFP4 loader's finish_layer requires).
+    if (m.moe_intermediate > 0)
+      NVFP4MOE_CHECK(m.moe_intermediate == I, FormatError, what, ": ", cfg_path, " expert intermediate size = ",
+                     m.moe_intermediate, " but tensor ", L.experts.begin()->second.name[2], " has shape ",
+                     shape_str({H, I}), " (I = ", I, ")");
     MoeSpec s;
     s.layer = l;
     s.hidden = H;
@@ -253,15 +258,26 @@ UnquantizedCheckpoint::UnquantizedCheckpoint(const std::string& dir, ModelConfig
     s.has_router_bias = !L.bias.empty();
     if (L.shared) {
       const int64_t sw = check_expert(*L.shared, "shared expert", 0, false).first;
+      // Zero width would pass the checks below and then be taken as "no shared expert": refused instead.
+      NVFP4MOE_CHECK(sw > 0, FormatError, what, ": tensor ", L.shared->name[2], ": expected shape [", H,
+                     ", I] with I > 0 (a shared expert of width 0), got ", shape_str({H, sw}));
       check_expert(*L.shared, "shared expert", sw, gated);
+      if (m.shared_intermediate > 0)
+        NVFP4MOE_CHECK(m.shared_intermediate == sw, FormatError, what, ": ", cfg_path,
+                       " shared expert intermediate size = ", m.shared_intermediate, " but tensor ",
+                       L.shared->name[2], " has shape ", shape_str({H, sw}), " (I = ", sw, ")");
       s.shared_intermediate = sw;
     } else {
       // A shared expert the config declares but the tensors lack would be silently dropped: a different model.
       NVFP4MOE_CHECK(m.shared_declared_by.empty(), FormatError, what, ": ", cfg_path, " ", m.shared_declared_by,
                      " declares a shared expert, but there are no tensors ", L.module, ".shared_experts.* or ",
                      L.module, ".shared_expert.* (expected e.g. ", L.module, ".shared_experts.down_proj.weight)");
+      // A gate with nothing to gate means the shared expert's tensors are missing (or misnamed): not ignored.
+      NVFP4MOE_CHECK(L.shared_gate.empty(), FormatError, what, ": tensor ", L.shared_gate,
+                     " gates a shared expert, but there are no tensors ", L.module, ".shared_experts.* or ",
+                     L.module, ".shared_expert.*");
     }
-    s.shared_expert_gated = !L.shared_gate.empty() && L.shared;
+    s.shared_expert_gated = !L.shared_gate.empty();
     NVFP4MOE_CHECK(s.gated() == gated, FormatError, what, ": activation ", activation_name(s.activation),
                    gated ? " is not gated but the experts have gate projections" : " needs gate projections");
     try {

@@ -261,6 +261,15 @@ TEST(BenchCli, ArgumentErrorsNameTheArgument) {
       {"bench --preset qwen3-30b --json /nonexistent-dir/x.json", "directory '/nonexistent-dir' does not exist"},
       {"bench --hidden 72 --intermediate 32 --experts 8 --top-k 2", "hidden must be a positive multiple of 16"},
       {"bench --hidden 64 --intermediate 32 --experts 8 --top-k 9", "top_k must be in [1, num_experts=8]"},
+      // --scaling is named (was refused only by MoeSpec, naming routed_scaling_factor; 1e39 became inf as a float)
+      {"bench --hidden 64 --intermediate 32 --experts 8 --top-k 2 --routing-fn sigmoid-grouped --scaling inf",
+       "--scaling: expected a finite routed_scaling_factor > 0 (at most 3.40282e+38, a float), got inf"},
+      {"bench --hidden 64 --intermediate 32 --experts 8 --top-k 2 --routing-fn sigmoid-grouped --scaling 1e39",
+       "--scaling: expected a finite routed_scaling_factor > 0 (at most 3.40282e+38, a float), got 1e+39"},
+      {"bench --hidden 64 --intermediate 32 --experts 8 --top-k 2 --routing-fn sigmoid-grouped --scaling 0",
+       "--scaling: expected a finite routed_scaling_factor > 0 (at most 3.40282e+38, a float), got 0"},
+      {"bench --hidden 64 --intermediate 32 --experts 8 --top-k 2 --routing-fn sigmoid-grouped --scaling nan",
+       "--scaling: expected a finite routed_scaling_factor > 0"},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.args);

@@ -900,5 +900,66 @@ TEST_F(Crafted, NonFiniteRouterBiasOrSharedGateRefused) {
   }
 }
 
+// ------------------------------------------------------------------ strict JSON, index spelling, shared-expert tensors
+// config.json and hf_quant_config.json: a duplicate key kept the last value silently (nlohmann's default).
+TEST_F(Crafted, DuplicateJsonKeyRefused) {
+  // Rewrites `file` in dir with `text` inserted after the first occurrence of `after`.
+  auto inject = [](const std::string& dir, const char* file, const std::string& after, const std::string& text) {
+    const fs::path p = fs::path(dir) / file;
+    std::stringstream ss;
+    ss << std::ifstream(p).rdbuf();
+    std::string s = ss.str();
+    const size_t at = s.find(after);
+    ASSERT_NE(at, std::string::npos) << after << " not in " << s;
+    s.insert(at + after.size(), text);
+    std::ofstream(p, std::ios::trunc) << s;
+  };
+  const std::string top = craft("dup_config", {});
+  inject(top, "config.json", "{", "\"num_experts\": 99,");
+  expect_error<FormatError>([&] { Checkpoint::open(top); }, {"config.json", "duplicate key \"num_experts\""});
+  const std::string nested = craft("dup_quant", {});
+  inject(nested, "hf_quant_config.json", "\"quantization\": {", "\"group_size\": 32,");
+  expect_error<FormatError>([&] { Checkpoint::open(nested); },
+                            {"hf_quant_config.json", "duplicate key \"group_size\" in \"quantization\""});
+}
+
+// "experts.02" / "layers.00" were read as 2 / 0 (an alias of the unpadded name).
+TEST_F(Crafted, ZeroPaddedIndexRefused) {
+  const std::string ex = craft("padded_expert", [](auto& ts) { find(ts, kE + "2.up_proj.weight")->name = kE + "02.up_proj.weight"; });
+  expect_error<FormatError>([&] { Checkpoint::open(ex); },
+                            {"tensor " + kE + "02.up_proj.weight", "index \"02\" has a leading zero", "expected \"2\""});
+  const std::string ly = craft("padded_layer", [](auto& ts) {
+    find(ts, "model.layers.0.mlp.gate.weight")->name = "model.layers.00.mlp.gate.weight";
+  });
+  expect_error<FormatError>([&] { Checkpoint::open(ly); },
+                            {"tensor model.layers.00.mlp.gate.weight", "index \"00\" has a leading zero"});
+}
+
+TEST_F(Crafted, SharedGateWithoutSharedExpertRefused) {
+  // Qwen2's shared_expert_gate on a layer with no shared expert was ignored.
+  const std::string dir = craft("gate_no_shared", [](auto& ts) {
+    Tensor g = *find(ts, "model.layers.0.mlp.gate.weight");  // BF16 [3, 32]: any BF16 tensor of 32 values will do
+    g.name = "model.layers.0.mlp.shared_expert_gate.weight";
+    g.shape = {1, 32};
+    g.bytes.resize(64);
+    ts.push_back(g);
+  });
+  expect_error<FormatError>([&] { Checkpoint::open(dir); },
+                            {"layer 0", "tensor model.layers.0.mlp.shared_expert_gate.weight",
+                             "gates a shared expert, but there are no tensors model.layers.0.mlp.shared_experts.*"});
+}
+
+TEST_F(Crafted, ZeroWidthSharedExpertRefused) {
+  // [H, 0] was taken as "no shared expert" (the config, without n_shared_experts, did not say otherwise).
+  const std::string dir = craft("shared_width_0", [](auto& ts) {
+    Tensor* t = find(ts, "model.layers.0.mlp.shared_experts.down_proj.weight");
+    t->shape = {32, 0};
+    t->bytes.clear();
+  }, [](auto& c, auto&) { c.erase("n_shared_experts"); }, ds_);
+  expect_error<FormatError>([&] { Checkpoint::open(dir); },
+                            {"layer 0", "shared expert tensor model.layers.0.mlp.shared_experts.down_proj.weight",
+                             "I > 0", "got [32, 0]"});
+}
+
 }  // namespace
 }  // namespace nvfp4moe

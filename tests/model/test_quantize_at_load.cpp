@@ -495,4 +495,62 @@ TEST(QuantizeAtLoad, NonFiniteRouterBiasOrSharedGateRefused) {
   }
 }
 
+// ------------------------------------------------------------------ config widths, index spelling, shared-expert tensors
+TEST(QuantizeAtLoad, ConfigWidthsMustMatchTheTensors) {
+  // The config's expert width (moe_intermediate_size; Mixtral: intermediate_size) was not compared with the tensors.
+  Model qw = make_model(Family::Qwen, DType::BF16);
+  qw.config["moe_intermediate_size"] = 48;
+  expect_error<FormatError>([&] { Checkpoint::open(write_model("moe_width_48", qw, DType::BF16)); },
+                            {"layer 1", "config.json expert intermediate size = 48",
+                             "tensor model.layers.1.mlp.experts.0.down_proj.weight has shape [64, 32] (I = 32)"});
+  Model mx = make_model(Family::Mixtral, DType::BF16);
+  mx.config["intermediate_size"] = 48;
+  expect_error<FormatError>([&] { Checkpoint::open(write_model("mixtral_width_48", mx, DType::BF16)); },
+                            {"layer 0", "expert intermediate size = 48", "block_sparse_moe.experts.0.w2.weight"});
+  // Shared expert: DeepSeek's n_shared_experts x moe_intermediate_size, and Qwen2's explicit width.
+  Model ds = make_model(Family::DeepSeek, DType::BF16);
+  ds.config["n_shared_experts"] = 1;
+  expect_error<FormatError>([&] { Checkpoint::open(write_model("ds_shared_1", ds, DType::BF16)); },
+                            {"layer 1", "config.json shared expert intermediate size = 32",
+                             "tensor model.layers.1.mlp.shared_experts.down_proj.weight has shape [64, 64] (I = 64)"});
+  ds.config.erase("n_shared_experts");
+  ds.config["shared_expert_intermediate_size"] = 96;
+  expect_error<FormatError>([&] { Checkpoint::open(write_model("ds_shared_96", ds, DType::BF16)); },
+                            {"shared expert intermediate size = 96", "(I = 64)"});
+  ds.config["shared_expert_intermediate_size"] = 2 * I;  // matching widths still load
+  EXPECT_EQ(Checkpoint::open(write_model("ds_shared_ok", ds, DType::BF16))->spec(1).shared_intermediate, 2 * I);
+}
+
+TEST(QuantizeAtLoad, ZeroPaddedIndexRefused) {
+  // "experts.03" / "layers.01" were read as 3 / 1, aliasing the unpadded names.
+  Model m = make_model(Family::Qwen, DType::BF16);
+  src_of(m, "model.layers.1.mlp.experts.3.up_proj.weight").name = "model.layers.1.mlp.experts.03.up_proj.weight";
+  expect_error<FormatError>([&] { Checkpoint::open(write_model("padded_expert", m, DType::BF16)); },
+                            {"tensor model.layers.1.mlp.experts.03.up_proj.weight", "index \"03\" has a leading zero",
+                             "expected \"3\""});
+  Model l = make_model(Family::Qwen, DType::BF16);
+  src_of(l, "model.layers.1.mlp.gate.weight").name = "model.layers.01.mlp.gate.weight";
+  expect_error<FormatError>([&] { Checkpoint::open(write_model("padded_layer", l, DType::BF16)); },
+                            {"tensor model.layers.01.mlp.gate.weight", "index \"01\" has a leading zero"});
+}
+
+TEST(QuantizeAtLoad, SharedGateWithoutSharedExpertOrZeroWidthRefused) {
+  const std::string mod = "model.layers.1.mlp.";
+  {  // a shared_expert_gate with no shared expert was ignored
+    Model m = make_model(Family::Qwen, DType::BF16);
+    m.src.push_back(Src{mod + "shared_expert_gate.weight", {1, H}, std::vector<float>(size_t(H), 0.5f)});
+    expect_error<FormatError>([&] { Checkpoint::open(write_model("gate_no_shared", m, DType::BF16)); },
+                              {"layer 1", "tensor " + mod + "shared_expert_gate.weight",
+                               "gates a shared expert, but there are no tensors " + mod + "shared_experts.*"});
+  }
+  {  // a shared expert of width 0 ([0, H] / [H, 0]) was taken as none
+    Model m = make_model(Family::Qwen, DType::BF16);
+    for (auto [p, n, k] : {std::tuple{"gate_proj", int64_t{0}, H}, {"up_proj", int64_t{0}, H}, {"down_proj", H, int64_t{0}}})
+      m.src.push_back(Src{mod + "shared_expert." + p + ".weight", {n, k}, {}});
+    expect_error<FormatError>([&] { Checkpoint::open(write_model("shared_width_0", m, DType::BF16)); },
+                              {"layer 1", "tensor " + mod + "shared_expert.down_proj.weight", "I > 0",
+                               "got [64, 0]"});
+  }
+}
+
 }  // namespace
