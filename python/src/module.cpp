@@ -15,6 +15,7 @@
 #include <nanobind/stl/vector.h>
 
 #include <chrono>
+#include <climits>
 #include <cstdint>
 #include <initializer_list>
 #include <memory>
@@ -116,6 +117,18 @@ void* stream_arg(nb::handle stream) {
     raise_value_error(nvfp4moe::detail::cat("stream: expected a cudaStream_t as an int in [0, 2^64), got ",
                                             py_str(stream)));
   return reinterpret_cast<void*>(v);
+}
+
+// An integer argument taken as a Python object: one past the C++ type (max_tokens=2**63, layer=2**40) is a
+// ValueError naming the argument and the range, where nanobind's own cast gave only "incompatible function
+// arguments". Anything nanobind's int64_t cast takes (int, numpy integers) is accepted; a bool is refused.
+int64_t int_arg(nb::handle v, const char* name, int64_t lo, int64_t hi) {
+  if (nb::isinstance<nb::bool_>(v) || !PyIndex_Check(v.ptr()))
+    raise_type_error(nvfp4moe::detail::cat(name, ": expected an int, got ", pytype_name(v)));
+  int64_t x = 0;
+  if (!nb::try_cast<int64_t>(v, x, true) || x < lo || x > hi)
+    raise_value_error(nvfp4moe::detail::cat(name, ": expected an int in [", lo, ", ", hi, "], got ", py_str(v)));
+  return x;
 }
 
 bool truthy(const nb::object& o) {
@@ -384,7 +397,9 @@ class PyCheckpoint {
     }
     return out;
   }
-  nb::dict spec(int layer) const { return spec_dict(get().spec(layer)); }
+  nb::dict spec(nb::handle layer) const {
+    return spec_dict(get().spec(static_cast<int>(int_arg(layer, "layer", 0, INT_MAX))));
+  }
   std::string inspect() const { return get().inspect(); }
   std::vector<std::string> exclude_modules() const { return get().exclude_modules(); }
   std::string format() const {
@@ -414,16 +429,11 @@ void parse_device(const std::string& device, nvfp4moe::MoeLayerOptions& o) {
     o.backend = nvfp4moe::Backend::Cuda;
     o.device = 0;
     if (device.size() > 4) {
-      size_t pos = 0;
-      int id = -1;
-      try {
-        if (device[4] == ':') id = std::stoi(device.substr(5), &pos);
-      } catch (const std::exception&) {
-        id = -1;
-      }
-      if (id < 0 || pos != device.size() - 5)
+      // N: decimal digits only (std::stoi alone took "cuda: 0" and "cuda:+0"); at most 9, so it fits an int.
+      const std::string n = device[4] == ':' ? device.substr(5) : std::string();
+      if (n.empty() || n.size() > 9 || n.find_first_not_of("0123456789") != std::string::npos)
         raise_value_error("device: expected \"cpu\", \"cuda\" or \"cuda:N\", got \"" + device + "\"");
-      o.device = id;
+      o.device = std::stoi(n);
     }
     return;
   }
@@ -432,14 +442,14 @@ void parse_device(const std::string& device, nvfp4moe::MoeLayerOptions& o) {
 
 class PyMoeLayer {
  public:
-  PyMoeLayer(const PyCheckpoint& ckpt, int layer, const std::string& mode, int64_t max_tokens,
+  // layer and max_tokens as Python objects: see int_arg.
+  PyMoeLayer(const PyCheckpoint& ckpt, nb::handle layer_arg, const std::string& mode, nb::handle max_tokens,
              const std::string& device, bool shared_max_input_scale) {
     nvfp4moe::MoeLayerOptions o;
     if (!nvfp4moe::mode_from_name(mode, &o.mode))
       raise_value_error("mode: expected \"w4a16\" or \"w4a4\", got \"" + mode + "\"");
-    if (max_tokens <= 0)
-      raise_value_error(nvfp4moe::detail::cat("max_tokens: expected a positive integer, got ", max_tokens));
-    o.max_tokens = max_tokens;
+    const int layer = static_cast<int>(int_arg(layer_arg, "layer", 0, INT_MAX));
+    o.max_tokens = int_arg(max_tokens, "max_tokens", 1, INT64_MAX);
     parse_device(device, o);
     o.shared_max_input_scale = shared_max_input_scale;
     const nvfp4moe::Checkpoint& c = ckpt.get();
@@ -577,7 +587,7 @@ NB_MODULE(_core, m) {
       .def("close", &PyCheckpoint::close);
 
   nb::class_<PyMoeLayer>(m, "MoeLayer")
-      .def(nb::init<const PyCheckpoint&, int, const std::string&, int64_t, const std::string&, bool>(),
+      .def(nb::init<const PyCheckpoint&, nb::handle, const std::string&, nb::handle, const std::string&, bool>(),
            "checkpoint"_a, "layer"_a, "mode"_a, "max_tokens"_a, "device"_a, "shared_max_input_scale"_a)
       .def("forward",
            [](PyMoeLayer& l, nb::handle hidden, nb::handle logits, nb::handle ids, nb::handle w, nb::handle out,

@@ -108,6 +108,32 @@ def test_bad_options(ckpt):
         nvfp4moe.MoeLayer(42, 0, device="cpu")
 
 
+def test_device_spelling_is_strict(ckpt):
+    # std::stoi alone took "cuda: 0" and "cuda:+0" as cuda:0 (refused before any device is touched)
+    for bad in ("cuda: 0", "cuda:+0", "cuda:-1", "cuda:", "cuda:0 ", "cuda0", "cuda:0x1", "cuda:9999999999"):
+        with pytest.raises(ValueError, match=r'device: expected "cpu", "cuda" or "cuda:N", got "'):
+            nvfp4moe.MoeLayer(ckpt, 0, device=bad)
+
+
+def test_int_arguments_out_of_range_are_named(ckpt):
+    # were nanobind's generic "incompatible function arguments" (TypeError)
+    with pytest.raises(ValueError, match=r"max_tokens: expected an int in \[1, 9223372036854775807\], got 9223372036854775808"):
+        nvfp4moe.MoeLayer(ckpt, 0, max_tokens=2**63, device="cpu")
+    with pytest.raises(ValueError, match=r"max_tokens: expected an int in \[1, .*\], got 0"):
+        nvfp4moe.MoeLayer(ckpt, 0, max_tokens=0, device="cpu")
+    with pytest.raises(ValueError, match=r"layer: expected an int in \[0, 2147483647\], got 1099511627776"):
+        nvfp4moe.MoeLayer(ckpt, 2**40, device="cpu")
+    with pytest.raises(ValueError, match=r"layer: expected an int in \[0, 2147483647\], got 1099511627776"):
+        ckpt.spec(2**40)
+    with pytest.raises(TypeError, match="max_tokens: expected an int, got float"):
+        nvfp4moe.MoeLayer(ckpt, 0, max_tokens=4.0, device="cpu")
+    with pytest.raises(TypeError, match="layer: expected an int, got bool"):
+        nvfp4moe.MoeLayer(ckpt, True, device="cpu")
+    # numpy integers are still taken
+    assert nvfp4moe.MoeLayer(ckpt, np.int64(0), max_tokens=np.int32(4), device="cpu").max_tokens == 4
+    assert ckpt.spec(np.int64(0)).layer == 0
+
+
 @pytest.mark.skipif(nvfp4moe.cuda_available(), reason="a CUDA device is present")
 def test_cuda_layer_without_a_device(ckpt):
     with pytest.raises((ValueError, RuntimeError)):
