@@ -1,9 +1,12 @@
 // `nvfp4moe quantize` / `nvfp4moe calibrate` (see quantize.h for what is computed).
 #include "model/quantize.h"
 
+#include <fcntl.h>
+#include <stdio.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -89,12 +92,16 @@ class StagedDir {
  public:
   explicit StagedDir(const std::string& out) : out_(out) {
     NVFP4MOE_CHECK(!out.empty(), ArgumentError, "OUT: expected an output directory, got an empty path");
-    NVFP4MOE_CHECK(!fs::exists(out), ArgumentError, "OUT: ", out,
+    // "OUT/" names OUT: without this the temp dir would be "OUT/.tmp-<pid>" (inside OUT) and the parent check
+    // below would look at OUT itself (as synthetic.cpp does for `gen`).
+    while (out_.size() > 1 && out_.back() == '/') out_.pop_back();
+    // symlink_status: a dangling symlink at OUT is an existing entry too (rename would silently replace it)
+    NVFP4MOE_CHECK(!fs::exists(fs::symlink_status(out_)), ArgumentError, "OUT: ", out,
                    " already exists (expected a new directory; nothing was written)");
-    const fs::path parent = fs::absolute(fs::path(out)).parent_path();
+    const fs::path parent = fs::absolute(fs::path(out_)).parent_path();
     NVFP4MOE_CHECK(fs::is_directory(parent), ArgumentError, "OUT: ", out, ": parent directory ", parent.string(),
                    " does not exist");
-    tmp_ = out + ".tmp-" + std::to_string(::getpid());
+    tmp_ = out_ + ".tmp-" + std::to_string(::getpid());
     fs::remove_all(tmp_);
     fs::create_directories(tmp_);
   }
@@ -106,7 +113,19 @@ class StagedDir {
   }
   const std::string& path() const { return tmp_; }
   void commit() {
-    fs::rename(tmp_, out_);
+    // RENAME_NOREPLACE: OUT may have appeared while we wrote (it was checked absent up front); plain rename(2)
+    // would silently replace an empty directory (or a file/symlink) there. Then fail and leave it untouched.
+    int err = ::renameat2(AT_FDCWD, tmp_.c_str(), AT_FDCWD, out_.c_str(), RENAME_NOREPLACE) == 0 ? 0 : errno;
+    if (err == EINVAL) {  // a filesystem without RENAME_NOREPLACE: check, then rename (a small race remains)
+      err = fs::exists(fs::symlink_status(out_)) ? EEXIST : 0;
+      if (!err && ::rename(tmp_.c_str(), out_.c_str()) != 0) err = errno;
+    }
+    if (err != 0) {
+      NVFP4MOE_CHECK(err != EEXIST, ArgumentError, "OUT: ", out_,
+                     " was created by someone else while the output was being written; expected a new directory "
+                     "(left it untouched, nothing was written)");
+      throw Error(cat("OUT: cannot rename ", tmp_, " to ", out_, ": ", std::strerror(err)));
+    }
     committed_ = true;
   }
 

@@ -647,7 +647,13 @@ SyntheticResult generate_synthetic_checkpoint(const std::string& dir, const Synt
     if (exists) {
       const fs::path old = target.string() + ".old-" + random_suffix();
       fs::rename(target, old);
-      fs::rename(tmp, target);
+      try {
+        fs::rename(tmp, target);
+      } catch (...) {
+        std::error_code ec;
+        fs::rename(old, target, ec);  // put the existing target back: nothing lost when publishing fails
+        throw;
+      }
       fs::remove_all(old);
     } else {
       fs::rename(tmp, target);

@@ -440,3 +440,38 @@ TEST_F(Quantize, DeepSeekSharedExpertAndF32Weights) {
 }
 
 }  // namespace
+
+// OUT publishing: "OUT/" names OUT (it used to be refused as "parent directory OUT does not exist"); a dangling
+// symlink at OUT is an existing entry; an OUT that appears while the output is written is neither replaced nor
+// merged into (rename(2) used to replace an empty directory silently), and no temp dir is left.
+TEST_F(Quantize, OutTrailingSlashSymlinkAndOutCreatedDuringWrite) {
+  TempDir tmp;
+  const auto model = make_bf16_model();
+  const std::string in = tmp / "bf16";
+  write_bf16_checkpoint(in, model);
+  model::QuantizeOptions opt;
+  opt.calibration.random_tokens = 8;
+  const std::string slash = tmp / "slash";
+  EXPECT_NO_THROW(model::quantize_checkpoint(in, slash + "/", opt));
+  EXPECT_TRUE(fs::is_regular_file(fs::path(slash) / "model.safetensors.index.json"));
+  EXPECT_FALSE(has_tmp_sibling(slash));
+  if (fs::exists(slash)) EXPECT_NO_THROW(Checkpoint::open(slash)->load_layer(1));
+
+  const std::string link = tmp / "dangling";
+  fs::create_symlink(tmp / "nowhere", link);
+  EXPECT_THROW(model::quantize_checkpoint(in, link, opt), ArgumentError);
+  EXPECT_TRUE(fs::is_symlink(link));
+  EXPECT_FALSE(fs::exists(tmp / "nowhere"));
+
+  const std::string racy = tmp / "racy";
+  opt.on_layer = [&](const model::LayerTiming&) { fs::create_directory(racy); };
+  try {
+    model::quantize_checkpoint(in, racy, opt);
+    ADD_FAILURE() << "expected ArgumentError";
+  } catch (const ArgumentError& e) {
+    EXPECT_NE(std::string(e.what()).find("was created by someone else"), std::string::npos) << e.what();
+  }
+  EXPECT_TRUE(fs::is_directory(racy));
+  EXPECT_TRUE(fs::is_empty(racy));
+  EXPECT_FALSE(has_tmp_sibling(racy));
+}
