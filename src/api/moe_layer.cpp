@@ -246,6 +246,9 @@ std::unique_ptr<MoeLayer> MoeLayer::create(MoeWeights weights, const MoeLayerOpt
 std::unique_ptr<MoeLayer> MoeLayer::create(const Checkpoint& checkpoint, int layer, const MoeLayerOptions& options) {
   // An unquantized checkpoint is quantized at load (model/unquantized.h): on the GPU for the cuda backend, on the
   // CPU otherwise; it has no input scales, so w4a4 is refused before the (large) quantization runs.
+  // A parallel config is refused for the cuda backend here, before an unquantized layer is quantized on the GPU
+  // below only to be refused afterwards in create(weights).
+  if (!options.parallel.is_trivial()) parallel_detail::check_sharded_options(options);
   if (const auto* u = dynamic_cast<const model::UnquantizedCheckpoint*>(&checkpoint)) {
     NVFP4MOE_CHECK(options.mode != Mode::W4A4, ArgumentError, "MoeLayerOptions.mode: layer ", layer, " of ",
                    checkpoint.path(), " is unquantized (bf16, quantized to NVFP4 at load) and has no activation input "

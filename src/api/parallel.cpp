@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <mutex>
 #include <sstream>
 
@@ -24,6 +25,11 @@ void ParallelConfig::validate() const {
                  ep_size - 1, " (ep_size ", ep_size, "), got ", ep_rank);
   NVFP4MOE_CHECK(tp_rank >= 0 && tp_rank < tp_size, ArgumentError, "ParallelConfig.tp_rank: expected 0..",
                  tp_size - 1, " (tp_size ", tp_size, "), got ", tp_rank);
+  // world_size() and rank() are int products: a world past INT_MAX would overflow them (UB) in describe()
+  // and every rank loop.
+  NVFP4MOE_CHECK(static_cast<int64_t>(ep_size) * tp_size <= std::numeric_limits<int>::max(), ArgumentError,
+                 "ParallelConfig.ep_size * tp_size: expected <= ", std::numeric_limits<int>::max(), ", got ", ep_size,
+                 " * ", tp_size, " = ", static_cast<int64_t>(ep_size) * tp_size);
 }
 
 std::string ParallelConfig::describe() const {
@@ -34,6 +40,10 @@ std::string ParallelConfig::describe() const {
 }
 
 int64_t ExpertMap::begin(int r) const {
+  // A public struct: ep_size 0 would divide by zero, a rank outside [0, ep_size] gives a range outside [0, E].
+  NVFP4MOE_CHECK(ep_size >= 1 && num_experts >= 0 && r >= 0 && r <= ep_size, ArgumentError, "ExpertMap::begin(", r,
+                 "): expected ep_size >= 1, num_experts >= 0 and a rank in 0..ep_size, got ep_size ", ep_size,
+                 ", num_experts ", num_experts);
   const int64_t base = num_experts / ep_size, rem = num_experts % ep_size;
   return r * base + std::min<int64_t>(r, rem);
 }
@@ -168,6 +178,9 @@ MoeShard slice_weights(const MoeWeights& full, const ParallelConfig& pc, int64_t
   if (full.spec.shared_intermediate > 0)
     check_local_experts(full.shared, "MoeWeights.shared", 1, full.spec.hidden, full.spec.shared_intermediate,
                         full.spec.gated());
+  else  // as MoeWeights::validate(): a shared expert the spec does not declare would be dropped silently
+    NVFP4MOE_CHECK(full.shared.num_experts == 0, ArgumentError,
+                   "MoeWeights.shared: spec has no shared expert but shared.num_experts = ", full.shared.num_experts);
   NVFP4MOE_CHECK(full.router_bias.size() == (full.spec.has_router_bias ? static_cast<size_t>(full.spec.num_experts) : 0u),
                  ArgumentError, "MoeWeights.router_bias: expected ", full.spec.has_router_bias ? full.spec.num_experts : 0,
                  " values, got ", full.router_bias.size());
@@ -201,7 +214,8 @@ void validate_shard(const MoeShard& s) {
   NVFP4MOE_CHECK(want.expert_begin == s.plan.expert_begin && want.expert_end == s.plan.expert_end &&
                      want.inter_begin == s.plan.inter_begin && want.inter_end == s.plan.inter_end &&
                      want.has_shared == s.plan.has_shared && want.shared_begin == s.plan.shared_begin &&
-                     want.shared_end == s.plan.shared_end,
+                     want.shared_end == s.plan.shared_end && want.map.num_experts == s.plan.map.num_experts &&
+                     want.map.ep_size == s.plan.map.ep_size,
                  ArgumentError, "MoeShard.plan: does not match plan_shard(spec, ", s.plan.parallel.describe(), ")");
   // The local weights against the local spec: MoeWeights::validate() minus the routing checks (a shard may
   // own fewer experts than top_k).
@@ -209,11 +223,18 @@ void validate_shard(const MoeShard& s) {
   const MoeSpec want_local = local_spec(s.spec, s.plan);
   NVFP4MOE_CHECK(probe_spec.num_experts == want_local.num_experts && probe_spec.intermediate == want_local.intermediate &&
                      probe_spec.shared_intermediate == want_local.shared_intermediate &&
-                     probe_spec.hidden == want_local.hidden && probe_spec.top_k == want_local.top_k,
+                     probe_spec.hidden == want_local.hidden && probe_spec.top_k == want_local.top_k &&
+                     // moe_forward reads these from local.spec: a gated shared expert with no gate weight
+                     // (checked below against want_local) would be read out of bounds.
+                     probe_spec.activation == want_local.activation &&
+                     probe_spec.shared_expert_gated == want_local.shared_expert_gated,
                  ArgumentError, "MoeShard.local.spec: expected local_spec(spec, plan) (E ", want_local.num_experts, ", I ",
-                 want_local.intermediate, ", shared I ", want_local.shared_intermediate, "), got E ",
-                 probe_spec.num_experts, ", I ", probe_spec.intermediate, ", shared I ",
-                 probe_spec.shared_intermediate);
+                 want_local.intermediate, ", shared I ", want_local.shared_intermediate, ", H ", want_local.hidden,
+                 ", k ", want_local.top_k, ", ", activation_name(want_local.activation), ", shared_expert_gated ",
+                 want_local.shared_expert_gated, "), got E ", probe_spec.num_experts, ", I ", probe_spec.intermediate,
+                 ", shared I ", probe_spec.shared_intermediate, ", H ", probe_spec.hidden, ", k ", probe_spec.top_k,
+                 ", ", activation_name(probe_spec.activation), ", shared_expert_gated ",
+                 probe_spec.shared_expert_gated);
   check_local_experts(s.local.experts, "MoeShard.local.experts", want_local.num_experts, want_local.hidden,
                       want_local.intermediate, want_local.gated());
   if (want_local.shared_intermediate > 0)

@@ -67,6 +67,15 @@ void run_ranks(const std::vector<MoeShard>& shards, Mode mode, const uint16_t* h
     NVFP4MOE_CHECK(p.ep_size == p0.ep_size && p.tp_size == p0.tp_size && p.rank() == static_cast<int>(r),
                    ArgumentError, "run_ranks: shards[", r, "] is ", p.describe(), ", expected rank ", r, " of ep ",
                    p0.ep_size, " x tp ", p0.tp_size);
+    // The buffers below are sized from shards[0].spec and filled by each shard's own forward: a shard of
+    // another layer shape would write past them, one with a plan unlike its spec would compute a wrong part.
+    const MoeSpec& sp = shards[r].spec;
+    NVFP4MOE_CHECK(sp.layer == spec.layer && sp.hidden == spec.hidden && sp.intermediate == spec.intermediate &&
+                       sp.num_experts == spec.num_experts && sp.top_k == spec.top_k &&
+                       sp.shared_intermediate == spec.shared_intermediate,
+                   ArgumentError, "run_ranks: shards[", r, "].spec is ", sp.describe(), ", expected shards[0].spec ",
+                   spec.describe(), " (one layer)");
+    validate_shard(shards[r]);
   }
   if (tokens <= 0) return;
   const int64_t H = spec.hidden, K = spec.top_k;

@@ -84,6 +84,15 @@ TEST(Plan, RefusesBadSplits) {
   EXPECT_NO_THROW(plan_shard(sh, {4, 3, 1, 0}));  // EP alone never splits I
 }
 
+TEST(Plan, RefusesOverflowAndBadMaps) {
+  // ep_size * tp_size past INT_MAX: world_size() / rank() would overflow int.
+  expect_error<ArgumentError>([] { ParallelConfig{65536, 0, 65536, 0}.validate(); },
+                              {"ParallelConfig.ep_size * tp_size", "65536 * 65536", "4294967296"});
+  EXPECT_NO_THROW((ParallelConfig{65536, 0, 32767, 0}.validate()));
+  expect_error<ArgumentError>([] { (void)ExpertMap{5, 0}.begin(0); }, {"ExpertMap::begin", "ep_size 0"});
+  expect_error<ArgumentError>([] { (void)ExpertMap{5, 2}.begin(3); }, {"ExpertMap::begin(3)"});
+}
+
 // ------------------------------------------------------------------ the layer rank by rank
 struct Case {
   const char* name;
@@ -362,6 +371,43 @@ TEST(ShardedMoeLayer, RefusesWhatItCannotDo) {
   o.parallel = {2, 0, 1, 0};
   MoeShard s = slice_weights(test::random_weights(spec), {2, 1, 1, 0});
   expect_error<ArgumentError>([&] { create_moe_layer_shard(std::move(s), o); }, {"but the shard is", "ep 1/2"});
+}
+
+TEST(ShardedMoeLayer, RefusesInconsistentShards) {
+  // A shared expert the spec does not declare: refused (as MoeWeights::validate), not dropped.
+  MoeWeights w = test::random_weights(test::small_spec(64, 128, 4, 2));
+  w.shared.allocate(1, 64, 64, true);
+  expect_error<ArgumentError>([&] { slice_weights(w, {2, 0, 1, 0}); },
+                              {"MoeWeights.shared", "no shared expert", "num_experts = 1"});
+  // local.spec claiming a gated shared expert the shard has no gate weight for: moe_forward would read
+  // shared_gate_weight[0..H) of an empty vector.
+  const MoeWeights g = test::random_weights(softmax_shared());
+  MoeShard s = slice_weights(g, {2, 0, 1, 0});
+  s.local.spec.shared_expert_gated = true;
+  expect_error<ArgumentError>([&] { validate_shard(s); }, {"MoeShard.local.spec", "shared_expert_gated"});
+  MoeLayerOptions o;
+  o.parallel = {2, 0, 1, 0};
+  expect_error<ArgumentError>([&] { create_moe_layer_shard(std::move(s), o); }, {"MoeShard.local.spec"});
+  s = slice_weights(g, {2, 0, 1, 0});
+  s.plan.map.num_experts = 1000;  // localize_ids bounds the ids by the map
+  expect_error<ArgumentError>([&] { validate_shard(s); }, {"MoeShard.plan"});
+  // run_ranks sizes its buffers from shards[0].spec: a shard of a wider layer would write past them.
+  MoeSpec wide = softmax_shared();
+  wide.hidden = 128;
+  std::vector<MoeShard> ranks = all_shards(g, 2, 1);
+  ranks[1] = slice_weights(test::random_weights(wide), {2, 1, 1, 0});
+  const int64_t T = 3, H = 64, K = 2;
+  std::vector<uint16_t> x(T * H, 0x3f80);
+  std::vector<int32_t> ids = {0, 5, 1, 4, 2, 3};
+  std::vector<float> tw(T * K, 0.5f), a(T * H), c(T * H);
+  expect_error<ArgumentError>(
+      [&] { cpu::run_ranks(ranks, Mode::W4A16, x.data(), T, ids.data(), tw.data(), a.data(), c.data()); },
+      {"run_ranks: shards[1].spec", "one layer"});
+  ranks[1] = slice_weights(g, {2, 1, 1, 0});
+  ranks[1].local.spec.shared_expert_gated = true;
+  expect_error<ArgumentError>(
+      [&] { cpu::run_ranks(ranks, Mode::W4A16, x.data(), T, ids.data(), tw.data(), a.data(), c.data()); },
+      {"MoeShard.local.spec"});
 }
 
 // ------------------------------------------------------------------ the loader: only the rank's shard

@@ -278,6 +278,13 @@ void check_family(Family f, DType dt, const std::string& tag) {
   expect_error<ArgumentError>([&] { MoeLayer::create(*ck, 1, o); },
                               {"unquantized", "no activation input scales", "nvfp4moe quantize", "w4a4"});
   EXPECT_NO_THROW(MoeLayer::create(*q, 1, o));
+  // A sharded layer on the cuda backend is refused by its options before the layer is quantized on the GPU
+  // (not by the quantizer, nor after a whole-layer GPU quantization).
+  o.mode = Mode::W4A16;
+  o.backend = Backend::Cuda;
+  o.parallel = {2, 0, 1, 0};
+  expect_error<ArgumentError>([&] { MoeLayer::create(*ck, 1, o); },
+                              {"MoeLayerOptions.parallel", "expected backend cpu"});
 }
 
 TEST(QuantizeAtLoad, QwenBf16) { check_family(Family::Qwen, DType::BF16, "qwen_bf16"); }
