@@ -70,6 +70,10 @@ struct ModelConfig {
   std::vector<std::string> notes;
   bool predicted_moe(int64_t layer) const;
 };
+// Both loaders: every layer below num_hidden_layers must have tensors (`seen`: the layers below it that have
+// any). Checked before anything is sized by num_hidden_layers, which is untrusted until then; FormatError naming
+// the first missing layer and the highest present one.
+void check_layers_have_tensors(const std::string& dir, const ModelConfig& m, const std::set<int64_t>& seen);
 
 // FormatError naming the file on failure: not valid JSON, or a duplicate key (named; io::parse_json_strict).
 nlohmann::json read_json_file(const std::string& path);

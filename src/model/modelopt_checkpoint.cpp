@@ -96,6 +96,16 @@ bool ModelConfig::predicted_moe(int64_t layer) const {
   return true;
 }
 
+void check_layers_have_tensors(const std::string& dir, const ModelConfig& m, const std::set<int64_t>& seen) {
+  if (static_cast<int64_t>(seen.size()) == m.num_layers) return;
+  int64_t missing = 0;
+  while (seen.count(missing)) ++missing;
+  throw FormatError(cat(dir, ": layer ", missing, " has no tensors at all (config ", m.file,
+                        " says num_hidden_layers = ", m.num_layers, "; ",
+                        seen.empty() ? std::string("no layer has tensors")
+                                     : cat("the highest layer with tensors is ", *seen.rbegin()), ")"));
+}
+
 ModelConfig parse_model_config(const json& root, const std::string& file) {
   NVFP4MOE_CHECK(root.is_object(), FormatError, file, ": expected a JSON object");
   ModelConfig c;
@@ -379,26 +389,11 @@ std::string shape_str(const std::vector<int64_t>& s) {
   return r + "]";
 }
 
-// NaN/Inf in the router, its correction bias or the shared-expert gate silently drops or pins experts (NaN logits
-// select nothing, an Inf bias puts its expert in every top-k): refused. These are small ([E, H] at most), so
-// they are scanned whole; the expert weights are not. BF16 or F32 (an F32 router is held as bf16: `to_bf16`).
-void check_finite(const io::TensorInfo& t, const std::string& where, bool to_bf16) {
-  const int64_t n = t.numel(), cols = t.shape.size() == 2 ? t.shape[1] : 0;
-  for (int64_t i = 0; i < n; ++i) {
-    float f, v;
-    if (t.dtype == DType::F32) {
-      std::memcpy(&f, t.data + 4 * i, 4);
-      v = to_bf16 ? fmt::bf16_to_float(fmt::bf16_from_float(f)) : f;
-    } else {
-      uint16_t h;
-      std::memcpy(&h, t.data + 2 * i, 2);
-      f = v = fmt::bf16_to_float(h);
-    }
-    if (std::isfinite(v)) continue;
-    throw FormatError(cat(where, ": tensor ", t.name, ": expected finite values, got ", f, " at index ", i,
-                          cols ? cat(" ([", i / cols, ", ", i % cols, "])") : std::string(),
-                          std::isfinite(f) ? " (inf once rounded to bf16, as MoeWeights holds it)" : ""));
-  }
+// check_finite (unquantized.h) on a router, correction bias or shared gate of this format (BF16 or F32).
+void check_tensor_finite(const io::TensorInfo& t, const std::string& where, bool held_as_bf16) {
+  std::vector<float> v(static_cast<size_t>(t.numel()));
+  tensor_to_float(t, v.data());
+  check_finite(t, v.data(), held_as_bf16, where);
 }
 
 // GEMM1's input scale of a gated expert: the larger of gate's and up's. NaN (no scale, a W4A16 checkpoint) if
@@ -507,15 +502,7 @@ void Nvfp4Checkpoint::discover() {
   }
   if (beyond > 0)
     notes_.push_back(cat(beyond, " tensors of layers >= num_hidden_layers (", L, ") ignored (e.g. MTP layers)"));
-  // Every layer 0..L-1 must have tensors; checked before the loop below so that L is bounded by the file.
-  if (static_cast<int64_t>(seen.size()) != L) {
-    int64_t missing = 0;
-    while (seen.count(missing)) ++missing;
-    throw FormatError(cat(dir_, ": layer ", missing, " has no tensors at all (config ", model_.file,
-                          " says num_hidden_layers = ", L, "; ", seen.empty() ? std::string("no layer has tensors")
-                          : cat("the highest layer with tensors is ", *seen.rbegin()), ")"));
-  }
-
+  check_layers_have_tensors(dir_, model_, seen);  // before the loop below, which L sizes
   for (int64_t l = 0; l < L; ++l) {
     LayerInfo li;
     li.summary.layer = static_cast<int>(l);
@@ -759,7 +746,7 @@ MoeWeights Nvfp4Checkpoint::load_layer(int layer, const ProgressFn& progress) co
                    ": tensor ", router->name, ": expected dtype BF16 (or F32), got ", dtype_name(router->dtype));
     NVFP4MOE_CHECK(router->shape == (std::vector<int64_t>{E, H}), FormatError, dir_, ": ", lname, ": tensor ",
                    router->name, ": expected shape ", shape_str({E, H}), ", got ", shape_str(router->shape));
-    check_finite(*router, cat(dir_, ": ", lname), true);
+    check_tensor_finite(*router, cat(dir_, ": ", lname), true);
   }
   const io::TensorInfo* bias = li.t.correction_bias.empty() ? nullptr : &need(li.t.correction_bias, lname);
   if (bias) {
@@ -767,7 +754,7 @@ MoeWeights Nvfp4Checkpoint::load_layer(int layer, const ProgressFn& progress) co
                    bias->name, ": expected dtype F32 (or BF16), got ", dtype_name(bias->dtype));
     NVFP4MOE_CHECK(bias->shape == (std::vector<int64_t>{E}), FormatError, dir_, ": ", lname, ": tensor ", bias->name,
                    ": expected shape ", shape_str({E}), ", got ", shape_str(bias->shape));
-    check_finite(*bias, cat(dir_, ": ", lname), false);
+    check_tensor_finite(*bias, cat(dir_, ": ", lname), false);
   }
   const io::TensorInfo* sgate = li.t.shared_gate.empty() ? nullptr : &need(li.t.shared_gate, lname);
   if (sgate) {
@@ -776,7 +763,7 @@ MoeWeights Nvfp4Checkpoint::load_layer(int layer, const ProgressFn& progress) co
     NVFP4MOE_CHECK(sgate->shape == (std::vector<int64_t>{1, H}) || sgate->shape == (std::vector<int64_t>{H}),
                    FormatError, dir_, ": ", lname, ": tensor ", sgate->name, ": expected shape ", shape_str({1, H}),
                    ", got ", shape_str(sgate->shape));
-    check_finite(*sgate, cat(dir_, ": ", lname), false);
+    check_tensor_finite(*sgate, cat(dir_, ": ", lname), false);
   }
 
   // ---- 2. allocate the one packed copy, then stream bytes from the mapping into their slots
@@ -987,7 +974,7 @@ MoeShard Nvfp4Checkpoint::load_shard(int layer, const ParallelConfig& parallel, 
     NVFP4MOE_CHECK((router.dtype == DType::BF16 || router.dtype == DType::F32) && router.shape == (std::vector<int64_t>{E, H}),
                    FormatError, dir_, ": ", lname, ": tensor ", router.name, ": expected BF16 (or F32) ",
                    shape_str({E, H}), ", got ", dtype_name(router.dtype), " ", shape_str(router.shape));
-    check_finite(router, cat(dir_, ": ", lname), true);
+    check_tensor_finite(router, cat(dir_, ": ", lname), true);
     shard.router_weight.resize(static_cast<size_t>(E * H));
     if (router.dtype == DType::BF16) {
       std::memcpy(shard.router_weight.data(), router.data, router.nbytes());
@@ -1004,7 +991,7 @@ MoeShard Nvfp4Checkpoint::load_shard(int layer, const ParallelConfig& parallel, 
     NVFP4MOE_CHECK((bias.dtype == DType::F32 || bias.dtype == DType::BF16) && bias.shape == (std::vector<int64_t>{E}),
                    FormatError, dir_, ": ", lname, ": tensor ", bias.name, ": expected F32 (or BF16) ", shape_str({E}),
                    ", got ", dtype_name(bias.dtype), " ", shape_str(bias.shape));
-    check_finite(bias, cat(dir_, ": ", lname), false);
+    check_tensor_finite(bias, cat(dir_, ": ", lname), false);
     shard.router_bias.resize(static_cast<size_t>(E));
     for (int64_t e = 0; e < E; ++e) {
       if (bias.dtype == DType::F32) {
@@ -1022,7 +1009,7 @@ MoeShard Nvfp4Checkpoint::load_shard(int layer, const ParallelConfig& parallel, 
                        (sgate.shape == (std::vector<int64_t>{1, H}) || sgate.shape == (std::vector<int64_t>{H})),
                    FormatError, dir_, ": ", lname, ": tensor ", sgate.name, ": expected BF16 ", shape_str({1, H}),
                    ", got ", dtype_name(sgate.dtype), " ", shape_str(sgate.shape));
-    check_finite(sgate, cat(dir_, ": ", lname), false);
+    check_tensor_finite(sgate, cat(dir_, ": ", lname), false);
     shard.local.shared_gate_weight.resize(static_cast<size_t>(H));
     std::memcpy(shard.local.shared_gate_weight.data(), sgate.data, static_cast<size_t>(H) * 2);
   }

@@ -129,6 +129,17 @@ void tensor_to_float(const io::TensorInfo& t, float* v) {
   }
 }
 
+void check_finite(const io::TensorInfo& t, const float* values, bool held_as_bf16, const std::string& where) {
+  const int64_t n = t.numel(), cols = t.shape.size() == 2 ? t.shape[1] : 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const float f = values[i], held = held_as_bf16 ? fmt::bf16_to_float(fmt::bf16_from_float(f)) : f;
+    if (std::isfinite(held)) continue;
+    throw FormatError(cat(where, ": tensor ", t.name, ": expected finite values, got ", f, " at index ", i,
+                          cols ? cat(" ([", i / cols, ", ", i % cols, "])") : std::string(),
+                          std::isfinite(f) ? " (inf once rounded to bf16, as MoeWeights holds it)" : ""));
+  }
+}
+
 std::unique_ptr<ExpertQuantizer> make_cpu_expert_quantizer() { return std::make_unique<CpuExpertQuantizer>(); }
 
 std::unique_ptr<ExpertQuantizer> make_cuda_expert_quantizer(int device) {
@@ -306,16 +317,7 @@ UnquantizedCheckpoint::UnquantizedCheckpoint(const std::string& dir, ModelConfig
     }
     L.spec = s;
   }
-  // Every layer 0..L-1 must have tensors (as the NVFP4 loader requires); checked before the loop below so that
-  // num_hidden_layers, untrusted until then, is bounded by the file (a huge one ran out of memory there).
-  if (static_cast<int64_t>(seen.size()) != m.num_layers) {
-    int64_t missing = 0;
-    while (seen.count(missing)) ++missing;
-    throw FormatError(cat(dir, ": layer ", missing, " has no tensors at all (config ", cfg_path,
-                          " says num_hidden_layers = ", m.num_layers, "; ",
-                          seen.empty() ? std::string("no layer has tensors")
-                                       : cat("the highest layer with tensors is ", *seen.rbegin()), ")"));
-  }
+  check_layers_have_tensors(dir, m, seen);  // before the loop below, which num_hidden_layers sizes
   for (int64_t l = 0; l < m.num_layers; ++l) {
     const auto mit = moe_.find(static_cast<int>(l));
     if (m.layer_rule_known) {  // the same rule as the NVFP4 loader, so quantize's output opens the same way
@@ -378,27 +380,19 @@ MoeWeights UnquantizedCheckpoint::load_layer_with(int layer, ExpertQuantizer& q,
   const float nan = std::numeric_limits<float>::quiet_NaN();
   MoeWeights w;
   w.spec = s;
-  // NaN/Inf in the router, its correction bias or the shared-expert gate silently drops or pins experts (NaN logits
-  // select nothing, an Inf bias puts its expert in every top-k): refused, before the experts are quantized. `held`
-  // is the value as MoeWeights keeps it (bf16 for the router and the gate: a finite F32 value can round to inf).
-  auto check_finite = [&](const io::TensorInfo& t, size_t i, float f, float held) {
-    if (std::isfinite(held)) return;
-    const size_t cols = t.shape.size() == 2 ? static_cast<size_t>(t.shape[1]) : 0;
-    throw FormatError(cat(dir_, ": layer ", layer, ": tensor ", t.name, ": expected finite values, got ", f,
-                          " at index ", i, cols ? cat(" ([", i / cols, ", ", i % cols, "])") : std::string(),
-                          std::isfinite(f) ? " (inf once rounded to bf16, as MoeWeights holds it)" : ""));
-  };
+  // The router, its bias and the shared gate, checked finite (check_finite) before the experts are quantized.
+  const std::string where = cat(dir_, ": layer ", layer);
   auto to_bf16 = [&](const std::string& name) {
     const io::TensorInfo& t = files_.get(name);
     std::vector<float> f(static_cast<size_t>(t.numel()));
     tensor_to_float(t, f.data());
+    check_finite(t, f.data(), true, where);
     std::vector<uint16_t> v(f.size());
     if (t.dtype == DType::BF16) {
       std::memcpy(v.data(), t.data, v.size() * 2);
     } else {
       for (size_t i = 0; i < f.size(); ++i) v[i] = fmt::bf16_from_float(f[i]);
     }
-    for (size_t i = 0; i < f.size(); ++i) check_finite(t, i, f[i], fmt::bf16_to_float(v[i]));
     return v;
   };
   if (!L.router.empty()) w.router_weight = to_bf16(L.router);
@@ -406,7 +400,7 @@ MoeWeights UnquantizedCheckpoint::load_layer_with(int layer, ExpertQuantizer& q,
     const io::TensorInfo& t = files_.get(L.bias);
     w.router_bias.resize(static_cast<size_t>(t.numel()));
     tensor_to_float(t, w.router_bias.data());
-    for (size_t i = 0; i < w.router_bias.size(); ++i) check_finite(t, i, w.router_bias[i], w.router_bias[i]);
+    check_finite(t, w.router_bias.data(), false, where);
   }
   if (s.shared_expert_gated) w.shared_gate_weight = to_bf16(L.shared_gate);
   w.experts.allocate(s.num_experts, s.hidden, s.intermediate, s.gated());

@@ -34,6 +34,12 @@ namespace nvfp4moe::model {
 void tensor_to_float(const io::TensorInfo& t, float* out);
 // IEEE half -> float (exact).
 float half_to_float(uint16_t h);
+// NaN/Inf in the router, its correction bias or the shared-expert gate silently drops or pins experts (NaN logits
+// select nothing, an Inf bias puts its expert in every top-k), so both loaders refuse them: FormatError naming
+// `where`, the tensor, the value and its index. `values`: t's values (tensor_to_float); held_as_bf16: MoeWeights
+// keeps the tensor as bf16, where a finite F32 value can round to inf. Small tensors ([E, H] at most): the
+// expert weights are not scanned.
+void check_finite(const io::TensorInfo& t, const float* values, bool held_as_bf16, const std::string& where);
 
 // One MoE layer of an unquantized checkpoint: tensor names by role, 0 gate, 1 up, 2 down ("" = absent).
 struct UnquantizedExpert {
