@@ -35,6 +35,13 @@ size_t shard_bytes_from_mb(double mb) {
   return std::max<size_t>(1, static_cast<size_t>(bytes));
 }
 
+float scaling_from_flag(double scaling) {
+  NVFP4MOE_CHECK(std::isfinite(scaling) && scaling > 0 && scaling <= std::numeric_limits<float>::max(), ArgumentError,
+                 "--scaling: expected a finite routed_scaling_factor > 0 (at most ",
+                 std::numeric_limits<float>::max(), ", a float), got ", scaling);
+  return static_cast<float>(scaling);
+}
+
 double now_seconds() {
   using clock = std::chrono::steady_clock;
   return std::chrono::duration<double>(clock::now().time_since_epoch()).count();

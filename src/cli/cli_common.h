@@ -45,6 +45,9 @@ CLI::Validator seed_check();
 // --shard-mb MB -> bytes: refuses a non-finite or non-positive value (ArgumentError naming the flag); a value past
 // 2^64 bytes means no limit (SIZE_MAX), one under a byte means one byte (every tensor in its own shard).
 size_t shard_bytes_from_mb(double mb);
+// --scaling (gen, bench) -> routed_scaling_factor: refuses a value that is not finite, not > 0 or past the float
+// range (read as a double so that 1e39 is refused, not cast to inf), naming the flag.
+float scaling_from_flag(double scaling);
 
 // ------------------------------------------------------------------ small helpers (cli_common.cpp)
 double now_seconds();                      // monotonic clock

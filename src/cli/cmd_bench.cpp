@@ -8,7 +8,6 @@
 #include <sys/stat.h>
 
 #include <algorithm>
-#include <cfloat>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -128,11 +127,7 @@ BenchPlan make_plan(const BenchOpts& o, bool dims_given) {
       s.routing = Routing::SigmoidGroupedTopK;
       s.n_group = o.n_group;
       s.topk_group = o.topk_group;
-      // Named here: MoeSpec::validate would only name routed_scaling_factor (and a float cast makes 1e39 inf).
-      NVFP4MOE_CHECK(std::isfinite(o.scaling) && o.scaling > 0 && o.scaling <= FLT_MAX, ArgumentError,
-                     "--scaling: expected a finite routed_scaling_factor > 0 (at most ", FLT_MAX, ", a float), got ",
-                     o.scaling);
-      s.routed_scaling_factor = static_cast<float>(o.scaling);
+      s.routed_scaling_factor = scaling_from_flag(o.scaling);
       s.has_router_bias = true;
     }
     s.shared_intermediate = o.shared_intermediate;

@@ -1,8 +1,6 @@
 // `nvfp4moe gen`: writes a synthetic NVFP4 checkpoint in exact ModelOpt layout (model/synthetic.h).
 #include <CLI/CLI.hpp>
 
-#include <cfloat>
-#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <memory>
@@ -97,12 +95,7 @@ Command add_gen_command(CLI::App& parent) {
             set_if(o->o_shared, o->shared, s.shared_intermediate);
             set_if(o->o_ngroup, o->n_group, s.n_group);
             set_if(o->o_topkgroup, o->topk_group, s.topk_group);
-            if (o->o_scaling->count()) {
-              NVFP4MOE_CHECK(std::isfinite(o->scaling) && o->scaling > 0 && o->scaling <= FLT_MAX, ArgumentError,
-                             "--scaling: expected a finite routed_scaling_factor > 0 (at most ", FLT_MAX,
-                             ", a float), got ", o->scaling);
-              s.routed_scaling_factor = static_cast<float>(o->scaling);
-            }
+            if (o->o_scaling->count()) s.routed_scaling_factor = scaling_from_flag(o->scaling);
             if (o->o_no_norm->count()) s.norm_topk_prob = false;
             if (o->o_routing->count())
               s.routing = o->routing == "deepseek" ? Routing::SigmoidGroupedTopK : Routing::SoftmaxTopK;
