@@ -3,27 +3,19 @@
 # backward branch whose body holds an HMMA / HGMMA and no other backward branch; branch targets are stripped,
 # registers and order are not (ptxas re-scheduling a k-loop shows as DIFF with the same length). For changes
 # outside the k-loops (epilogues, scale arithmetic) whose cost must not leak into them: the decode k-loops are
-# sensitive to scheduling (docs/gemm.md). CUOBJDUMP: the cuobjdump binary (default: on PATH; it needs nvdisasm).
+# sensitive to scheduling (docs/gemm.md). CUOBJDUMP: the cuobjdump binary (found as sass_arrive_check.py finds it).
 #   python3 scripts/sass_mma_loops.py old.o new.o [kernel-substring: print the diff of its loops]
-import difflib, os, re, subprocess, sys
+import difflib, re, subprocess, sys
 
-CU = os.environ.get('CUOBJDUMP', 'cuobjdump')
+from sass_arrive_check import find_cuobjdump, parse  # (this folder: the same cuobjdump listing parser)
+
 BRANCH = re.compile(r'BRA (?:`\(\.L_x_\d+\) )?0x([0-9a-f]+)')
 
 
 def kernels(obj):
+    """{kernel: [(address, instruction text)]}."""
     out = subprocess.run([CU, '-sass', obj], capture_output=True, text=True, check=True).stdout
-    d, cur = {}, None
-    for line in out.split('\n'):
-        m = re.search(r'Function : (\S+)', line)
-        if m:
-            cur = m.group(1)
-            d[cur] = []
-            continue
-        m = re.match(r'\s*/\*([0-9a-f]{4,6})\*/\s*(.*?);', line)
-        if m and cur:
-            d[cur].append((int(m.group(1), 16), m.group(2).strip()))
-    return d
+    return {name: [(a, t) for a, t, _, _ in ins] for name, ins in parse(out).items()}
 
 
 def mma_loops(ins):
@@ -45,6 +37,8 @@ def mma_loops(ins):
 
 
 def main():
+    global CU
+    CU = find_cuobjdump() or 'cuobjdump'
     a, b = kernels(sys.argv[1]), kernels(sys.argv[2])
     same = diff = 0
     for k in sorted(set(a) & set(b)):
