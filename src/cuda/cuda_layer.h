@@ -221,10 +221,9 @@ class CudaMoeLayer final : public MoeLayer {
   // creation): the gather copies the row, for A/B and the bitwise test.
   bool t1_broadcast_enabled_ = true;
   // NVFP4MOE_WS_GATHER=1 (read at creation; measured slower on the H200, +1..9%, bench/results/1316906-ws-gather-ab,
-  // so off): at decode (a
-  // warp-streaming GEMM1, T > 1; w4a16, bf16 hidden, not calibrating) GEMM1 reads `hidden` through the plan's
-  // permutation (Sm90GemmArgs::a_gather_src) and no gather step runs (the fused routing kernel skips it, the
-  // separate gather kernel is not launched).
+  // so off): at decode (a warp-streaming GEMM1, T > 1; w4a16, bf16 hidden, not calibrating) GEMM1 reads `hidden`
+  // through the plan's permutation (Sm90GemmArgs::a_gather_src) and no gather step runs (the fused routing kernel
+  // skips it, the separate gather kernel is not launched).
   bool ws_gather_enabled_ = false;
   // Every routed expert has the same GEMM1 activation scale gs13 (update_routed_uniform_gs13: at creation and
   // after a calibration): in w4a4 with NVFP4MOE_GEMM1_GATHER=1 the gather then quantizes each token's row once
