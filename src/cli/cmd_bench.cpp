@@ -538,14 +538,16 @@ void run_on_device(const BenchOpts& o, const BenchPlan& p, json& doc) {
           // with profiling from start off), without the layers' creation-time warm-up launches.
           // (combo counts the (mode, routing) combinations begun: 1 is the first.)
           const bool profiled = o.profile_eager && combo == 1 && T == p.tokens.front();
-          if (profiled) ck(cudaProfilerStart(), "cudaProfilerStart");
-          layers[0].layer->forward(hid[0], ra[0], out[0], stream);
+          for (int l = 0; l < L; ++l) {
+            const size_t i = static_cast<size_t>(l);
+            if (profiled && l == 0) ck(cudaProfilerStart(), "cudaProfilerStart");
+            layers[i].layer->forward(hid[i], ra[i], out[i], stream);
+            if (profiled && l == 0) {
+              ck(cudaStreamSynchronize(stream), "forward (eager, before capture)");
+              ck(cudaProfilerStop(), "cudaProfilerStop");
+            }
+          }
           ck(cudaStreamSynchronize(stream), "forward (eager, before capture)");
-          if (profiled) ck(cudaProfilerStop(), "cudaProfilerStop");
-          for (int l = 1; l < L; ++l)
-            layers[static_cast<size_t>(l)].layer->forward(hid[static_cast<size_t>(l)], ra[static_cast<size_t>(l)],
-                                                          out[static_cast<size_t>(l)], stream);
-          ck(cudaStreamSynchronize(stream), "forward (eager, layers 1.., before capture)");
           cudaGraph_t graph = nullptr;
           cudaGraphExec_t exec = nullptr;
           ck(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
