@@ -277,6 +277,7 @@ CudaMoeLayer::CudaMoeLayer(MoeWeights w, const MoeLayerOptions& options, GemmPat
   }
   if (options.shared_max_input_scale) use_shared_max_input_scales(w);
   shared_reads_hidden_ = env_switch("NVFP4MOE_SHARED_HIDDEN");  // A/B and tests: "0" = the shared gather copies
+  fused_gather_enabled_ = env_switch("NVFP4MOE_FUSED_GATHER");  // A/B and tests: "0" = route + plan, then gather
   DeviceGuard warm(options.device);
   (void)device_sm_count();  // cached now, so no attribute query ever happens inside a captured forward()
   DeviceGuard guard(options.device);
@@ -799,13 +800,17 @@ void CudaMoeLayer::forward(const TensorRef& hidden, const RoutingArgs& routing, 
     else
       gemm1_gathers = gemm1_gather_enabled_ && sm90_gather_available(routed_c1) &&
                       !chained(routed_c1, routed_c2, T, routed_.gated) && (quantized_once || !f32_in) &&
-                      !(route && route_plan_gather_fuses(*route, pl, routed_gather));
+                      !(route && fused_gather_enabled_ && route_plan_gather_fuses(*route, pl, routed_gather));
   }
   if (route) {
-    if (gemm1_gathers || gemm1_broadcasts)
+    if (gemm1_gathers || gemm1_broadcasts) {
       check_launch(launch_route_plan(*route, pl, stream), "route + plan");
-    else
+    } else if (fused_gather_enabled_) {
       check_launch(launch_route_plan_gather(*route, pl, routed_gather, stream), "route + plan + gather");
+    } else {
+      check_launch(launch_route_plan(*route, pl, stream), "route + plan");
+      check_launch(launch_gather(routed_gather, stream), "gather (routed)");
+    }
   } else {
     check_launch(launch_plan(pl, stream), "plan");
   }

@@ -225,6 +225,10 @@ class CudaMoeLayer final : public MoeLayer {
   // through the plan's permutation (Sm90GemmArgs::a_gather_src) and no gather step runs (the fused routing kernel
   // skips it, the separate gather kernel is not launched).
   bool ws_gather_enabled_ = false;
+  // At decode the routing, the plan and the routed gather are one launch where launch_route_plan_gather's
+  // one-launch form applies (route_plan_gather_fuses); NVFP4MOE_FUSED_GATHER=0 (read at creation): the route +
+  // plan launch and the gather kernel, for A/B and the bitwise test. Both GEMM paths.
+  bool fused_gather_enabled_ = true;
   // Every routed expert has the same GEMM1 activation scale gs13 (update_routed_uniform_gs13: at creation and
   // after a calibration): in w4a4 with NVFP4MOE_GEMM1_GATHER=1 the gather then quantizes each token's row once
   // (and once more with a merged shared expert's own scale) and GEMM1 gathers it for all of the token's experts

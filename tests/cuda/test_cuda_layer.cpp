@@ -27,6 +27,7 @@
 #include "cpu/reference.h"
 #include "cuda/cuda_backend.h"
 #include "cuda/cuda_layer.h"
+#include "cuda/moe_kernels.h"
 #include "format/nvfp4.h"
 #include "nvfp4moe/error.h"
 #include "nvfp4moe/moe.h"
@@ -1013,6 +1014,70 @@ TEST(CudaLayer, WarpStreamGatheredABitIdenticalToGather) {
       }
     }
   EXPECT_GE(gathered_points, 10) << "GEMM1 gathered at decode at too few points: the test checks little";
+}
+
+// The fused route + plan + gather of decode (one launch; each of <= 16 blocks routes and plans redundantly, then
+// gathers its share of the rows) with blocks widened past the routing's threads so that wide hidden states fit
+// (H = 2048: 4 items a row; up to 1024 threads a block) gives the bits of the route + plan launch followed by the
+// gather kernel (NVFP4MOE_FUSED_GATHER=0): softmax with 128 experts of top-8, and DeepSeek-style grouped sigmoid
+// with the shared expert merged as expert E (its rows appended); router logits and caller ids, a poisoned
+// workspace, a captured graph replayed with new inputs. The fusion predicate itself is checked on the same
+// arguments the layer passes: the widened form must be taken wherever the rows are at most 512 items (16 blocks
+// of 1024 threads: softmax T = 16) and not past that (softmax T = 17, both at T = 32).
+TEST(CudaLayer, WideFusedRoutePlanGatherBitIdenticalToTwoLaunches) {
+  const LayerDims kWideSoftmax{"softmax H2048 E128 k8", 2048, 64, 128, 8};
+  const LayerDims kWideMerged{"sigmoid-grouped H1792 E64 k6 + shared(I) as expert E", 1792, 64, 64, 6,
+                              Activation::SwiGLU, Routing::SigmoidGroupedTopK, 8, 4, 2.5f, true, 64};
+  int widened_points = 0;
+  for (const LayerDims& d : {kWideSoftmax, kWideMerged})
+    for (Mode mode : {Mode::W4A16, Mode::W4A4}) {
+      SCOPED_TRACE(std::string(d.name) + " " + mode_name(mode));
+      SwitchPair h("NVFP4MOE_FUSED_GATHER", "0", d, mode, 32, 61);  // base: fused (default), switched: two launches
+      const bool merged = h.base.cuda->shared_in_routed();
+      ASSERT_EQ(merged, d.shared_I > 0) << "the test needs the shared expert merged as expert E";
+      for (int64_t T : {2, 3, 4, 8, 16, 17, 32}) {
+        SCOPED_TRACE("T=" + std::to_string(T));
+        // The layer's arguments for this T (cuda_layer.cpp, forward): distinct non-null buffers stand in.
+        static int32_t ids_buf[1], perm_buf[1], offsets_buf[1];
+        static float logits_buf[1], weights_buf[1];
+        static uint16_t hidden_buf[1], out_buf[1];
+        cuda::RouteArgs r;
+        r.kind = d.routing == Routing::SoftmaxTopK ? cuda::RouteKind::kSoftmax : cuda::RouteKind::kSigmoidGrouped;
+        r.logits = logits_buf;
+        r.tokens = static_cast<int>(T);
+        r.experts = static_cast<int>(d.E);
+        r.top_k = static_cast<int>(d.k);
+        r.topk_ids = ids_buf;
+        r.topk_weights = weights_buf;
+        cuda::PlanArgs pl;
+        pl.topk_ids = ids_buf;
+        pl.tokens = r.tokens;
+        pl.top_k = r.top_k;
+        pl.experts = r.experts;
+        pl.perm = perm_buf;
+        pl.offsets = offsets_buf;
+        pl.append_shared = merged;
+        cuda::GatherArgs g;
+        g.hidden = hidden_buf;
+        g.tokens = r.tokens;
+        g.hidden_size = static_cast<int>(d.H);
+        g.top_k = r.top_k;
+        g.experts = r.experts;
+        g.perm = perm_buf;
+        g.topk_ids = ids_buf;
+        g.offsets = offsets_buf;
+        g.out = out_buf;
+        g.max_rows = static_cast<int>(T * d.k + (merged ? T : 0));
+        g.append_shared = merged;
+        const int64_t items = g.max_rows * ((d.H + 511) / 512);
+        const bool fuses = cuda::route_plan_gather_fuses(r, pl, g);
+        EXPECT_EQ(fuses, items <= 16 * 32) << items << " items";
+        if (fuses && items > 16 * 8) ++widened_points;  // more than 8 warps a block: past the routing's threads
+        expect_forwards_bit_identical(h.base, h.switched, T, 3100 + 11 * T);
+        if (T == 4 || T == 16) expect_replays_bit_identical(h.base, h.switched, T, 3300 + T);
+      }
+    }
+  EXPECT_GE(widened_points, 8) << "the widened fused launch was taken at too few points: the test checks little";
 }
 
 // A separate shared expert's GEMM1 reading `hidden` itself (w4a16: its gather would only copy the rows) gives the
