@@ -246,6 +246,9 @@ namespace {
 // Blocks of the fused route + plan + gather: one work item (row, 512 columns) per warp at the most rows this
 // forward can have, at most kRoutePlanGatherMaxBlocks (every block routes and plans everything again, and holds
 // its SM: a GEMM1 CTA, which needs a whole SM, cannot start its prologue there before the block has exited).
+// Widening the blocks (warps beyond the routing's, up to 1024 threads, so that qwen3-235b / deepseek-v3 T = 4 and
+// qwen3-30b T = 16 fit 16 blocks) measured slower than the two launches it replaced, +0.9..+3.1 us per layer
+// (H100, bench/results/6289f73-wide-fused-gather-ab-h100): the form stays where the routing's threads suffice.
 constexpr int kRoutePlanGatherMaxBlocks = 16;
 int64_t route_plan_gather_items(const GatherArgs& g) {
   const int64_t chunks = (g.hidden_size + kernels::kGatherChunkCols - 1) / kernels::kGatherChunkCols;
@@ -255,23 +258,13 @@ int route_plan_gather_blocks(const GatherArgs& g, int threads) {
   const int64_t items = route_plan_gather_items(g);
   return static_cast<int>(std::max<int64_t>(1, (items + threads / 32 - 1) / (threads / 32)));
 }
-// The fused launch's threads a block: the one-block routing's (sh.threads), with warps added until one item per
-// warp fits kRoutePlanGatherMaxBlocks blocks, at most kScanThreads (the kernel's launch bound). The routing and
-// the plan leave the added warps idle; they only gather. With the routing's threads alone the form fused only
-// where T * k rows were a few items (qwen3-235b T = 4: 256 items, 4 warps a block, 64 blocks; deepseek-v3 T = 4:
-// 504 items, 8 warps, 63 blocks): now 16 blocks of 16 and of 32 warps, one launch less.
-int route_plan_gather_threads(const GatherArgs& g, const SmallRouteShape& sh) {
-  const int64_t items = route_plan_gather_items(g);
-  const int64_t warps = (items + kRoutePlanGatherMaxBlocks - 1) / kRoutePlanGatherMaxBlocks;
-  return static_cast<int>(std::min<int64_t>(std::max<int64_t>(warps * 32, sh.threads), kernels::kScanThreads));
-}
 bool route_plan_gather_fusable(const RouteArgs& r, const PlanArgs& a, const GatherArgs& g,
                                const SmallRouteShape& sh) {
   const int pairs = a.tokens * a.top_k;
   return route_plan_fusable(r, a, sh) && g.perm == a.perm && g.topk_ids == a.topk_ids &&
          g.offsets == a.offsets && g.tokens == a.tokens && g.top_k == a.top_k && g.experts == a.experts &&
          g.gate_out == nullptr && g.max_rows >= pairs && g.hidden_size > 0 &&
-         route_plan_gather_blocks(g, route_plan_gather_threads(g, sh)) <= kRoutePlanGatherMaxBlocks;
+         route_plan_gather_blocks(g, sh.threads) <= kRoutePlanGatherMaxBlocks;
 }
 }  // namespace
 
@@ -289,8 +282,7 @@ cudaError_t launch_route_plan_gather(const RouteArgs& r, const PlanArgs& a, cons
   if (!r.logits || !r.topk_weights || r.experts > kMaxExperts || r.top_k > r.experts) return cudaErrorInvalidValue;
   if (!g.hidden || !g.out || g.hidden_size % 16 != 0) return cudaErrorInvalidValue;
   const int pairs = a.tokens * a.top_k;
-  const int threads = route_plan_gather_threads(g, sh);
-  const int grid = route_plan_gather_blocks(g, threads);
+  const int grid = route_plan_gather_blocks(g, sh.threads);
   // w4a4: the experts' activation scales after the routing's shared memory, where they fit.
   size_t smem = sh.smem;
   int gs_offset = 0;
@@ -303,7 +295,7 @@ cudaError_t launch_route_plan_gather(const RouteArgs& r, const PlanArgs& a, cons
     }
   }
   auto launch = [&](auto kernel) {
-    return launch_pdl(kernel, dim3(grid), dim3(threads), smem, stream, r, a, g, pairs, sh.block_route, gs_offset);
+    return launch_pdl(kernel, dim3(grid), dim3(sh.threads), smem, stream, r, a, g, pairs, sh.block_route, gs_offset);
   };
   return g.hidden_f32 ? launch(kernels::route_plan_gather_small_kernel<true>)
                       : launch(kernels::route_plan_gather_small_kernel<false>);

@@ -1017,24 +1017,23 @@ TEST(CudaLayer, WarpStreamGatheredABitIdenticalToGather) {
 }
 
 // The fused route + plan + gather of decode (one launch; each of <= 16 blocks routes and plans redundantly, then
-// gathers its share of the rows) with blocks widened past the routing's threads so that wide hidden states fit
-// (H = 2048: 4 items a row; up to 1024 threads a block) gives the bits of the route + plan launch followed by the
-// gather kernel (NVFP4MOE_FUSED_GATHER=0): softmax with 128 experts of top-8, and DeepSeek-style grouped sigmoid
-// with the shared expert merged as expert E (its rows appended); router logits and caller ids, a poisoned
-// workspace, a captured graph replayed with new inputs. The fusion predicate itself is checked on the same
-// arguments the layer passes: the widened form must be taken wherever the rows are at most 512 items (16 blocks
-// of 1024 threads: softmax T = 16) and not past that (softmax T = 17, both at T = 32).
-TEST(CudaLayer, WideFusedRoutePlanGatherBitIdenticalToTwoLaunches) {
+// gathers its share of the rows) gives the bits of the route + plan launch followed by the gather kernel
+// (NVFP4MOE_FUSED_GATHER=0): softmax with 40 experts of top-8, DeepSeek-style grouped sigmoid with the shared
+// expert merged as expert E (its rows appended), and softmax with 128 experts over H = 2048 (4 items a row);
+// router logits and caller ids, a poisoned workspace, a captured graph replayed with new inputs. The fusion
+// predicate is checked on the arguments the layer passes: the narrow layers fuse at every T <= 32; the wide one
+// only at T <= 2 (block routing's 256 threads hold its 64 items in 16 blocks; from T = 3 the warp routing's 128
+// threads would need 24+ blocks, and widening the blocks measured slower: moe_kernels.cu).
+TEST(CudaLayer, FusedRoutePlanGatherBitIdenticalToTwoLaunches) {
   const LayerDims kWideSoftmax{"softmax H2048 E128 k8", 2048, 64, 128, 8};
-  const LayerDims kWideMerged{"sigmoid-grouped H1792 E64 k6 + shared(I) as expert E", 1792, 64, 64, 6,
-                              Activation::SwiGLU, Routing::SigmoidGroupedTopK, 8, 4, 2.5f, true, 64};
-  int widened_points = 0;
-  for (const LayerDims& d : {kWideSoftmax, kWideMerged})
+  int fused_points = 0;
+  for (const LayerDims& d : {kSmallSoftmax, kMergedSigmoid, kWideSoftmax})
     for (Mode mode : {Mode::W4A16, Mode::W4A4}) {
       SCOPED_TRACE(std::string(d.name) + " " + mode_name(mode));
       SwitchPair h("NVFP4MOE_FUSED_GATHER", "0", d, mode, 32, 61);  // base: fused (default), switched: two launches
       const bool merged = h.base.cuda->shared_in_routed();
       ASSERT_EQ(merged, d.shared_I > 0) << "the test needs the shared expert merged as expert E";
+      const bool wide = d.H > 512;
       for (int64_t T : {2, 3, 4, 8, 16, 17, 32}) {
         SCOPED_TRACE("T=" + std::to_string(T));
         // The layer's arguments for this T (cuda_layer.cpp, forward): distinct non-null buffers stand in.
@@ -1069,15 +1068,14 @@ TEST(CudaLayer, WideFusedRoutePlanGatherBitIdenticalToTwoLaunches) {
         g.out = out_buf;
         g.max_rows = static_cast<int>(T * d.k + (merged ? T : 0));
         g.append_shared = merged;
-        const int64_t items = g.max_rows * ((d.H + 511) / 512);
         const bool fuses = cuda::route_plan_gather_fuses(r, pl, g);
-        EXPECT_EQ(fuses, items <= 16 * 32) << items << " items";
-        if (fuses && items > 16 * 8) ++widened_points;  // more than 8 warps a block: past the routing's threads
+        EXPECT_EQ(fuses, !wide || T <= 2);
+        fused_points += fuses ? 1 : 0;
         expect_forwards_bit_identical(h.base, h.switched, T, 3100 + 11 * T);
-        if (T == 4 || T == 16) expect_replays_bit_identical(h.base, h.switched, T, 3300 + T);
+        if (T == 2 || T == 16) expect_replays_bit_identical(h.base, h.switched, T, 3300 + T);
       }
     }
-  EXPECT_GE(widened_points, 8) << "the widened fused launch was taken at too few points: the test checks little";
+  EXPECT_GE(fused_points, 30) << "the fused launch was taken at too few points: the test checks little";
 }
 
 // A separate shared expert's GEMM1 reading `hidden` itself (w4a16: its gather would only copy the rows) gives the
