@@ -22,6 +22,19 @@ __host__ __device__ inline size_t route_smem_per_warp(int experts) {
   return (static_cast<size_t>(experts) * 13 + 31) / 16 * 16;  // 16-byte aligned per warp
 }
 
+// The lanes' candidates (bv, bi; bi == INT_MAX: none) reduced to the warp's winner in (value, lower index)
+// order, the same on every lane. Returns -1 when no lane has one.
+__device__ __forceinline__ int warp_argmax_reduce(float bv, int bi) {
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) {
+    const float ov = __shfl_xor_sync(0xffffffffu, bv, off);
+    const int oi = __shfl_xor_sync(0xffffffffu, bi, off);
+    const bool take = (oi != INT_MAX) && (bi == INT_MAX || ov > bv || (ov == bv && oi < bi));
+    if (take) { bv = ov; bi = oi; }
+  }
+  return bi == INT_MAX ? -1 : bi;
+}
+
 // Warp-wide argmax over eligible entries of key[0, n): (value, lower index) order. Returns -1 when none.
 __device__ __forceinline__ int warp_argmax(const float* key, const uint8_t* eligible, int n, int lane) {
   float bv = -FLT_MAX;
@@ -32,14 +45,65 @@ __device__ __forceinline__ int warp_argmax(const float* key, const uint8_t* elig
     if (v != v) continue;  // NaN never wins
     if (bi == INT_MAX || v > bv) { bv = v; bi = e; }  // e ascends: an equal value keeps the lower id
   }
+  return warp_argmax_reduce(bv, bi);
+}
+
+// The k argmax passes of one token with the candidates in registers: lane l holds experts l, l + 32, ...
+// (kPerLane of them, E <= 32 * kPerLane), read once from shared memory with their eligibility (NaN never
+// eligible), and a bit per candidate still in the running. Each pass is a local scan of kPerLane registers and
+// the butterfly; the winner's lane drops its bit. The same winners in the same order as k calls of warp_argmax
+// with eligible[id] = 0 between them (the local scan ascends in e, so an equal value keeps the lower id, and the
+// butterfly is the same), without the passes' shared-memory scans and barriers. pick(j, id): on every lane after
+// pass j, id warp-uniform (-1 past the valid experts).
+template <int kPerLane, typename Pick>
+__device__ __forceinline__ void warp_topk_registers(const float* key, const uint8_t* eligible, int E, int K, int lane,
+                                                    Pick pick) {
+  float v[kPerLane];
+  uint32_t live = 0;
 #pragma unroll
-  for (int off = 16; off > 0; off >>= 1) {
-    const float ov = __shfl_xor_sync(0xffffffffu, bv, off);
-    const int oi = __shfl_xor_sync(0xffffffffu, bi, off);
-    const bool take = (oi != INT_MAX) && (bi == INT_MAX || ov > bv || (ov == bv && oi < bi));
-    if (take) { bv = ov; bi = oi; }
+  for (int i = 0; i < kPerLane; ++i) {
+    const int e = lane + 32 * i;
+    v[i] = 0.0f;
+    if (e < E && eligible[e]) {
+      const float x = key[e];
+      if (x == x) {
+        v[i] = x;
+        live |= 1u << i;
+      }
+    }
   }
-  return bi == INT_MAX ? -1 : bi;
+  for (int j = 0; j < K; ++j) {
+    float bv = -FLT_MAX;
+    int bi = INT_MAX;
+#pragma unroll
+    for (int i = 0; i < kPerLane; ++i)
+      if (((live >> i) & 1u) && (bi == INT_MAX || v[i] > bv)) {
+        bv = v[i];
+        bi = lane + 32 * i;
+      }
+    const int id = warp_argmax_reduce(bv, bi);
+    if (id >= 0 && (id & 31) == lane) live &= ~(1u << (id >> 5));
+    pick(j, id);
+  }
+}
+// Candidates a lane holds in registers for E experts: 4 (E <= 128), 8 (E <= 256), else 0 (the shared-memory
+// passes). With k <= 32 only: lane j keeps slot j's id.
+__device__ __forceinline__ int topk_registers_per_lane(int E, int K) {
+  return K > 32 ? 0 : E <= 128 ? 4 : E <= 256 ? 8 : 0;
+}
+
+// Runs the register form of the k passes (topk_registers_per_lane(E, K) candidates a lane, not 0) and returns
+// slot `lane`'s id on lanes < K (-1 past the valid experts), after a __syncwarp.
+__device__ __forceinline__ int warp_topk_lane_slot(const float* key, const uint8_t* eligible, int E, int K,
+                                                   int lane) {
+  int my_id = -1;
+  auto keep = [&](int j, int id) {
+    if (lane == j) my_id = id;
+  };
+  if (topk_registers_per_lane(E, K) == 4) warp_topk_registers<4>(key, eligible, E, K, lane, keep);
+  else warp_topk_registers<8>(key, eligible, E, K, lane, keep);
+  __syncwarp();
+  return my_id;
 }
 
 // Logits (and router bias) per lane loaded at once: 32 * kRouteLoadBatch experts per round trip to memory. A
@@ -114,6 +178,20 @@ __device__ __forceinline__ void route_token(const RouteArgs& a, int t, uint8_t* 
     // The k weights wait in shared memory (aux, unused here) for the renormalization: reading them back from
     // the global output would be k dependent round trips to L2 (microseconds at decode).
     float* wbuf = aux;
+    if (topk_registers_per_lane(E, K) > 0) {
+      // Lane j computes and records slot j; every lane then sums the k weights in slot order, the running sum of
+      // the passes below (the same bits), instead of lane 0 doing it inside each pass.
+      const int my_id = warp_topk_lane_slot(key, eligible, E, K, lane);
+      if (lane < K) {
+        record_id(lane, my_id);
+        wbuf[lane] = my_id >= 0 ? expf(key[my_id] - mx) / z : 0.0f;
+      }
+      __syncwarp();
+      float wsum = 0.0f;
+      for (int j = 0; j < K; ++j) wsum += wbuf[j];
+      if (write_global && lane < K) ws[lane] = (a.renormalize && wsum > 0.0f) ? wbuf[lane] / wsum : wbuf[lane];
+      return;
+    }
     float wsum = 0.0f;
     for (int j = 0; j < K; ++j) {
       const int id = warp_argmax(key, eligible, E, lane);
@@ -185,6 +263,22 @@ __device__ __forceinline__ void route_token(const RouteArgs& a, int t, uint8_t* 
   // The k weights wait in shared memory (gscore: the group scores are consumed above) for the
   // renormalization, not in the global output (k dependent round trips to L2 to read them back).
   float* wbuf = gscore;
+  if (topk_registers_per_lane(E, K) > 0) {  // as in the softmax routing above
+    const int my_id = warp_topk_lane_slot(key, eligible, E, K, lane);
+    if (lane < K) {
+      record_id(lane, my_id);
+      wbuf[lane] = my_id >= 0 ? aux[my_id] : 0.0f;
+    }
+    __syncwarp();
+    float wsum = 0.0f;
+    for (int j = 0; j < K; ++j) wsum += wbuf[j];
+    if (write_global && lane < K) {
+      float w = wbuf[lane];
+      if (a.renormalize && wsum > 0.0f) w = w / wsum;
+      ws[lane] = w * a.scaling;
+    }
+    return;
+  }
   float wsum = 0.0f;
   for (int j = 0; j < K; ++j) {
     const int id = warp_argmax(key, eligible, E, lane);

@@ -1131,13 +1131,16 @@ TEST(CudaLayer, BatchInvariance) {
 // The decode routing (the whole block ranks the experts: T * round_up(E, 32) <= 1024) and the warp-per-token
 // routing (larger T) on adversarial logits: ties everywhere, +-0, +-inf, NaN, rows with fewer valid experts than
 // k, all -inf. Both pick the CPU reference's ids, and a token's ids and weights are the same bits whether it is
-// routed alone (block path, in the fused route + plan [+ gather] launch) or among 64 tokens (warp path).
+// routed alone (block path, in the fused route + plan [+ gather] launch) or among 64 tokens (warp path: its
+// candidates in registers up to 256 experts, its shared-memory passes above).
 TEST(CudaLayer, RoutingAdversarialLogitsBlockAndWarpPaths) {
   const LayerDims dims[] = {
       kSmallSoftmax,
       kSmallSigmoid,
       {"E256 sigmoid 8 groups k8", 128, 64, 256, 8, Activation::SwiGLU, Routing::SigmoidGroupedTopK, 8, 4, 2.5f, false},
       {"E128 softmax k8", 128, 64, 128, 8},
+      // E > 256: the warp routing's shared-memory argmax passes (E <= 256 keeps its candidates in registers)
+      {"E320 softmax k6", 128, 64, 320, 6},
   };
   constexpr int64_t kRows = 64;
   const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
