@@ -92,6 +92,9 @@ inline constexpr size_t kFusedRouteSmemBytes = 36 * 1024;
 
 // The routing of a one-block decode kernel: by the whole block (route_block) when block_route, else one warp
 // per token (route_token). Every thread calls it; routed_ids receives the ids. Ends with a barrier.
+// The warp routing keeps its candidates in registers here only above 128 experts: measured on an H100 against
+// the shared-memory passes (bench/results/32b85e3-register-topk-ab-h100/), deepseek-v3 T = 4 (256 experts)
+// -1.2 us, but qwen3-30b / qwen3-235b T = 4 (128) +1.1 / +0.4 us; route_kernel (T > 32) gains at both.
 __device__ __forceinline__ void route_small(const RouteArgs& r, bool block_route, uint8_t* route_smem,
                                             int32_t* routed_ids, bool write_global) {
   if (block_route) {
@@ -100,7 +103,7 @@ __device__ __forceinline__ void route_small(const RouteArgs& r, bool block_route
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     if (warp < r.tokens)
       route_token(r, warp, route_smem + static_cast<size_t>(warp) * route_smem_per_warp(r.experts), lane,
-                  routed_ids, write_global);
+                  routed_ids, write_global, r.experts > 128);
   }
   __syncthreads();  // the routing's ids are visible to the whole block from here on
 }

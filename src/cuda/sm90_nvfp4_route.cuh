@@ -1,6 +1,7 @@
 // Routing kernels: logits [T, E] -> top-k ids/weights [T, k]. One warp per token; the E scores of a token live
-// in shared memory; the k winners are taken by k warp-wide argmax passes (ties to the lower expert id), so the
-// slot order is by descending score, exactly the CPU reference's order (nvfp4-format.md sections 7, 9).
+// in shared memory; the k winners are taken by k warp-wide argmax passes (ties to the lower expert id; over
+// registers up to 256 experts, warp_topk_registers), so the slot order is by descending score, exactly the CPU
+// reference's order (nvfp4-format.md sections 7, 9).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -135,8 +136,11 @@ __device__ __forceinline__ float group_top2_sum(const float* key, int gsize) {
 // nullptr): shared memory that also receives the token's k ids (the fused plan reads them there instead of
 // reading the global output back). write_global false: only the mirror is written (the blocks of the fused
 // route + plan + gather that route for themselves, redundantly, next to the one that writes the outputs).
+// register_topk: the k passes on registers where topk_registers_per_lane allows (else the shared-memory passes;
+// the same ids and weights either way).
 __device__ __forceinline__ void route_token(const RouteArgs& a, int t, uint8_t* base, int lane,
-                                            int32_t* ids_mirror = nullptr, bool write_global = true) {
+                                            int32_t* ids_mirror = nullptr, bool write_global = true,
+                                            bool register_topk = true) {
   const int E = a.experts, K = a.top_k;
   float* key = reinterpret_cast<float*>(base);
   float* aux = key + E;
@@ -178,7 +182,7 @@ __device__ __forceinline__ void route_token(const RouteArgs& a, int t, uint8_t* 
     // The k weights wait in shared memory (aux, unused here) for the renormalization: reading them back from
     // the global output would be k dependent round trips to L2 (microseconds at decode).
     float* wbuf = aux;
-    if (topk_registers_per_lane(E, K) > 0) {
+    if (register_topk && topk_registers_per_lane(E, K) > 0) {
       // Lane j computes and records slot j; every lane then sums the k weights in slot order, the running sum of
       // the passes below (the same bits), instead of lane 0 doing it inside each pass.
       const int my_id = warp_topk_lane_slot(key, eligible, E, K, lane);
@@ -263,7 +267,7 @@ __device__ __forceinline__ void route_token(const RouteArgs& a, int t, uint8_t* 
   // The k weights wait in shared memory (gscore: the group scores are consumed above) for the
   // renormalization, not in the global output (k dependent round trips to L2 to read them back).
   float* wbuf = gscore;
-  if (topk_registers_per_lane(E, K) > 0) {  // as in the softmax routing above
+  if (register_topk && topk_registers_per_lane(E, K) > 0) {  // as in the softmax routing above
     const int my_id = warp_topk_lane_slot(key, eligible, E, K, lane);
     if (lane < K) {
       record_id(lane, my_id);
