@@ -92,9 +92,12 @@ inline constexpr size_t kFusedRouteSmemBytes = 36 * 1024;
 
 // The routing of a one-block decode kernel: by the whole block (route_block) when block_route, else one warp
 // per token (route_token). Every thread calls it; routed_ids receives the ids. Ends with a barrier.
-// The warp routing keeps its candidates in registers here only above 128 experts: measured on an H100 against
-// the shared-memory passes (bench/results/32b85e3-register-topk-ab-h100/), deepseek-v3 T = 4 (256 experts)
-// -1.2 us, but qwen3-30b / qwen3-235b T = 4 (128) +1.1 / +0.4 us; route_kernel (T > 32) gains at both.
+// The warp routing here keeps the shared-memory argmax passes (register_topk false, so the register form is not
+// compiled into these kernels at all): measured on an H100 (bench/results/32b85e3-register-topk-ab-h100/ and
+// 26f9824-register-topk-check-h100/), the register form in this block took qwen3-30b / qwen3-235b T = 4 (128
+// experts) from 47.3 / 124.8 us to 48.5 / 125.2, and a build that chose it at runtime above 128 experts, not
+// running it at 128, to 49.1 / 126.6, while leaving it out of these kernels kept both at 47.4 / 124.8.
+// route_kernel (T > 32) keeps the register form: -1.9..-2.5 us.
 __device__ __forceinline__ void route_small(const RouteArgs& r, bool block_route, uint8_t* route_smem,
                                             int32_t* routed_ids, bool write_global) {
   if (block_route) {
@@ -103,7 +106,7 @@ __device__ __forceinline__ void route_small(const RouteArgs& r, bool block_route
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     if (warp < r.tokens)
       route_token(r, warp, route_smem + static_cast<size_t>(warp) * route_smem_per_warp(r.experts), lane,
-                  routed_ids, write_global, r.experts > 128);
+                  routed_ids, write_global, /*register_topk=*/false);
   }
   __syncthreads();  // the routing's ids are visible to the whole block from here on
 }
