@@ -256,12 +256,9 @@ namespace {
 // qwen3-30b T = 16 fit 16 blocks) measured slower than the two launches it replaced, +0.9..+3.1 us per layer
 // (H100, bench/results/6289f73-wide-fused-gather-ab-h100): the form stays where the routing's threads suffice.
 constexpr int kRoutePlanGatherMaxBlocks = 16;
-int64_t route_plan_gather_items(const GatherArgs& g) {
-  const int64_t chunks = (g.hidden_size + kernels::kGatherChunkCols - 1) / kernels::kGatherChunkCols;
-  return static_cast<int64_t>(g.max_rows) * chunks;
-}
 int route_plan_gather_blocks(const GatherArgs& g, int threads) {
-  const int64_t items = route_plan_gather_items(g);
+  const int64_t chunks = (g.hidden_size + kernels::kGatherChunkCols - 1) / kernels::kGatherChunkCols;
+  const int64_t items = static_cast<int64_t>(g.max_rows) * chunks;
   return static_cast<int>(std::max<int64_t>(1, (items + threads / 32 - 1) / (threads / 32)));
 }
 bool route_plan_gather_fusable(const RouteArgs& r, const PlanArgs& a, const GatherArgs& g,

@@ -103,7 +103,8 @@ cudaError_t launch_gather(const GatherArgs& a, cudaStream_t stream);
 // Routing, plan and the routed gather (g: perm, ids and offsets of the plan a). At decode (launch_route_plan's
 // one-block conditions, no shared gate in g, its rows at a warp per 512 columns in <= 16 blocks of the routing's
 // threads) one launch, each block routing and planning redundantly in shared memory and gathering its share of
-// the rows; otherwise launch_route_plan then launch_gather. The same ids, weights, plan and rows either way; the gather is launched in both cases.
+// the rows; otherwise launch_route_plan then launch_gather. The same ids, weights, plan and rows either way; the
+// gather is launched in both cases.
 cudaError_t launch_route_plan_gather(const RouteArgs& r, const PlanArgs& a, const GatherArgs& g, cudaStream_t stream);
 // Whether launch_route_plan_gather(r, a, g) takes the one-launch form (host-known arguments only).
 bool route_plan_gather_fuses(const RouteArgs& r, const PlanArgs& a, const GatherArgs& g);

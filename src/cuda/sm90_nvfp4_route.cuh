@@ -93,10 +93,14 @@ __device__ __forceinline__ int topk_registers_per_lane(int E, int K) {
   return K > 32 ? 0 : E <= 128 ? 4 : E <= 256 ? 8 : 0;
 }
 
-// Runs the register form of the k passes (topk_registers_per_lane(E, K) candidates a lane, not 0) and returns
-// slot `lane`'s id on lanes < K (-1 past the valid experts), after a __syncwarp.
-__device__ __forceinline__ int warp_topk_lane_slot(const float* key, const uint8_t* eligible, int E, int K,
-                                                   int lane) {
+// The register form of the k passes (topk_registers_per_lane(E, K) != 0) with the weights: lane j < K records
+// slot j's id (record(j, id)) and stores its weight weight_of(id) (0 for id -1) in wbuf[j]; then every lane sums
+// the k weights in slot order, the running sum the shared-memory passes keep on lane 0 (the same bits). Returns
+// that sum; wbuf[0, K) is visible to the warp.
+template <typename Record, typename WeightOf>
+__device__ __forceinline__ float warp_topk_registers_weights(const float* key, const uint8_t* eligible, int E, int K,
+                                                             int lane, float* wbuf, Record record,
+                                                             WeightOf weight_of) {
   int my_id = -1;
   auto keep = [&](int j, int id) {
     if (lane == j) my_id = id;
@@ -104,7 +108,14 @@ __device__ __forceinline__ int warp_topk_lane_slot(const float* key, const uint8
   if (topk_registers_per_lane(E, K) == 4) warp_topk_registers<4>(key, eligible, E, K, lane, keep);
   else warp_topk_registers<8>(key, eligible, E, K, lane, keep);
   __syncwarp();
-  return my_id;
+  if (lane < K) {
+    record(lane, my_id);
+    wbuf[lane] = my_id >= 0 ? weight_of(my_id) : 0.0f;
+  }
+  __syncwarp();
+  float wsum = 0.0f;
+  for (int j = 0; j < K; ++j) wsum += wbuf[j];
+  return wsum;
 }
 
 // Logits (and router bias) per lane loaded at once: 32 * kRouteLoadBatch experts per round trip to memory. A
@@ -183,16 +194,8 @@ __device__ __forceinline__ void route_token(const RouteArgs& a, int t, uint8_t* 
     // the global output would be k dependent round trips to L2 (microseconds at decode).
     float* wbuf = aux;
     if (register_topk && topk_registers_per_lane(E, K) > 0) {
-      // Lane j computes and records slot j; every lane then sums the k weights in slot order, the running sum of
-      // the passes below (the same bits), instead of lane 0 doing it inside each pass.
-      const int my_id = warp_topk_lane_slot(key, eligible, E, K, lane);
-      if (lane < K) {
-        record_id(lane, my_id);
-        wbuf[lane] = my_id >= 0 ? expf(key[my_id] - mx) / z : 0.0f;
-      }
-      __syncwarp();
-      float wsum = 0.0f;
-      for (int j = 0; j < K; ++j) wsum += wbuf[j];
+      const float wsum = warp_topk_registers_weights(key, eligible, E, K, lane, wbuf, record_id,
+                                                     [&](int id) { return expf(key[id] - mx) / z; });
       if (write_global && lane < K) ws[lane] = (a.renormalize && wsum > 0.0f) ? wbuf[lane] / wsum : wbuf[lane];
       return;
     }
@@ -267,15 +270,9 @@ __device__ __forceinline__ void route_token(const RouteArgs& a, int t, uint8_t* 
   // The k weights wait in shared memory (gscore: the group scores are consumed above) for the
   // renormalization, not in the global output (k dependent round trips to L2 to read them back).
   float* wbuf = gscore;
-  if (register_topk && topk_registers_per_lane(E, K) > 0) {  // as in the softmax routing above
-    const int my_id = warp_topk_lane_slot(key, eligible, E, K, lane);
-    if (lane < K) {
-      record_id(lane, my_id);
-      wbuf[lane] = my_id >= 0 ? aux[my_id] : 0.0f;
-    }
-    __syncwarp();
-    float wsum = 0.0f;
-    for (int j = 0; j < K; ++j) wsum += wbuf[j];
+  if (register_topk && topk_registers_per_lane(E, K) > 0) {
+    const float wsum =
+        warp_topk_registers_weights(key, eligible, E, K, lane, wbuf, record_id, [&](int id) { return aux[id]; });
     if (write_global && lane < K) {
       float w = wbuf[lane];
       if (a.renormalize && wsum > 0.0f) w = w / wsum;
