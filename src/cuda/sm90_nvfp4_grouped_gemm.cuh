@@ -478,11 +478,23 @@ static_assert(kConsumerExpertsPerLane >= 1 && kConsumerExpertsPerLane <= 16, "ex
 template <int BT>
 struct TileCursor {
   int e = -1, first = 0, count = 0, ttiles = 1, row_begin = 0, rows = 0;
+  // KNOWS_END (the warp-streaming kernels): the tile index past every expert's tiles, kept once a step has
+  // covered the last expert (-1 until then), so that a warp's last seek (the index past its last piece)
+  // returns without loading the offsets again. That walk was an L2 round trip at the end of every warp, ~0.5
+  // us in the tail of each decode launch (x19's timeline, docs/gemm.md "Where the time goes at T = 1"). The
+  // tile kernels do not keep it: one more live register made their 40-register producer warps spill.
+  int end = -1;
   // kPerLane experts per lane and step (32 * kPerLane per warp step): the producer warp, which runs on 40
   // registers, uses fewer than the consumers; both walk the same tiles.
-  template <int kPerLane>
+  template <int kPerLane, bool KNOWS_END = false>
   __device__ __forceinline__ bool seek(const GemmParams& p, int n_ctiles, int idx) {
     if (idx < first + count) return true;
+    if (KNOWS_END && end >= 0 && idx >= end) {
+      e = p.num_experts;
+      first = end;
+      count = 0;
+      return false;
+    }
     const int lane = threadIdx.x & 31;
     int next_first = first + count;  // tile index of expert e + 1's first tile
     auto tiles = [&](int ee, int r) { return ee < p.num_experts && r > 0 ? (r + BT - 1) / BT * n_ctiles : 0; };
@@ -526,6 +538,8 @@ struct TileCursor {
         rows = __shfl_sync(0xFFFFFFFFu, f_end - f_rb, l);
         ttiles = (rows + BT - 1) / BT;
         count = ttiles * n_ctiles;
+        if (KNOWS_END && e0 + 32 * kPerLane >= p.num_experts)
+          end = next_first + __shfl_sync(0xFFFFFFFFu, incl, 31);
         return true;
       }
       next_first += __shfl_sync(0xFFFFFFFFu, incl, 31);

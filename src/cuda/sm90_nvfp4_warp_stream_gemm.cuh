@@ -535,12 +535,12 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
       return tr;
     };
     auto nothing = [] {};
-    for (; cur.template seek<kConsumerExpertsPerLane>(p, n_pieces, idx); idx += stride)
+    for (; cur.template seek<kConsumerExpertsPerLane, true>(p, n_pieces, idx); idx += stride)
       run_piece(cur, idx, rows_of, false, nothing);
   } else {
     // offsets[gather_perm_experts]: the rows past it are the appended shared expert's (none without a permutation)
     const int perm_rows = p.gather_perm != nullptr ? __ldg(p.offsets + p.gather_perm_experts) : 0;
-    bool found = cur.template seek<kConsumerExpertsPerLane>(p, n_pieces, idx);
+    bool found = cur.template seek<kConsumerExpertsPerLane, true>(p, n_pieces, idx);
     int entry[2] = {0, 0};  // the current piece's permutation entries (loaded during the previous piece)
     bool entries_known = false;
     while (found) {
@@ -554,7 +554,7 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
       };
       // The next piece's seek and entries, while this piece's first k-tiles stream in.
       auto look_ahead = [&] {
-        next_found = next.template seek<kConsumerExpertsPerLane>(p, n_pieces, next_idx);
+        next_found = next.template seek<kConsumerExpertsPerLane, true>(p, n_pieces, next_idx);
         if (next_found) {
           int64_t row_base;
           int tile_rows;
