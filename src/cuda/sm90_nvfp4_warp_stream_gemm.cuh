@@ -37,6 +37,11 @@ namespace nvfp4moe::cuda::sm90 {
 // words (32 x 4 B; lane (g, t) holds word t % 2 of block t / 2 of row pair g, as dequant_ktile<2> expects); then
 // the token tile (8 rows x 64 bf16, chunk c of row r at 16 (c ^ r): conflict-free ldmatrix).
 inline constexpr int kWsTokens = 8;  // token rows per piece: one n-tile of mma.m16n8k16
+// Experts per lane of a cursor step: 9, so that one step (288 experts) covers every preset's GEMMs at decode,
+// deepseek-v3's 257 included (the shared expert merged as expert 256), and a warp's last seek answers from
+// registers (TileCursor::end). With 8 (256 a step) deepseek-v3's last seeks still walked the offsets: its
+// layer did not gain from the cursor's end at all (bench/results/1830377-cursor-end-ab-h100).
+inline constexpr int kWsExpertsPerLane = 9;
 template <int SPW>
 struct WarpStreamSlot {
   static constexpr int kSliceBytes = 1152;  // codes of both blocks, then the scale words
@@ -535,12 +540,12 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
       return tr;
     };
     auto nothing = [] {};
-    for (; cur.template seek<kConsumerExpertsPerLane, true>(p, n_pieces, idx); idx += stride)
+    for (; cur.template seek<kWsExpertsPerLane, true>(p, n_pieces, idx); idx += stride)
       run_piece(cur, idx, rows_of, false, nothing);
   } else {
     // offsets[gather_perm_experts]: the rows past it are the appended shared expert's (none without a permutation)
     const int perm_rows = p.gather_perm != nullptr ? __ldg(p.offsets + p.gather_perm_experts) : 0;
-    bool found = cur.template seek<kConsumerExpertsPerLane, true>(p, n_pieces, idx);
+    bool found = cur.template seek<kWsExpertsPerLane, true>(p, n_pieces, idx);
     int entry[2] = {0, 0};  // the current piece's permutation entries (loaded during the previous piece)
     bool entries_known = false;
     while (found) {
@@ -554,7 +559,7 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
       };
       // The next piece's seek and entries, while this piece's first k-tiles stream in.
       auto look_ahead = [&] {
-        next_found = next.template seek<kConsumerExpertsPerLane, true>(p, n_pieces, next_idx);
+        next_found = next.template seek<kWsExpertsPerLane, true>(p, n_pieces, next_idx);
         if (next_found) {
           int64_t row_base;
           int tile_rows;
