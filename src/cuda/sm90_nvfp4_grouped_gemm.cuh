@@ -644,19 +644,27 @@ __device__ __forceinline__ void silu_batch(const float (&v)[N], float (&out)[N])
   }
 }
 
-// N SwiGLU outputs of the activation epilogue, each activation_value<kSwiGLU>(gate, up, al0, al1): with
-// NVFP4MOE_SM90_DEQUANT_EXPERIMENT == 17 (an A/B build) through silu_batch, so that ptxas can interleave the N
-// values; otherwise one value at a time, as the engine has always computed them.
+// N SwiGLU outputs, each activation_value<kSwiGLU>(gate, up, al0, al1) bit for bit, through silu_batch: the N
+// silus interleave instead of running as N dependent chains behind their divisions' branches. The warp-streaming
+// GEMM1's epilogue (4 values a lane) takes it: it ran ~0.93 us a warp, the same with warm code (x20,
+// bench/results/a7a5f7b-x20-gemm-twice-h100), on the critical path of every decode layer.
 template <int N>
-__device__ __forceinline__ void swiglu_values(const float (&gate)[N], const float (&up)[N], float al0, float al1,
-                                              float (&x)[N]) {
-#if NVFP4MOE_SM90_DEQUANT_EXPERIMENT == 17
+__device__ __forceinline__ void swiglu_values_batched(const float (&gate)[N], const float (&up)[N], float al0,
+                                                      float al1, float (&x)[N]) {
   float g[N], s[N];
 #pragma unroll
   for (int i = 0; i < N; ++i) g[i] = gate[i] * al0;
   silu_batch<N>(g, s);
 #pragma unroll
   for (int i = 0; i < N; ++i) x[i] = fmt::bf16_round(s[i] * (up[i] * al1));
+}
+// The tile kernels' N SwiGLU outputs: with NVFP4MOE_SM90_DEQUANT_EXPERIMENT == 17 (an A/B build, measured within
+// noise at prefill: docs/benchmarks.md) batched as above; otherwise one value at a time.
+template <int N>
+__device__ __forceinline__ void swiglu_values(const float (&gate)[N], const float (&up)[N], float al0, float al1,
+                                              float (&x)[N]) {
+#if NVFP4MOE_SM90_DEQUANT_EXPERIMENT == 17
+  swiglu_values_batched<N>(gate, up, al0, al1, x);
 #else
 #pragma unroll
   for (int i = 0; i < N; ++i) x[i] = activation_value<Epilogue::kSwiGLU>(gate[i], up[i], al0, al1);

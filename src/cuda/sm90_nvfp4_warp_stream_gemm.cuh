@@ -501,14 +501,27 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
         // has one output block), token 2t + q % 2, rows r0 (i = q % 2) and r0 + 8 (i + 2).
         constexpr int kGroups = EPI == Epilogue::kSwiGLU ? 2 : 4;
         float v[kGroups][2];
+        if constexpr (EPI == Epilogue::kSwiGLU) {  // the 4 silus of a lane at once (swiglu_values_batched)
+          float gate[2 * kGroups], up[2 * kGroups], x[2 * kGroups];
 #pragma unroll
-        for (int q = 0; q < kGroups; ++q)
+          for (int q = 0; q < kGroups; ++q)
 #pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            const int i = (q & 1) + 2 * h;
-            v[q][h] = EPI == Epilogue::kSwiGLU ? activation_value<EPI>(acc_s[0][i], acc_s[1][i], al0, al1)
-                                               : activation_value<EPI>(acc_s[q >> 1][i], 0.0f, al0, al1);
-          }
+            for (int h = 0; h < 2; ++h) {
+              const int i = (q & 1) + 2 * h;
+              gate[2 * q + h] = acc_s[0][i];
+              up[2 * q + h] = acc_s[1][i];
+            }
+          swiglu_values_batched<2 * kGroups>(gate, up, al0, al1, x);
+#pragma unroll
+          for (int q = 0; q < kGroups; ++q)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) v[q][h] = x[2 * q + h];
+        } else {
+#pragma unroll
+          for (int q = 0; q < kGroups; ++q)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) v[q][h] = activation_value<EPI>(acc_s[q >> 1][(q & 1) + 2 * h], 0.0f, al0, al1);
+        }
         uint16_t o[kGroups][2];
         output_bits<kGroups>(v, p.gs != nullptr, gsv, o);
 #pragma unroll
