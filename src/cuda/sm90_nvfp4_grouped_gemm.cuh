@@ -647,7 +647,7 @@ __device__ __forceinline__ void silu_batch(const float (&v)[N], float (&out)[N])
 // N SwiGLU outputs, each activation_value<kSwiGLU>(gate, up, al0, al1) bit for bit, through silu_batch: the N
 // silus interleave instead of running as N dependent chains behind their divisions' branches. The warp-streaming
 // GEMM1's epilogue (4 values a lane) takes it: it ran ~0.93 us a warp, the same with warm code (x20,
-// bench/results/a7a5f7b-x20-gemm-twice-h100), on the critical path of every decode layer.
+// bench/results/c5ed872-x20-gemm-twice-h100), on the critical path of every decode layer.
 template <int N>
 __device__ __forceinline__ void swiglu_values_batched(const float (&gate)[N], const float (&up)[N], float al0,
                                                       float al1, float (&x)[N]) {
