@@ -670,6 +670,23 @@ __device__ __forceinline__ void swiglu_values(const float (&gate)[N], const floa
   for (int i = 0; i < N; ++i) x[i] = activation_value<Epilogue::kSwiGLU>(gate[i], up[i], al0, al1);
 #endif
 }
+// The SwiGLU values of NG quantization groups, two a group (v[q][h]: row r0 + 8 h), from a kernel's own accumulator
+// layout: gate_up(q, h, gate, up) names group q's h-th gate and up accumulators. BATCHED: swiglu_values_batched
+// (the warp-streaming kernels), else swiglu_values (the tile kernels); the same bits either way.
+template <int NG, bool BATCHED, class GateUp>
+__device__ __forceinline__ void swiglu_groups(GateUp&& gate_up, float al0, float al1, float (&v)[NG][2]) {
+  float gate[2 * NG], up[2 * NG], x[2 * NG];  // value 2 q + h
+#pragma unroll
+  for (int q = 0; q < NG; ++q)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) gate_up(q, h, gate[2 * q + h], up[2 * q + h]);
+  if constexpr (BATCHED) swiglu_values_batched<2 * NG>(gate, up, al0, al1, x);
+  else swiglu_values<2 * NG>(gate, up, al0, al1, x);
+#pragma unroll
+  for (int q = 0; q < NG; ++q)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) v[q][h] = x[2 * q + h];
+}
 
 // The stored bits of N quantization groups' values (activation_value results, bf16 numbers already): NVFP4
 // operand values (quantize_groups) with gs, else the values' own bf16 bits (no second rounding: it could not
@@ -1315,22 +1332,14 @@ __device__ __forceinline__ int consume_tiles(const GemmParams& p, int idx, int& 
         constexpr int N = decltype(n_const)::value;
         float v[N][2];
         if constexpr (EPI == Epilogue::kSwiGLU) {
-          float gate[2 * N], up[2 * N], x[2 * N];  // value 2 qq + h
-#pragma unroll
-          for (int qq = 0; qq < N; ++qq) {
-            const auto [b, i0, ip] = group_pos(q0 + qq);
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-              const int i = i0 + ip + 2 * h;
-              gate[2 * qq + h] = acc[0][i];
-              if constexpr (WPU == 2) up[2 * qq + h] = up_acc[i]; else up[2 * qq + h] = acc[NB - 1][i];
-            }
-          }
-          swiglu_values<2 * N>(gate, up, al0, al1, x);
-#pragma unroll
-          for (int qq = 0; qq < N; ++qq)
-#pragma unroll
-            for (int h = 0; h < 2; ++h) v[qq][h] = x[2 * qq + h];
+          swiglu_groups<N, false>(
+              [&](int qq, int h, float& gate, float& up) {
+                const auto [b, i0, ip] = group_pos(q0 + qq);
+                const int i = i0 + ip + 2 * h;
+                gate = acc[0][i];
+                if constexpr (WPU == 2) up = up_acc[i]; else up = acc[NB - 1][i];
+              },
+              al0, al1, v);
         } else {
 #pragma unroll
           for (int qq = 0; qq < N; ++qq) {

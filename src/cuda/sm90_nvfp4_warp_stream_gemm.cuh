@@ -502,20 +502,12 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
         constexpr int kGroups = EPI == Epilogue::kSwiGLU ? 2 : 4;
         float v[kGroups][2];
         if constexpr (EPI == Epilogue::kSwiGLU) {  // the 4 silus of a lane at once (swiglu_values_batched)
-          float gate[2 * kGroups], up[2 * kGroups], x[2 * kGroups];
-#pragma unroll
-          for (int q = 0; q < kGroups; ++q)
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-              const int i = (q & 1) + 2 * h;
-              gate[2 * q + h] = acc_s[0][i];
-              up[2 * q + h] = acc_s[1][i];
-            }
-          swiglu_values_batched<2 * kGroups>(gate, up, al0, al1, x);
-#pragma unroll
-          for (int q = 0; q < kGroups; ++q)
-#pragma unroll
-            for (int h = 0; h < 2; ++h) v[q][h] = x[2 * q + h];
+          swiglu_groups<kGroups, true>(
+              [&](int q, int h, float& gate, float& up) {
+                gate = acc_s[0][(q & 1) + 2 * h];
+                up = acc_s[1][(q & 1) + 2 * h];
+              },
+              al0, al1, v);
         } else {
 #pragma unroll
           for (int q = 0; q < kGroups; ++q)
