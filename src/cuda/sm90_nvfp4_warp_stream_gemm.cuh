@@ -512,7 +512,8 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
 #pragma unroll
           for (int q = 0; q < kGroups; ++q)
 #pragma unroll
-            for (int h = 0; h < 2; ++h) v[q][h] = activation_value<EPI>(acc_s[q >> 1][(q & 1) + 2 * h], 0.0f, al0, al1);
+            for (int h = 0; h < 2; ++h)
+              v[q][h] = activation_value<EPI>(acc_s[q >> 1][(q & 1) + 2 * h], 0.0f, al0, al1);
         }
         uint16_t o[kGroups][2];
         output_bits<kGroups>(v, p.gs != nullptr, gsv, o);
