@@ -58,10 +58,13 @@ cudaError_t fail(const std::string& msg) {
 // alone, slower elsewhere (bench/results/58fd2b7-x12-ab/); removed.
 // ws8_s6_w8 (45024a5: 8-warp CTAs of 104 KB, so that GEMM2's CTA would fit beside GEMM1's) lost 12-40% at
 // T = 1: two CTAs of one launch share an SM while others idle (bench/results/45024a5-ab/); removed.
+// ws8_s6_w16_b1: as ws8_s6_w16 with one 64-row block a warp (the piece's two blocks on warps 2j, 2j + 1; the
+// fifth number: blocks per warp), for T = 1 where every warp streams alone (docs/gemm.md, "One block a warp").
 #define NVFP4MOE_SM90_WARP_STREAM_CONFIGS(X) \
-  X(16, 6, 1, 0)                             \
-  X(16, 6, 1, 1)                             \
-  X(16, 4, 2, 1)
+  X(16, 6, 1, 0, 2)                          \
+  X(16, 6, 1, 1, 2)                          \
+  X(16, 4, 2, 1, 2)                          \
+  X(16, 6, 1, 0, 1)
 
 // The configs with a chained kernel (GEMM1 -> GEMM2 in one launch, sm90_nvfp4_chained_gemms), each for the
 // SwiGLU and relu^2 GEMM1: the decode tiles that the heuristic picks for both GEMMs of one layer (the half tile:
@@ -150,12 +153,12 @@ cudaError_t launch_chained(const CUtensorMap& map1, const CUtensorMap& map2, con
   return launch_pdl(kernel, dim3(grid), dim3(Tr::kThreads), Tr::kSmemBytes, stream, map1, map2, p1, p2, chain);
 }
 
-template <int WARPS, int DEPTH, int SPW, bool UNROLLED, sm90::Epilogue EPI,
+template <int WARPS, int DEPTH, int SPW, bool UNROLLED, int BPW, sm90::Epilogue EPI,
           sm90::WsRows ROWS = sm90::WsRows::kDirect>
 cudaError_t launch_warp_stream(const Sm90GemmArgs& args, const sm90::GemmParams& p, int grid, cudaStream_t stream) {
-  using Tr = sm90::WarpStreamTraits<WARPS, DEPTH, SPW, UNROLLED, EPI>;
+  using Tr = sm90::WarpStreamTraits<WARPS, DEPTH, SPW, UNROLLED, EPI, BPW>;
   using ReadyTr = std::conditional_t<ROWS == sm90::WsRows::kDirect, Tr, VariantTraits<Tr, static_cast<int>(ROWS)>>;
-  auto kernel = sm90::sm90_nvfp4_warp_stream_gemm_kernel<WARPS, DEPTH, SPW, UNROLLED, EPI, ROWS>;
+  auto kernel = sm90::sm90_nvfp4_warp_stream_gemm_kernel<WARPS, DEPTH, SPW, UNROLLED, EPI, ROWS, BPW>;
   int fit = 0;
   if (const cudaError_t e = kernel_ready<ReadyTr>(kernel, &fit); e != cudaSuccess) return e;
   return launch_pdl(kernel, dim3(grid), dim3(Tr::kThreads), Tr::kSmemBytes, stream, args.a, args.shape.k, p,
@@ -170,18 +173,20 @@ cudaError_t refuse_f32_variant(const char* arg, const char* kernels) {
 
 // ROWS: the broadcast-row and gathered-A kernels (Sm90GemmArgs::a_broadcast_row, a_gather_src; activation
 // epilogues only) besides the direct one.
-template <int WARPS, int DEPTH, int SPW, bool UNROLLED, sm90::WsRows ROWS>
+template <int WARPS, int DEPTH, int SPW, bool UNROLLED, int BPW, sm90::WsRows ROWS>
 cudaError_t launch_warp_stream_epi(const Sm90GemmArgs& args, const sm90::GemmParams& p, int grid,
                                    cudaStream_t stream) {
   switch (args.epilogue) {
     case Sm90GemmEpilogue::kF32:
       if constexpr (ROWS == sm90::WsRows::kBroadcast) return refuse_f32_variant("a_broadcast_row", "broadcast-row");
       else if constexpr (ROWS == sm90::WsRows::kGathered) return refuse_f32_variant("a_gather_src", "gathered-A");
-      else return launch_warp_stream<WARPS, DEPTH, SPW, UNROLLED, sm90::Epilogue::kF32>(args, p, grid, stream);
+      else return launch_warp_stream<WARPS, DEPTH, SPW, UNROLLED, BPW, sm90::Epilogue::kF32>(args, p, grid, stream);
     case Sm90GemmEpilogue::kSwiGLU:
-      return launch_warp_stream<WARPS, DEPTH, SPW, UNROLLED, sm90::Epilogue::kSwiGLU, ROWS>(args, p, grid, stream);
+      return launch_warp_stream<WARPS, DEPTH, SPW, UNROLLED, BPW, sm90::Epilogue::kSwiGLU, ROWS>(args, p, grid,
+                                                                                                 stream);
     case Sm90GemmEpilogue::kRelu2:
-      return launch_warp_stream<WARPS, DEPTH, SPW, UNROLLED, sm90::Epilogue::kRelu2, ROWS>(args, p, grid, stream);
+      return launch_warp_stream<WARPS, DEPTH, SPW, UNROLLED, BPW, sm90::Epilogue::kRelu2, ROWS>(args, p, grid,
+                                                                                                stream);
   }
   return fail("sm90_nvfp4_grouped_gemm: unknown epilogue");
 }
@@ -238,8 +243,8 @@ const std::vector<Sm90GemmConfig>& sm90_gemm_configs() {
 #define NVFP4MOE_X(bt, st, wgs, wpu, sync) Sm90GemmConfig{bt, st, wgs, wpu, sync != 0},
       NVFP4MOE_SM90_GEMM_CONFIGS(NVFP4MOE_X)
 #undef NVFP4MOE_X
-#define NVFP4MOE_X(warps, depth, spw, unrolled) \
-  Sm90GemmConfig{sm90::kWsTokens, depth, warps / 4, 1, false, true, spw, unrolled != 0},
+#define NVFP4MOE_X(warps, depth, spw, unrolled, bpw) \
+  Sm90GemmConfig{sm90::kWsTokens, depth, warps / 4, 1, false, true, spw, unrolled != 0, bpw},
       NVFP4MOE_SM90_WARP_STREAM_CONFIGS(NVFP4MOE_X)
 #undef NVFP4MOE_X
   };
@@ -252,7 +257,8 @@ std::string to_string(const Sm90GemmConfig& c) {
     return "ws" + std::to_string(c.block_t) + "_s" + std::to_string(c.stages) + "_w" +
            std::to_string(4 * c.consumer_warpgroups) +
            (c.slices_per_warp > 1 ? "_x" + std::to_string(c.slices_per_warp) + (c.ws_unrolled ? "" : "_r")
-                                  : (c.ws_unrolled ? "_u" : ""));
+                                  : (c.ws_unrolled ? "_u" : "")) +
+           (c.blocks_per_warp == 1 ? "_b1" : "");
   return "bt" + std::to_string(c.block_t) + "_s" + std::to_string(c.stages) + "_wg" +
          std::to_string(c.consumer_warpgroups) + (c.warpgroups_per_unit == 2 ? "_half" : "") +
          (c.mma_sync ? "_sync" : "");
@@ -280,7 +286,8 @@ namespace {
 // where no strings are built): one slice per piece (ws8_s6_w16, rolled; ws8_s6_w16_u) and two (ws8_s4_w16_x2).
 const Sm90GemmConfig* find_warp_stream_config(int slices_per_warp, bool unrolled) {
   for (const auto& c : sm90_gemm_configs())
-    if (c.warp_stream && c.slices_per_warp == slices_per_warp && c.ws_unrolled == unrolled) return &c;
+    if (c.warp_stream && c.slices_per_warp == slices_per_warp && c.ws_unrolled == unrolled && c.blocks_per_warp == 2)
+      return &c;
   return nullptr;
 }
 const Sm90GemmConfig* warp_stream_config(int slices_per_warp, bool unrolled) {
@@ -572,16 +579,17 @@ cudaError_t sm90_nvfp4_grouped_gemm(const Sm90GemmArgs& args, const Sm90GemmConf
   if (num_sms <= 0)
     if (const cudaError_t e = device_sm_count(&num_sms); e != cudaSuccess) return e;
   if (config.warp_stream) {  // no TMA: every warp copies its own rows; its pieces are spread statically
-#define NVFP4MOE_X(warps, depth, spw, unrolled)                                                    \
-    if (config.block_t == sm90::kWsTokens && config.stages == depth &&                               \
-        4 * config.consumer_warpgroups == warps && config.slices_per_warp == spw &&                  \
-        config.ws_unrolled == (unrolled != 0))                                                       \
-      return args.a_broadcast_row ? launch_warp_stream_epi<warps, depth, spw, unrolled != 0,               \
-                                                           sm90::WsRows::kBroadcast>(args, p, num_sms, stream)  \
-             : args.a_gather_src != nullptr                                                            \
-                 ? launch_warp_stream_epi<warps, depth, spw, unrolled != 0, sm90::WsRows::kGathered>(      \
-                       args, p, num_sms, stream)                                                       \
-                 : launch_warp_stream_epi<warps, depth, spw, unrolled != 0, sm90::WsRows::kDirect>(        \
+#define NVFP4MOE_X(warps, depth, spw, unrolled, bpw)                                                  \
+    if (config.block_t == sm90::kWsTokens && config.stages == depth &&                                  \
+        4 * config.consumer_warpgroups == warps && config.slices_per_warp == spw &&                     \
+        config.ws_unrolled == (unrolled != 0) && config.blocks_per_warp == bpw)                         \
+      return args.a_broadcast_row                                                                       \
+                 ? launch_warp_stream_epi<warps, depth, spw, unrolled != 0, bpw, sm90::WsRows::kBroadcast>( \
+                       args, p, num_sms, stream)                                                        \
+             : args.a_gather_src != nullptr                                                             \
+                 ? launch_warp_stream_epi<warps, depth, spw, unrolled != 0, bpw, sm90::WsRows::kGathered>(  \
+                       args, p, num_sms, stream)                                                        \
+                 : launch_warp_stream_epi<warps, depth, spw, unrolled != 0, bpw, sm90::WsRows::kDirect>(    \
                        args, p, num_sms, stream);
     NVFP4MOE_SM90_WARP_STREAM_CONFIGS(NVFP4MOE_X)
 #undef NVFP4MOE_X

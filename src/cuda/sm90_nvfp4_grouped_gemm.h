@@ -61,6 +61,9 @@ struct Sm90GemmConfig {
   // unrolled, its name says nothing).
   int slices_per_warp = 1;
   bool ws_unrolled = false;
+  // Warp streaming only: 64-row blocks a warp streams (2: both blocks of its slices; 1, "_b1": one, the piece's
+  // two blocks on a warp pair whose second warp hands its accumulators to the first for the epilogue).
+  int blocks_per_warp = 2;
   int units_per_tile() const { return consumer_warpgroups / warpgroups_per_unit; }
   bool operator==(const Sm90GemmConfig&) const = default;
 };

@@ -42,21 +42,30 @@ inline constexpr int kWsTokens = 8;  // token rows per piece: one n-tile of mma.
 // registers (TileCursor::end). With 8 (256 a step) deepseek-v3's last seeks still walked the offsets: its
 // layer did not gain from the cursor's end at all (bench/results/1830377-cursor-end-ab-h100).
 inline constexpr int kWsExpertsPerLane = 9;
-template <int SPW>
+// BPW: 64-row blocks a warp streams (2: both blocks of its slices; 1: one block, the piece's two blocks on warps
+// 2j and 2j + 1, "_b1": at T = 1 the lone warp's k-loop is its own instruction chain, and this halves the
+// dequantization and MMAs in it without changing any accumulator's K order).
+template <int SPW, int BPW = 2>
 struct WarpStreamSlot {
-  static constexpr int kSliceBytes = 1152;  // codes of both blocks, then the scale words
-  static constexpr int kScaleOffset = 1024;  // within a slice
+  static constexpr int kSliceBytes = BPW * 512 + 128;  // codes of the warp's blocks, then the scale words
+  static constexpr int kScaleOffset = BPW * 512;        // within a slice
   static constexpr int kTokenOffset = SPW * kSliceBytes;
   static constexpr int kBytes = kTokenOffset + 1024;
   static constexpr int kPiecesPerUnit = 4 / SPW;
 };
 
-template <int WARPS, int DEPTH, int SPW, bool UNROLLED, Epilogue EPI>
+template <int WARPS, int DEPTH, int SPW, bool UNROLLED, Epilogue EPI, int BPW = 2>
 struct WarpStreamTraits {  // (UNROLLED, EPI only so that each kernel gets its own one-time launch check, kernel_ready)
   static_assert(DEPTH >= 2, "a ring of at least two k-tile slots");
   static_assert(SPW == 1 || SPW == 2, "one or two warp slices per piece");
+  static_assert(BPW == 1 || BPW == 2, "one or both 64-row blocks per warp");
+  static_assert(BPW == 2 || WARPS % 2 == 0, "warp pairs");
   static constexpr int kThreads = WARPS * 32;
-  static constexpr int kSmemBytes = WARPS * DEPTH * WarpStreamSlot<SPW>::kBytes;
+  // With one block a warp: the second warp's accumulators handed to the first (the epilogue's), two buffers a
+  // pair (by piece parity), 16 bytes a lane and slice.
+  static constexpr int kHandoffOffset = WARPS * DEPTH * WarpStreamSlot<SPW, BPW>::kBytes;
+  static constexpr int kHandoffBytes = BPW == 1 ? WARPS / 2 * 2 * 32 * SPW * 16 : 0;
+  static constexpr int kSmemBytes = kHandoffOffset + kHandoffBytes;
   static constexpr int kRegsNeeded = 0;  // no setmaxnreg: the launch's own register count is what it needs
   static_assert(kSmemBytes <= 232448, "shared memory per block");
 };
@@ -91,21 +100,21 @@ __device__ __forceinline__ void static_for(F&& f) {
 
 // What a lane reads from one k-tile slot: its codes and scale word of each slice, and the token tile's B
 // fragments (ldmatrix.x4 per pair of k16 steps).
-template <int SPW>
+template <int SPW, int BPW>
 struct WsSlotRegs {
-  uint4 codes[SPW][2];
+  uint4 codes[SPW][BPW];
   uint32_t sw[SPW];
   uint32_t bf[4][2];
 };
-template <int SPW>
+template <int SPW, int BPW>
 __device__ __forceinline__ void ws_read_slot(const uint32_t slot, const int lane, const uint32_t ldsm_off,
-                                             WsSlotRegs<SPW>& r) {
-  using Slot = WarpStreamSlot<SPW>;
+                                             WsSlotRegs<SPW, BPW>& r) {
+  using Slot = WarpStreamSlot<SPW, BPW>;
 #pragma unroll
   for (int j = 0; j < SPW; ++j) {
     const uint32_t sl = slot + j * Slot::kSliceBytes;
-    r.codes[j][0] = lds128(sl + lane * 16);
-    r.codes[j][1] = lds128(sl + 512 + lane * 16);
+#pragma unroll
+    for (int b = 0; b < BPW; ++b) r.codes[j][b] = lds128(sl + b * 512 + lane * 16);
     r.sw[j] = lds32(sl + Slot::kScaleOffset + lane * 4);
   }
 #pragma unroll
@@ -129,32 +138,33 @@ __device__ __forceinline__ void ws_zero_acc(float (&acc)[SPW][2][4]) {
       for (int i = 0; i < 4; ++i) acc[j][b][i] = 0.0f;
 }
 // A lane's weight copies of one k-tile into `slot`, `ahead` k-tiles past the sources wcode / wscale (this lane's
-// code bytes and scale word of the piece's first slice): its 16 code bytes of both blocks and its scale word of
-// each slice. Both k-loops issue them through this.
-template <int SPW>
+// code bytes and scale word of the piece's first slice, of the warp's first block): its 16 code bytes of each
+// of the warp's blocks and its scale word of each slice. Both k-loops issue them through this.
+template <int SPW, int BPW>
 __device__ __forceinline__ void ws_copy_weights(const uint32_t slot, const uint8_t* wcode, const uint8_t* wscale,
                                                 const int ahead, const int lane) {
-  using Slot = WarpStreamSlot<SPW>;
+  using Slot = WarpStreamSlot<SPW, BPW>;
 #pragma unroll
   for (int j = 0; j < SPW; ++j) {
     const uint32_t sl = slot + j * Slot::kSliceBytes;
-    cp_async16(sl + lane * 16, wcode + ahead * kUnitBytes + j * 512, 16);
-    cp_async16(sl + 512 + lane * 16, wcode + ahead * kUnitBytes + j * 512 + kChunkBytes, 16);
+#pragma unroll
+    for (int b = 0; b < BPW; ++b)
+      cp_async16(sl + b * 512 + lane * 16, wcode + ahead * kUnitBytes + j * 512 + b * kChunkBytes, 16);
     cp_async4(sl + Slot::kScaleOffset + lane * 4, wscale + ahead * kUnitBytes + j * 64);
   }
 }
-// The k-tile's 4 k16 steps of each slice: dequant_ktile<2> (the conversion every config uses), then 8 mma.sync
-// in step order into the two accumulator chains (block b).
-template <int SPW>
-__device__ __forceinline__ void ws_mma_slot(const WsSlotRegs<SPW>& r, float (&acc)[SPW][2][4]) {
+// The k-tile's 4 k16 steps of each slice: dequant_ktile<BPW> (the conversion every config uses), then 4 BPW
+// mma.sync in step order into the warp's accumulator chains (block b: acc[sj][b]; with one block acc[sj][0]).
+template <int SPW, int BPW>
+__device__ __forceinline__ void ws_mma_slot(const WsSlotRegs<SPW, BPW>& r, float (&acc)[SPW][2][4]) {
 #pragma unroll
   for (int sj = 0; sj < SPW; ++sj) {
-    uint32_t af[2][16];
-    dequant_ktile<2>(r.codes[sj], r.sw[sj], af);
+    uint32_t af[BPW][16];
+    dequant_ktile<BPW>(r.codes[sj], r.sw[sj], af);
 #pragma unroll
     for (int j = 0; j < 4; ++j)
 #pragma unroll
-      for (int b = 0; b < 2; ++b) {
+      for (int b = 0; b < BPW; ++b) {
         const uint32_t fr[4] = {af[b][4 * j], af[b][4 * j + 1], af[b][4 * j + 2], af[b][4 * j + 3]};
         mma_16816(acc[sj][b], fr, r.bf[j][0], r.bf[j][1]);
       }
@@ -169,18 +179,18 @@ __device__ __forceinline__ void ws_mma_slot(const WsSlotRegs<SPW>& r, float (&ac
 // rows are not known yet (split, or before the PDL wait: !waited): the weights of those k-tiles first, then the
 // wait (if not waited), token_rows() (which may load them: their round trip overlaps the weights' copies), and
 // the token tiles. after_prologue() runs once the prologue's copies are issued (the next piece's lookups).
-template <int DEPTH, int SPW, class TokenRowsFn, class AfterPrologueFn>
+template <int DEPTH, int SPW, int BPW, class TokenRowsFn, class AfterPrologueFn>
 __device__ __forceinline__ void ws_piece_k_loop_rolled(const int k, const GemmParams& p, const uint32_t ring,
     const int lane, const int g, const int t, const uint32_t ldsm_off, const uint8_t* wunit, const int slice0,
     const bool split, bool& waited, TokenRowsFn&& token_rows, AfterPrologueFn&& after_prologue,
     float (&acc)[SPW][2][4]) {
-  using Slot = WarpStreamSlot<SPW>;
+  using Slot = WarpStreamSlot<SPW, BPW>;
   // Running sources of the next k-tile to fill (issue() is called for k-tiles 0, 1, 2, ... in order): this
   // lane's code bytes of both blocks, its scale word, and its two chunks of the token tile (chunk lane and
   // lane + 32: row r = chunk / 8, 16-byte column c = chunk % 8), zero-filled past the tile's rows and past K.
   // (slice j of the piece: + j * 512 code bytes, + j * 64 scale bytes)
   const uint8_t* wcode = wunit + slice0 * 512 + lane * 16;
-  const uint8_t* wscale = wunit + scale_word_offset<2>(slice0, g, t);
+  const uint8_t* wscale = wunit + scale_word_offset<BPW>(slice0, g, t);
   const uint16_t* asrc[2];
   const uint16_t* azero = nullptr;
   uint32_t adst[2];
@@ -202,7 +212,7 @@ __device__ __forceinline__ void ws_piece_k_loop_rolled(const int k, const GemmPa
   };
   int kt_fill = 0;
   // The copies of k-tile kt_fill + ahead into `slot`: the weights (constant), then the token tile.
-  auto copy_weights = [&](uint32_t slot, int ahead) { ws_copy_weights<SPW>(slot, wcode, wscale, ahead, lane); };
+  auto copy_weights = [&](uint32_t slot, int ahead) { ws_copy_weights<SPW, BPW>(slot, wcode, wscale, ahead, lane); };
   auto copy_tokens = [&](uint32_t slot, int ahead) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -262,13 +272,13 @@ __device__ __forceinline__ void ws_piece_k_loop_rolled(const int k, const GemmPa
     cp_async_wait<DEPTH - 2>();  // this lane's copies of k-tile kt are in
     __syncwarp();                // and every lane's (the token tile is read across lanes)
     const uint32_t slot = slot_of(s_read);
-    WsSlotRegs<SPW> r;
-    ws_read_slot<SPW>(slot, lane, ldsm_off, r);
+    WsSlotRegs<SPW, BPW> r;
+    ws_read_slot<SPW, BPW>(slot, lane, ldsm_off, r);
     __syncwarp();  // every lane has read slot kt - 1's successor; the slot read last k-tile is free
     issue(slot_of(s_fill));  // k-tile kt + DEPTH - 1
     if (++s_read == DEPTH) s_read = 0;
     if (++s_fill == DEPTH) s_fill = 0;
-    ws_mma_slot<SPW>(r, acc);
+    ws_mma_slot<SPW, BPW>(r, acc);
   }
 }
 
@@ -277,12 +287,12 @@ __device__ __forceinline__ void ws_piece_k_loop_rolled(const int k, const GemmPa
 // (~13% fewer executed SASS per k-tile; measured faster with two slices per warp, and with one where the warps
 // share their schedulers: deepseek-v3 T = 1, 5c66c7a-ws-unroll-ab). token_rows, split, after_prologue: as in
 // the rolled form (without split, the PDL wait comes first: no early weights in this form).
-template <int DEPTH, int SPW, class TokenRowsFn, class AfterPrologueFn>
+template <int DEPTH, int SPW, int BPW, class TokenRowsFn, class AfterPrologueFn>
 __device__ __forceinline__ void ws_piece_k_loop_unrolled(const int k, const GemmParams& p, const uint32_t ring,
     const int lane, const int g, const int t, const uint32_t ldsm_off, const uint8_t* wunit, const int slice0,
     const bool split, bool& waited, TokenRowsFn&& token_rows, AfterPrologueFn&& after_prologue,
     float (&acc)[SPW][2][4]) {
-  using Slot = WarpStreamSlot<SPW>;
+  using Slot = WarpStreamSlot<SPW, BPW>;
   if (!split && !waited) {
     kernels::pdl_wait_then_allow_next();
     waited = true;
@@ -293,7 +303,7 @@ __device__ __forceinline__ void ws_piece_k_loop_unrolled(const int k, const Gemm
   // zero-filled past the tile's rows (src-size 0 from a valid address) and past K.
   // (slice j of the piece: + j * 512 code bytes, + j * 64 scale bytes)
   const uint8_t* wcode = wunit + slice0 * 512 + lane * 16;
-  const uint8_t* wscale = wunit + scale_word_offset<2>(slice0, g, t);
+  const uint8_t* wscale = wunit + scale_word_offset<BPW>(slice0, g, t);
   const uint16_t* asrc[2];
   const uint16_t* azero = nullptr;
   uint32_t adst[2], abytes[2], atail[2];
@@ -320,7 +330,7 @@ __device__ __forceinline__ void ws_piece_k_loop_unrolled(const int k, const Gemm
   // The copies of k-tile kt0 + D into `slot` (if that k-tile exists): the weights, the token tile.
   auto fill_weights = [&](const int kt0, auto d_const, const uint32_t slot) {
     constexpr int D = decltype(d_const)::value;
-    if (kt0 + D < k_tiles) ws_copy_weights<SPW>(slot, wcode, wscale, D, lane);
+    if (kt0 + D < k_tiles) ws_copy_weights<SPW, BPW>(slot, wcode, wscale, D, lane);
   };
   auto fill_tokens = [&](const int kt0, auto d_const, const uint32_t slot) {
     constexpr int D = decltype(d_const)::value;
@@ -367,12 +377,12 @@ __device__ __forceinline__ void ws_piece_k_loop_unrolled(const int k, const Gemm
       cp_async_wait<DEPTH - 2>();  // this lane's copies of k-tile kt0 + d are in
       __syncwarp();                // and every lane's (the token tile is read across lanes)
       const uint32_t slot = ring + d * Slot::kBytes;
-      WsSlotRegs<SPW> r;
-      ws_read_slot<SPW>(slot, lane, ldsm_off, r);
+      WsSlotRegs<SPW, BPW> r;
+      ws_read_slot<SPW, BPW>(slot, lane, ldsm_off, r);
       __syncwarp();  // every lane has read slot d; the slot read one k-tile before is free
       // k-tile kt0 + d + DEPTH - 1 into the slot read one k-tile before.
       fill(kt0, std::integral_constant<int, d + DEPTH - 1>{}, ring + ((d + DEPTH - 1) % DEPTH) * Slot::kBytes);
-      ws_mma_slot<SPW>(r, acc);
+      ws_mma_slot<SPW, BPW>(r, acc);
     });
     wcode += DEPTH * kUnitBytes;
     wscale += DEPTH * kUnitBytes;
@@ -423,11 +433,16 @@ __device__ __forceinline__ WsTokenRows ws_gathered_token_rows(const GemmParams& 
 // reads from registers. The first piece's entries are loaded after its weights' copies are issued (the split
 // prologue), so that their round trip overlaps those. These kernels wait for the previous kernel first (the
 // routing kernel writes the permutation and the offsets; before_wait is ignored).
-template <int WARPS, int DEPTH, int SPW, bool UNROLLED, Epilogue EPI, WsRows ROWS = WsRows::kDirect>
+//
+// BPW = 1 ("_b1"): warps 2j and 2j + 1 of a CTA (two schedulers) walk the same pieces, the first streaming block 0
+// of each (the SwiGLU gate), the second block 1 (up); the second hands its accumulators to the first through
+// shared memory and the first runs the epilogue on exactly the values one warp with both blocks would hold.
+template <int WARPS, int DEPTH, int SPW, bool UNROLLED, Epilogue EPI, WsRows ROWS = WsRows::kDirect, int BPW = 2>
 __global__ void __launch_bounds__(WARPS * 32, 1)
     sm90_nvfp4_warp_stream_gemm_kernel(const uint16_t* __restrict__ a, const int k, const GemmParams p,
                                        const bool before_wait) {
-  using Slot = WarpStreamSlot<SPW>;
+  using Slot = WarpStreamSlot<SPW, BPW>;
+  using Tr = WarpStreamTraits<WARPS, DEPTH, SPW, UNROLLED, EPI, BPW>;
   extern __shared__ __align__(128) uint8_t ws_smem[];
   const int warp = static_cast<int>(threadIdx.x) >> 5, lane = static_cast<int>(threadIdx.x) & 31;
   const int g = lane >> 2, t = lane & 3;
@@ -440,7 +455,12 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
   bool waited = ROWS == WsRows::kGathered || !before_wait;
   if (waited) kernels::pdl_wait_then_allow_next();
   const int n_pieces = p.units * Slot::kPiecesPerUnit;  // per expert and token tile
-  const int stride = WARPS * static_cast<int>(gridDim.x);
+  // A piece's warps (2 with one block a warp): `walker` is the pair's place in the grid's round-robin of pieces,
+  // `blk` the warp's block of each piece.
+  constexpr int kWarpsPerPiece = 2 / BPW;
+  const int walker = warp / kWarpsPerPiece, blk = warp % kWarpsPerPiece;
+  const int stride = WARPS / kWarpsPerPiece * static_cast<int>(gridDim.x);
+  [[maybe_unused]] int pieces_run = 0;  // (BPW = 1: the parity of the pair's handoff buffer)
   // ldmatrix.x4 lane l addresses token row l % 8, 16-byte chunk 4h + l / 8 of the slot's token tile.
   const uint32_t ldsm_off = (lane & 7) * 128 + (((lane >> 3) ^ (lane & 7)) << 4);
   // Piece idx's first GEMM row and row count (cur: the cursor sought to idx).
@@ -460,7 +480,8 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
     int64_t row_base;
     int tile_rows;
     piece_rows(cur, idx, row_base, tile_rows);
-    const uint8_t* wunit = p.w + (static_cast<size_t>(cur.e) * p.units + unit) * p.k_tiles * kUnitBytes;
+    const uint8_t* wunit =
+        p.w + (static_cast<size_t>(cur.e) * p.units + unit) * p.k_tiles * kUnitBytes + blk * kChunkBytes;
     // The expert's epilogue factors, loaded before the k-loop: issued after it, their L2 round trip was one more
     // step in series at the end of every piece (the same values either way). Loading them after the k-loop again
     // measured +0.05..1.0 us per layer at T = 1 / 4 (experiment 13, bench/results/deb21f8-x13-x14-ab).
@@ -471,12 +492,37 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
     auto token_rows = [&]() { return rows_of(row_base, tile_rows); };
     float acc[SPW][2][4];
     if constexpr (!UNROLLED)
-      ws_piece_k_loop_rolled<DEPTH, SPW>(k, p, ring, lane, g, t, ldsm_off, wunit, slice0, split, waited, token_rows,
-                                         after_prologue, acc);
+      ws_piece_k_loop_rolled<DEPTH, SPW, BPW>(k, p, ring, lane, g, t, ldsm_off, wunit, slice0, split, waited,
+                                              token_rows, after_prologue, acc);
     else
-      ws_piece_k_loop_unrolled<DEPTH, SPW>(k, p, ring, lane, g, t, ldsm_off, wunit, slice0, split, waited,
-                                           token_rows, after_prologue, acc);
+      ws_piece_k_loop_unrolled<DEPTH, SPW, BPW>(k, p, ring, lane, g, t, ldsm_off, wunit, slice0, split, waited,
+                                                token_rows, after_prologue, acc);
     cp_async_wait<0>();  // the empty groups past K (nothing in flight into a slot the next piece reuses)
+    if constexpr (BPW == 1) {
+      // Block 1's accumulators (acc[sj][0] of the second warp) to the first warp's acc[sj][1]. One named barrier
+      // (1 + walker, the pair's 64 threads) per piece; two buffers by piece parity, so the write of piece i + 2
+      // (after barrier i + 1) cannot overtake the read of piece i (before the reader reaches barrier i + 1).
+      const uint32_t hand = smem_u32(ws_smem) + static_cast<uint32_t>(Tr::kHandoffOffset) +
+                            static_cast<uint32_t>(((walker * 2 + (pieces_run & 1)) * 32 + lane) * SPW * 16);
+      ++pieces_run;
+      if (blk == 1) {
+#pragma unroll
+        for (int sj = 0; sj < SPW; ++sj)
+          sts128(hand + sj * 16, __float_as_int(acc[sj][0][0]), __float_as_int(acc[sj][0][1]),
+                 __float_as_int(acc[sj][0][2]), __float_as_int(acc[sj][0][3]));
+        named_bar_sync(1 + walker, 64);
+        return;
+      }
+      named_bar_sync(1 + walker, 64);
+#pragma unroll
+      for (int sj = 0; sj < SPW; ++sj) {
+        const uint4 v = lds128(hand + sj * 16);
+        acc[sj][1][0] = __int_as_float(static_cast<int>(v.x));
+        acc[sj][1][1] = __int_as_float(static_cast<int>(v.y));
+        acc[sj][1][2] = __int_as_float(static_cast<int>(v.z));
+        acc[sj][1][3] = __int_as_float(static_cast<int>(v.w));
+      }
+    }
 
     // ---------------------------------------------------------------- epilogue (the tile kernels' arithmetic)
     // acc[sj][b][i]: weight row 16 slice + g + 8 ((i >> 1) & 1) of block b, slice = slice0 + sj, token
@@ -531,7 +577,7 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
   };
 
   TileCursor<kWsTokens> cur;
-  int idx = warp * static_cast<int>(gridDim.x) + static_cast<int>(blockIdx.x);
+  int idx = walker * static_cast<int>(gridDim.x) + static_cast<int>(blockIdx.x);
   if constexpr (ROWS != WsRows::kGathered) {
     // Row r of a (or row 0 for every row), zero-filled past the tile's rows (src-size 0 from the tile's first row).
     auto rows_of = [&](const int64_t row_base, const int tile_rows) {
