@@ -109,6 +109,12 @@ cudaError_t kernel_ready(Kernel kernel, int* ctas_per_sm) {
     }
   }
   cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes);
+  // The warp-streaming kernels: the whole unified L1 / shared memory as shared memory, so that an SM running one
+  // CTA of a launch that fits twice (ws8_s6_w8: 102 KB, or padded to 114 KB) still has room for the next launch's
+  // CTA beside it. Left to the driver, it sizes the carveout for the CTA at hand, and an SM cannot grow it while a
+  // CTA is resident: the next launch's CTAs then wait for whole SMs to drain, and land two on one SM.
+  if (e == cudaSuccess && Tr::kPreferMaxSharedCarveout)
+    e = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared);
   cudaFuncAttributes fa{};
   if (e == cudaSuccess) e = cudaFuncGetAttributes(&fa, kernel);
   if (e == cudaSuccess && fa.numRegs * Tr::kThreads < Tr::kRegsNeeded) e = cudaErrorInvalidConfiguration;

@@ -67,6 +67,7 @@ struct WarpStreamTraits {  // (UNROLLED, EPI only so that each kernel gets its o
   static constexpr int kHandoffBytes = BPW == 1 ? WARPS / 2 * 2 * 32 * SPW * 16 : 0;
   static constexpr int kSmemBytes = kHandoffOffset + kHandoffBytes;
   static constexpr int kRegsNeeded = 0;  // no setmaxnreg: the launch's own register count is what it needs
+  static constexpr bool kPreferMaxSharedCarveout = true;  // (kernel_ready)
   static_assert(kSmemBytes <= 232448, "shared memory per block");
 };
 
