@@ -617,11 +617,9 @@ void run_on_device(const BenchOpts& o, const BenchPlan& p, json& doc) {
           // Which tile config each sm90 GEMM launch of this point ran (the layer's own choice for this T).
           if (const auto* cl = dynamic_cast<const cuda::CudaMoeLayer*>(layers[0].layer.get())) {
             json cfgs = json::object();
-            // "... chained": that GEMM1 and the next GEMM2 ran as one launch (sm90_nvfp4_chained_gemms); "...
-            // one-cta-per-sm": GEMM1 padded to one CTA an SM, GEMM2 resident beside it (sm90_pick_resident_pair).
+            // "... chained": that GEMM1 and the next GEMM2 ran as one launch (sm90_nvfp4_chained_gemms).
             for (const auto& launch : cl->sm90_launches(T))
-              cfgs[launch.name] = cuda::to_string(launch.config) + (launch.chained ? " chained" : "") +
-                                  (launch.one_cta_per_sm ? " one-cta-per-sm" : "");
+              cfgs[launch.name] = cuda::to_string(launch.config) + (launch.chained ? " chained" : "");
             row["sm90_configs"] = cfgs;
           }
           const double med = percentile(us, 0.5);

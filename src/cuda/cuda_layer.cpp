@@ -288,12 +288,6 @@ CudaMoeLayer::CudaMoeLayer(MoeWeights w, const MoeLayerOptions& options, GemmPat
       chain_enabled_ = env_switch("NVFP4MOE_CHAINED_GEMMS");     // A/B: "0" = two launches per group
       warp_stream_enabled_ = env_switch("NVFP4MOE_WARP_STREAM");  // A/B: "0" = the tile rule at decode too
       early_gemm2_enabled_ = env_switch("NVFP4MOE_EARLY_GEMM2");  // A/B: "0" = GEMM2 waits first
-      resident_gemm2_enabled_ = env_switch("NVFP4MOE_RESIDENT_GEMM2");  // A/B: "0" = no resident pair
-      check_cuda(cudaDeviceGetAttribute(&smem_per_sm_, cudaDevAttrMaxSharedMemoryPerMultiprocessor, options.device),
-                 "cudaDeviceGetAttribute (shared memory per SM)");
-      check_cuda(cudaDeviceGetAttribute(&smem_reserved_per_block_, cudaDevAttrReservedSharedMemoryPerBlock,
-                                        options.device),
-                 "cudaDeviceGetAttribute (reserved shared memory per block)");
       dynamic_tiles_enabled_ = env_switch("NVFP4MOE_DYNAMIC_TILES");  // A/B: "0" = static tile round-robin
       consumer_stagger_ = consumer_stagger_from_env();                 // A/B: ns, default 0
       gemm1_gather_enabled_ = env_opt_in("NVFP4MOE_GEMM1_GATHER");  // A/B: "1" = gathered A at prefill
@@ -611,18 +605,6 @@ void CudaMoeLayer::warm_up_sm90() {
         gb.a_broadcast_row = true;
         check_sm90(sm90_nvfp4_grouped_gemm(gb, c, nullptr, device_sm_count()), "sm90 gemm1 broadcast (warm-up)");
       }
-      // The resident pair's padded GEMM1 (its raised shared-memory attribute, once per kernel and device).
-      if (routed && resident_gemm2_enabled_ &&
-          sm90_one_cta_per_sm_smem_bytes(c, smem_per_sm_, smem_reserved_per_block_) > 0) {
-        Sm90GemmArgs gp = g1;
-        gp.one_cta_per_sm = true;
-        check_sm90(sm90_nvfp4_grouped_gemm(gp, c, nullptr, device_sm_count()), "sm90 gemm1 one CTA an SM (warm-up)");
-        if (t1_broadcast_enabled_) {
-          gp.a_broadcast_row = true;
-          check_sm90(sm90_nvfp4_grouped_gemm(gp, c, nullptr, device_sm_count()),
-                     "sm90 gemm1 broadcast, one CTA an SM (warm-up)");
-        }
-      }
       if (routed && (c.warp_stream ? ws_gather_enabled_ : gemm1_gather_enabled_) &&
           sm90_gather_available(c)) {  // its gathered-A kernel (no rows)
         Sm90GemmArgs gg = g1;
@@ -805,9 +787,10 @@ void CudaMoeLayer::forward(const TensorRef& hidden, const RoutingArgs& routing, 
   // through the permutation (gemm1_gathers with quantized_once): k times less quantization and rows written.
   // The routed group's two configs, decided once here (host-known T and shapes) for these choices and its launches.
   Sm90GemmConfig routed_c1{}, routed_c2{};
-  bool routed_one_cta = false;  // the resident pair: GEMM1 padded to one CTA an SM, GEMM2 beside it
-  if (gemm_ == GemmPath::kSm90Wgmma)
-    pick_routed_sm90(routed_max_rows, routed_experts, &routed_c1, &routed_c2, &routed_one_cta);
+  if (gemm_ == GemmPath::kSm90Wgmma) {
+    routed_c1 = pick_sm90(routed_launch_shape(routed_.w13_shape), routed_max_rows, routed_experts, true);
+    routed_c2 = pick_sm90(routed_launch_shape(routed_.w2_shape), routed_max_rows, routed_experts, false);
+  }
   bool gemm1_gathers = false, gemm1_broadcasts = false;
   const bool quantized_once = a4 && routed_uniform_gs13_;
   if (gemm_ == GemmPath::kSm90Wgmma && (!a4 || quantized_once) && !calibrating_) {
@@ -904,7 +887,6 @@ void CudaMoeLayer::forward(const TensorRef& hidden, const RoutingArgs& routing, 
       // GEMM2's offsets are the plan's (two or more launches back: GEMM1, and act_amax when calibrating, ran
       // since); only its operand rows come from the previous kernel. NVFP4MOE_EARLY_GEMM2=0: off, for A/B.
       s2.prologue_before_pdl_wait = early_gemm2_enabled_;
-      s1.one_cta_per_sm = routed && routed_one_cta;
       // The dynamic tile schedule (same bits; the SMs end within about a tile of each other).
       if (dynamic_tiles_enabled_) {
         s1.tile_counter = tile_counters_ + (routed ? 0 : 2);
@@ -1013,27 +995,12 @@ Sm90GemmConfig CudaMoeLayer::pick_sm90(const Sm90PreparedShape& launch_shape, in
     return gemm1 ? sm90_override_.gemm1 : sm90_override_.gemm2;
   // GEMM1 of w4a4 quantizes its output in the epilogue (not while calibrating: then it writes plain bf16).
   const bool quantized = gemm1 && options_.mode == Mode::W4A4 && !calibrating_;
-  const Sm90GemmLoad load{max_rows, experts, launch_shape.units, device_sm_count(), quantized};
+  const Sm90GemmLoad load{max_rows, experts, launch_shape.units, device_sm_count(), quantized, launch_shape.k_tiles,
+                          gemm1};
   Sm90GemmConfig c = warp_stream_enabled_ ? sm90_pick_config(load) : sm90_pick_tile_config(load);
   // The same tile with the other consumers' MMA, where listed (c unchanged otherwise).
   if (sm90_override_.mma_sync >= 0) sm90_gemm_mma_twin(c, sm90_override_.mma_sync == 1, &c);
   return c;
-}
-
-void CudaMoeLayer::pick_routed_sm90(int64_t max_rows, int64_t experts, Sm90GemmConfig* c1, Sm90GemmConfig* c2,
-                                    bool* one_cta) const {
-  const Sm90PreparedShape shape13 = routed_launch_shape(routed_.w13_shape);
-  const Sm90PreparedShape shape2 = routed_launch_shape(routed_.w2_shape);
-  *c1 = pick_sm90(shape13, max_rows, experts, true);
-  *c2 = pick_sm90(shape2, max_rows, experts, false);
-  *one_cta = false;
-  if (!resident_gemm2_enabled_ || !warp_stream_enabled_ || sm90_override_.gemm1_set || sm90_override_.gemm2_set ||
-      sm90_override_.mma_sync >= 0)
-    return;
-  const bool quantized = options_.mode == Mode::W4A4 && !calibrating_;
-  const Sm90GemmLoad l1{max_rows, experts, shape13.units, device_sm_count(), quantized};
-  const Sm90GemmLoad l2{max_rows, experts, shape2.units, device_sm_count(), false};
-  *one_cta = sm90_pick_resident_pair(l1, l2, smem_per_sm_, smem_reserved_per_block_, c1, c2);
 }
 
 bool CudaMoeLayer::chained(const Sm90GemmConfig& c1, const Sm90GemmConfig& c2, int64_t T, bool gated) const {
@@ -1050,11 +1017,10 @@ std::vector<CudaMoeLayer::Sm90Launch> CudaMoeLayer::sm90_launches(int64_t T) con
   const int64_t pairs = T * spec_.top_k, E = routed_.num_experts;
   const char* routed = shared_in_routed_ ? "routed+shared" : "routed";
   const int64_t rows = pairs + (shared_in_routed_ ? T : 0), experts = E + (shared_in_routed_ ? 1 : 0);
-  Sm90GemmConfig c1{}, c2{};
-  bool one_cta = false;
-  pick_routed_sm90(rows, experts, &c1, &c2, &one_cta);
-  out.push_back({std::string("gemm1 ") + routed, c1, false, one_cta});
-  out.push_back({std::string("gemm2 ") + routed, c2});
+  out.push_back({std::string("gemm1 ") + routed,
+                 pick_sm90(routed_launch_shape(routed_.w13_shape), rows, experts, true)});
+  out.push_back({std::string("gemm2 ") + routed,
+                 pick_sm90(routed_launch_shape(routed_.w2_shape), rows, experts, false)});
   if (shared_.num_experts && !shared_in_routed_) {
     out.push_back({"gemm1 shared", pick_sm90(shared_.w13_shape, T, 1, true)});
     out.push_back({"gemm2 shared", pick_sm90(shared_.w2_shape, T, 1, false)});

@@ -134,7 +134,6 @@ class CudaMoeLayer final : public MoeLayer {
     std::string name;  // "gemm1 routed+shared", "gemm2 routed", "gemm1 shared", ...
     Sm90GemmConfig config;
     bool chained = false;  // this GEMM1 and the next GEMM2 run as one launch (sm90_nvfp4_chained_gemms)
-    bool one_cta_per_sm = false;  // GEMM1 padded to one CTA an SM, GEMM2's CTAs resident beside it
   };
   std::vector<Sm90Launch> sm90_launches(int64_t T) const;
 
@@ -152,10 +151,6 @@ class CudaMoeLayer final : public MoeLayer {
   // The tile config of one sm90 launch: the override if set for that GEMM, else sm90_pick_config.
   Sm90GemmConfig pick_sm90(const Sm90PreparedShape& launch_shape, int64_t max_rows, int64_t experts,
                            bool gemm1) const;
-  // The routed group's two configs (pick_sm90 each), then the resident pair (sm90_pick_resident_pair) where it
-  // applies and no override fixes either GEMM: *one_cta is then true and GEMM1 launches with one_cta_per_sm.
-  void pick_routed_sm90(int64_t max_rows, int64_t experts, Sm90GemmConfig* c1, Sm90GemmConfig* c2,
-                        bool* one_cta) const;
   // Whether a group's GEMM1 and GEMM2 (configs c1, c2; gated: SwiGLU) run as one chained launch at T tokens.
   bool chained(const Sm90GemmConfig& c1, const Sm90GemmConfig& c2, int64_t T, bool gated) const;
 
@@ -207,11 +202,6 @@ class CudaMoeLayer final : public MoeLayer {
   // GEMM2 launched with prologue_before_pdl_wait (its seek and first weights during GEMM1's tail where the
   // config allows it). NVFP4MOE_EARLY_GEMM2=0 (read at creation): off, for A/B.
   bool early_gemm2_enabled_ = true;
-  // The resident pair at decode (sm90_pick_resident_pair: GEMM1 ws8_s6_w8 padded to one CTA an SM, GEMM2's CTAs
-  // beside it). NVFP4MOE_RESIDENT_GEMM2=0 (read at creation): off, for A/B. The device's shared memory per SM and
-  // per-block reservation, read at creation (the rule's host numbers).
-  bool resident_gemm2_enabled_ = true;
-  int smem_per_sm_ = 0, smem_reserved_per_block_ = 0;
   // The tile kernels' dynamic schedule (Sm90GemmArgs::tile_counter): one counter per GEMM launch of forward()
   // (routed GEMM1, GEMM2, shared GEMM1, GEMM2), in the counters' allocation. NVFP4MOE_DYNAMIC_TILES=0 (read at
   // creation): the static round-robin, for A/B.

@@ -57,18 +57,14 @@ cudaError_t fail(const std::string& msg) {
 // Experiment 12 (58fd2b7, 8 x 12 and 4 x 24 slots with the rolled loop): no faster where every warp streams
 // alone, slower elsewhere (bench/results/58fd2b7-x12-ab/); removed.
 // ws8_s6_w8 (45024a5: 8-warp CTAs of 104 KB, so that GEMM2's CTA would fit beside GEMM1's) lost 12-40% at
-// T = 1 as the config of both GEMMs: two CTAs of one launch shared an SM while others idled
-// (bench/results/45024a5-ab/). Back since the twenty-third session for the resident pair only
-// (sm90_pick_resident_pair): GEMM1 launched with Sm90GemmArgs::one_cta_per_sm (padded to one CTA an SM), GEMM2
-// beside it.
+// T = 1: two CTAs of one launch share an SM while others idle (bench/results/45024a5-ab/); removed.
 // ws8_s6_w16_b1: as ws8_s6_w16 with one 64-row block a warp (the piece's two blocks on warps 2j, 2j + 1; the
 // fifth number: blocks per warp), for T = 1 where every warp streams alone (docs/gemm.md, "One block a warp").
 #define NVFP4MOE_SM90_WARP_STREAM_CONFIGS(X) \
   X(16, 6, 1, 0, 2)                          \
   X(16, 6, 1, 1, 2)                          \
   X(16, 4, 2, 1, 2)                          \
-  X(16, 6, 1, 0, 1)                          \
-  X(8, 6, 1, 0, 2)
+  X(16, 6, 1, 0, 1)
 
 // The configs with a chained kernel (GEMM1 -> GEMM2 in one launch, sm90_nvfp4_chained_gemms), each for the
 // SwiGLU and relu^2 GEMM1: the decode tiles that the heuristic picks for both GEMMs of one layer (the half tile:
@@ -109,12 +105,6 @@ cudaError_t kernel_ready(Kernel kernel, int* ctas_per_sm) {
     }
   }
   cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes);
-  // The warp-streaming kernels: the whole unified L1 / shared memory as shared memory, so that an SM running one
-  // CTA of a launch that fits twice (ws8_s6_w8: 102 KB, or padded to 114 KB) still has room for the next launch's
-  // CTA beside it. Left to the driver, it sizes the carveout for the CTA at hand, and an SM cannot grow it while a
-  // CTA is resident: the next launch's CTAs then wait for whole SMs to drain, and land two on one SM.
-  if (e == cudaSuccess && Tr::kPreferMaxSharedCarveout)
-    e = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared);
   cudaFuncAttributes fa{};
   if (e == cudaSuccess) e = cudaFuncGetAttributes(&fa, kernel);
   if (e == cudaSuccess && fa.numRegs * Tr::kThreads < Tr::kRegsNeeded) e = cudaErrorInvalidConfiguration;
@@ -163,32 +153,6 @@ cudaError_t launch_chained(const CUtensorMap& map1, const CUtensorMap& map2, con
   return launch_pdl(kernel, dim3(grid), dim3(Tr::kThreads), Tr::kSmemBytes, stream, map1, map2, p1, p2, chain);
 }
 
-// The device's shared memory per SM and per-block reservation, queried once per device (up to 64; others every
-// call): what one_cta_per_sm pads against.
-cudaError_t device_smem_limits(int* dev, int* per_sm, int* reserved) {
-  static std::atomic<int> cached_per_sm[64], cached_reserved[64];
-  if (cudaGetDevice(dev) != cudaSuccess) *dev = -1;
-  if (*dev >= 0 && *dev < 64 && cached_per_sm[*dev].load(std::memory_order_acquire) > 0) {
-    *reserved = cached_reserved[*dev].load(std::memory_order_relaxed);
-    *per_sm = cached_per_sm[*dev].load(std::memory_order_relaxed);
-    return cudaSuccess;
-  }
-  cudaError_t e = cudaDeviceGetAttribute(per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, *dev);
-  if (e == cudaSuccess) e = cudaDeviceGetAttribute(reserved, cudaDevAttrReservedSharedMemoryPerBlock, *dev);
-  if (e != cudaSuccess)
-    return fail(std::string("sm90_nvfp4_grouped_gemm: shared-memory attributes (") + cudaGetErrorString(e) + ")");
-  if (*dev >= 0 && *dev < 64) {
-    cached_reserved[*dev].store(*reserved, std::memory_order_relaxed);
-    cached_per_sm[*dev].store(*per_sm, std::memory_order_release);
-  }
-  return cudaSuccess;
-}
-// The list entry of a warp-streaming kernel's template arguments.
-template <int WARPS, int DEPTH, int SPW, bool UNROLLED, int BPW>
-Sm90GemmConfig ws_config_of() {
-  return Sm90GemmConfig{sm90::kWsTokens, DEPTH, WARPS / 4, 1, false, true, SPW, UNROLLED, BPW};
-}
-
 template <int WARPS, int DEPTH, int SPW, bool UNROLLED, int BPW, sm90::Epilogue EPI,
           sm90::WsRows ROWS = sm90::WsRows::kDirect>
 cudaError_t launch_warp_stream(const Sm90GemmArgs& args, const sm90::GemmParams& p, int grid, cudaStream_t stream) {
@@ -197,31 +161,7 @@ cudaError_t launch_warp_stream(const Sm90GemmArgs& args, const sm90::GemmParams&
   auto kernel = sm90::sm90_nvfp4_warp_stream_gemm_kernel<WARPS, DEPTH, SPW, UNROLLED, EPI, ROWS, BPW>;
   int fit = 0;
   if (const cudaError_t e = kernel_ready<ReadyTr>(kernel, &fit); e != cudaSuccess) return e;
-  int smem = Tr::kSmemBytes;
-  if (args.one_cta_per_sm) {
-    // The padded size, and the kernel's attribute raised to it once per device (after kernel_ready's own).
-    int dev = 0, per_sm = 0, reserved = 0;
-    if (const cudaError_t e = device_smem_limits(&dev, &per_sm, &reserved); e != cudaSuccess) return e;
-    const int padded = sm90_one_cta_per_sm_smem_bytes(ws_config_of<WARPS, DEPTH, SPW, UNROLLED, BPW>(), per_sm,
-                                                      reserved);
-    if (padded > 0) {
-      static std::atomic<bool> raised[64];
-      if (dev < 0 || dev >= 64 || !raised[dev].load(std::memory_order_acquire)) {
-        cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, padded);
-        int n = 0;  // the padding's point, checked once: exactly one CTA of this launch an SM
-        if (e == cudaSuccess) e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, Tr::kThreads, padded);
-        if (e != cudaSuccess || n != 1)
-          return fail(std::string("sm90_nvfp4_grouped_gemm: one_cta_per_sm: ") +
-                      (e != cudaSuccess ? cudaGetErrorString(e)
-                                        : "expected 1 CTA an SM with " + std::to_string(padded) +
-                                              " bytes of shared memory, the occupancy query gives " +
-                                              std::to_string(n)));
-        if (dev >= 0 && dev < 64) raised[dev].store(true, std::memory_order_release);
-      }
-      smem = padded;
-    }
-  }
-  return launch_pdl(kernel, dim3(grid), dim3(Tr::kThreads), smem, stream, args.a, args.shape.k, p,
+  return launch_pdl(kernel, dim3(grid), dim3(Tr::kThreads), Tr::kSmemBytes, stream, args.a, args.shape.k, p,
                     args.prologue_before_pdl_wait);
 }
 
@@ -346,8 +286,7 @@ namespace {
 // where no strings are built): one slice per piece (ws8_s6_w16, rolled; ws8_s6_w16_u) and two (ws8_s4_w16_x2).
 const Sm90GemmConfig* find_warp_stream_config(int slices_per_warp, bool unrolled) {
   for (const auto& c : sm90_gemm_configs())
-    if (c.warp_stream && c.consumer_warpgroups == 4 && c.slices_per_warp == slices_per_warp &&
-        c.ws_unrolled == unrolled && c.blocks_per_warp == 2)
+    if (c.warp_stream && c.slices_per_warp == slices_per_warp && c.ws_unrolled == unrolled && c.blocks_per_warp == 2)
       return &c;
   return nullptr;
 }
@@ -356,6 +295,13 @@ const Sm90GemmConfig* warp_stream_config(int slices_per_warp, bool unrolled) {
   static const Sm90GemmConfig* const one_unrolled = find_warp_stream_config(1, true);
   static const Sm90GemmConfig* const two = find_warp_stream_config(2, true);
   return slices_per_warp == 2 ? two : unrolled ? one_unrolled : one;
+}
+const Sm90GemmConfig* find_ws_b1() {
+  for (const auto& c : sm90_gemm_configs())
+    if (c.warp_stream && c.consumer_warpgroups == 4 && c.slices_per_warp == 1 && !c.ws_unrolled &&
+        c.blocks_per_warp == 1)
+      return &c;
+  return nullptr;
 }
 // Upper bound of the experts with rows (min(E, rows)) and the mean rows of those: host numbers only.
 int64_t active_experts(const Sm90GemmLoad& load) {
@@ -380,6 +326,12 @@ constexpr int64_t kWarpStreamX2MinPiecesPerSm = 8;
 // alone (qwen3-30b, nemotron-nano T = 1: <= 512 pieces; gpt-oss-120b: 720 / 368), where the rolled loop's
 // smaller code wins. Taken from 8 pieces per SM up.
 constexpr int64_t kWarpStreamUnrolledMinPiecesPerSm = 8;
+// One block a warp (ws8_s6_w16_b1) for GEMM1 where each warp pair streams at most one piece (2 x pieces <= the
+// grid's 16 warps an SM) and K is long. Per GEMM in the layer, same call
+// (bench/results/37f9d85-resident-pair-b1-per-gemm-ab-h100): GEMM1 at qwen3-235b (64 k-tiles) −1.1..1.4 us,
+// gpt-oss-120b (45) −1.2, nemotron-nano (42) −1.0, qwen3-30b (32) +0.1; GEMM2 mixed (nemotron-nano −2.3,
+// gpt-oss-120b +0.2, qwen3 0): not taken there.
+constexpr int kWarpStreamB1MinKTiles = 40;
 // bt144 over bt128 at prefill when it saves at least this share of the expected weight passes per expert
 // (sm90_expected_tile_passes; the measured points in sm90_pick_tile_config).
 constexpr double kPrefillTileMinPassSaving = 0.15;
@@ -401,64 +353,15 @@ Sm90GemmConfig sm90_pick_config(const Sm90GemmLoad& load) {
         warp_stream_config(2, true) != nullptr)
       return *warp_stream_config(2, true);
     const bool unrolled = slices >= kWarpStreamUnrolledMinPiecesPerSm * load.num_sms;
+    static const Sm90GemmConfig* const b1 = find_ws_b1();
+    if (rows <= kWarpStreamMaxRowsPerExpert && !unrolled && load.activation &&
+        load.k_tiles >= kWarpStreamB1MinKTiles && 2 * slices <= 16 * static_cast<int64_t>(load.num_sms) &&
+        b1 != nullptr)
+      return *b1;
     if (rows <= kWarpStreamMaxRowsPerExpert && warp_stream_config(1, unrolled) != nullptr)
       return *warp_stream_config(1, unrolled);
   }
   return sm90_pick_tile_config(load);
-}
-
-namespace {
-// A warp-streaming config's dynamic shared memory (its kernel's traits); 0 for a tile config or one not listed.
-int ws_smem_bytes(const Sm90GemmConfig& c) {
-  if (!c.warp_stream || c.block_t != sm90::kWsTokens) return 0;
-#define NVFP4MOE_X(warps, depth, spw, unrolled, bpw)                                                         \
-  if (c.stages == depth && 4 * c.consumer_warpgroups == warps && c.slices_per_warp == spw &&                  \
-      c.ws_unrolled == (unrolled != 0) && c.blocks_per_warp == bpw)                                          \
-    return sm90::WarpStreamTraits<warps, depth, spw, unrolled != 0, sm90::Epilogue::kF32, bpw>::kSmemBytes;
-  NVFP4MOE_SM90_WARP_STREAM_CONFIGS(NVFP4MOE_X)
-#undef NVFP4MOE_X
-  return 0;
-}
-const Sm90GemmConfig* find_ws8_s6_w8() {
-  for (const auto& c : sm90_gemm_configs())
-    if (c.warp_stream && c.consumer_warpgroups == 2 && c.stages == 6 && c.slices_per_warp == 1 && !c.ws_unrolled &&
-        c.blocks_per_warp == 2)
-      return &c;
-  return nullptr;
-}
-}  // namespace
-
-int sm90_one_cta_per_sm_smem_bytes(const Sm90GemmConfig& config, int smem_per_sm, int reserved_per_block) {
-  const int own = ws_smem_bytes(config);
-  if (own <= 0 || smem_per_sm <= 0 || reserved_per_block < 0) return 0;
-  // Two CTAs fit where 2 (bytes + reserved) <= smem_per_sm: one byte past that half, rounded up to 128, leaves one.
-  const int padded = (smem_per_sm / 2 - reserved_per_block + 1 + 127) / 128 * 128;
-  return padded > own ? padded : 0;
-}
-
-bool sm90_fits_beside(const Sm90GemmConfig& config, const Sm90GemmConfig& next, int smem_per_sm,
-                      int reserved_per_block) {
-  const int first = sm90_one_cta_per_sm_smem_bytes(config, smem_per_sm, reserved_per_block);
-  const int second = ws_smem_bytes(next);
-  return first > 0 && second > 0 && first + second + 2 * reserved_per_block <= smem_per_sm;
-}
-
-bool sm90_pick_resident_pair(const Sm90GemmLoad& gemm1, const Sm90GemmLoad& gemm2, int smem_per_sm,
-                             int reserved_per_block, Sm90GemmConfig* c1, Sm90GemmConfig* c2) {
-  static const Sm90GemmConfig* const w8 = find_ws8_s6_w8();
-  const Sm90GemmConfig* const w16 = warp_stream_config(1, false);
-  if (w8 == nullptr || w16 == nullptr) return false;
-  // Where each GEMM would take the rolled one-slice config (every warp streams at most one piece or so) and both
-  // launches' pieces fit one round of the 8-warp grid (each of its warps one piece at most).
-  for (const Sm90GemmLoad* l : {&gemm1, &gemm2}) {
-    if (!(sm90_pick_config(*l) == *w16)) return false;
-    if (active_experts(*l) * l->units * 4 > static_cast<int64_t>(4 * w8->consumer_warpgroups) * l->num_sms)
-      return false;
-  }
-  if (!sm90_fits_beside(*w8, *w8, smem_per_sm, reserved_per_block)) return false;
-  if (c1) *c1 = *w8;
-  if (c2) *c2 = *w8;
-  return true;
 }
 
 double sm90_expected_tile_passes(double mean_rows, int block_t) {

@@ -759,7 +759,6 @@ struct KernelTraits {
   static constexpr int kConsumerRegs = BT > 128 ? 240 : WGS <= 2 ? 232 : WGS == 3 ? 160 : 112;
   static constexpr int kProducerRegs = BT > 128 ? 24 : WGS <= 2 ? 40 : 32;
   static constexpr int kRegsNeeded = 128 * kProducerRegs + WGS * 128 * kConsumerRegs;
-  static constexpr bool kPreferMaxSharedCarveout = false;  // (kernel_ready: the driver's carveout)
   static_assert(kRegsNeeded <= 65536, "setmaxnreg budget exceeds the register file");
   static constexpr int kABytes = BT * 128;                  // one stage of A: BT rows x 64 bf16, swizzled
   static constexpr int kWBytes = kUnitsPerTile * kUnitBytes;  // one stage of weights

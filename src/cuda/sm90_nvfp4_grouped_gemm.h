@@ -83,6 +83,8 @@ struct Sm90GemmLoad {
   int units = 0;         // weight units of N (Sm90PreparedShape::units); 0 = unknown (list rule only)
   int num_sms = 0;       // SMs the persistent grid spans; 0 = unknown (list rule only)
   bool quantized_output = false;  // GEMM1 with the fused NVFP4 activation quantization (w4a4, gs != nullptr)
+  int k_tiles = 0;                // K / 64 rounded up (Sm90PreparedShape::k_tiles); 0 = unknown
+  bool activation = false;        // GEMM1 (the SwiGLU / relu^2 epilogue)
 };
 // Heuristic: the smallest token tile that holds max_rows / E rows; at that tile, with units and SMs known, the
 // consumer-warpgroup count with the least estimated time (waves of CTA tiles x tile time: a 2-warpgroup tile
@@ -158,24 +160,7 @@ struct Sm90GemmArgs {
   // a_rows_capacity >= 1): at T = 1 each routed row of GEMM1, and the merged shared expert's, is the token's hidden
   // state, so the layer passes `hidden` itself and no gather runs. The same bits as `a` holding copies of row 0.
   bool a_broadcast_row = false;
-  // Warp-streaming configs whose CTA would fit twice on an SM (the 8-warp ws8_s6_w8): launch with the dynamic
-  // shared memory padded to just over half an SM's (the kernel does not read the padding), so that one CTA of
-  // this launch lands on each SM and the room beside it takes exactly one CTA of the next launch (the layer's
-  // GEMM2, launched early by PDL: its seek and first weights then run during this launch's k-loop). Same bits.
-  bool one_cta_per_sm = false;
 };
-// The dynamic shared memory a warp-streaming launch of `config` takes with one_cta_per_sm (0 where that does not
-// apply: not warp streaming, or already more than half an SM), for the device's per-SM shared memory and per-block
-// reservation; and whether a CTA of `next` fits beside it on one SM.
-int sm90_one_cta_per_sm_smem_bytes(const Sm90GemmConfig& config, int smem_per_sm, int reserved_per_block);
-bool sm90_fits_beside(const Sm90GemmConfig& config, const Sm90GemmConfig& next, int smem_per_sm,
-                      int reserved_per_block);
-// GEMM1 -> GEMM2 with GEMM2's CTAs resident beside GEMM1's (decode, T = 1 at the 128-expert presets): where both
-// GEMMs would take the rolled one-slice config ws8_s6_w16 and each launch's pieces fit one round of 8 warps an SM,
-// sets both configs to ws8_s6_w8 and returns true; the caller then launches GEMM1 with one_cta_per_sm and GEMM2
-// (with prologue_before_pdl_wait) seeks and loads its first weights during GEMM1's k-loop. Host numbers only.
-bool sm90_pick_resident_pair(const Sm90GemmLoad& gemm1, const Sm90GemmLoad& gemm2, int smem_per_sm,
-                             int reserved_per_block, Sm90GemmConfig* c1, Sm90GemmConfig* c2);
 inline constexpr int kSm90MaxConsumerStaggerNs = 1000000;  // 1 ms: PTX nanosleep's longest sleep
 
 // Launches the persistent grouped GEMM with config (one of sm90_gemm_configs()). Rows of out past offsets[E]

@@ -67,7 +67,6 @@ struct WarpStreamTraits {  // (UNROLLED, EPI only so that each kernel gets its o
   static constexpr int kHandoffBytes = BPW == 1 ? WARPS / 2 * 2 * 32 * SPW * 16 : 0;
   static constexpr int kSmemBytes = kHandoffOffset + kHandoffBytes;
   static constexpr int kRegsNeeded = 0;  // no setmaxnreg: the launch's own register count is what it needs
-  static constexpr bool kPreferMaxSharedCarveout = true;  // (kernel_ready)
   static_assert(kSmemBytes <= 232448, "shared memory per block");
 };
 
@@ -438,9 +437,8 @@ __device__ __forceinline__ WsTokenRows ws_gathered_token_rows(const GemmParams& 
 // BPW = 1 ("_b1"): warps 2j and 2j + 1 of a CTA (two schedulers) walk the same pieces, the first streaming block 0
 // of each (the SwiGLU gate), the second block 1 (up); the second hands its accumulators to the first through
 // shared memory and the first runs the epilogue on exactly the values one warp with both blocks would hold.
-// Two CTAs an SM for 8 warps (ws8_s6_w8 beside the next launch's CTA: <= 128 registers a thread), one for 16.
 template <int WARPS, int DEPTH, int SPW, bool UNROLLED, Epilogue EPI, WsRows ROWS = WsRows::kDirect, int BPW = 2>
-__global__ void __launch_bounds__(WARPS * 32, WARPS <= 8 ? 2 : 1)
+__global__ void __launch_bounds__(WARPS * 32, 1)
     sm90_nvfp4_warp_stream_gemm_kernel(const uint16_t* __restrict__ a, const int k, const GemmParams p,
                                        const bool before_wait) {
   using Slot = WarpStreamSlot<SPW, BPW>;

@@ -1678,9 +1678,6 @@ TEST(CudaLayer, Sm90ConfigOverrideIsBitIdentical) {
   d.shared_I = d.I;
   const int64_t maxT = 300;
   Harness ref(d, Mode::W4A16, maxT, 61, GemmPath::kSm90Wgmma);
-  setenv("NVFP4MOE_RESIDENT_GEMM2", "0", 1);
-  Harness per_gemm(d, Mode::W4A16, 16, 61, GemmPath::kSm90Wgmma);  // the configs only
-  unsetenv("NVFP4MOE_RESIDENT_GEMM2");
   const int64_t H = ref.H(), E = ref.spec().num_experts;
   const auto hidden = random_hidden(maxT, H, 62);
   const auto logits = random_logits(maxT, E, 63);
@@ -1708,12 +1705,8 @@ TEST(CudaLayer, Sm90ConfigOverrideIsBitIdentical) {
       if (want.mma_sync >= 0) sm90_gemm_mma_twin(heuristic, want.mma_sync == 1, &heuristic);
       return to_string(heuristic);
     };
-    // (An override turns the resident pair off, sm90_pick_resident_pair: each GEMM not fixed by name gets its own
-    // pick, as in a layer created with NVFP4MOE_RESIDENT_GEMM2=0.)
-    const auto single = per_gemm.cuda->sm90_launches(9);
-    EXPECT_EQ(to_string(launches[0].config), expected(want.gemm1_set, want.gemm1, single[0].config));
-    EXPECT_EQ(to_string(launches[1].config), expected(want.gemm2_set, want.gemm2, single[1].config));
-    EXPECT_FALSE(launches[0].one_cta_per_sm);
+    EXPECT_EQ(to_string(launches[0].config), expected(want.gemm1_set, want.gemm1, ref.cuda->sm90_launches(9)[0].config));
+    EXPECT_EQ(to_string(launches[1].config), expected(want.gemm2_set, want.gemm2, ref.cuda->sm90_launches(9)[1].config));
     // mma=sync: every launch on mma.sync consumers (the warp-streaming decode kernel, which the heuristic takes
     // at this T, is mma.sync only and has no twin).
     auto on_mma_sync = [](const Sm90GemmConfig& c) { return c.mma_sync || c.warp_stream; };
@@ -1729,44 +1722,6 @@ TEST(CudaLayer, Sm90ConfigOverrideIsBitIdentical) {
 }
 
 // The GEMM comes from NVFP4MOE_GEMM at creation (default sm90_wgmma); a bad value is refused by name.
-// The resident pair (decode: GEMM1 ws8_s6_w8 padded to one CTA an SM, GEMM2's CTAs beside it; sm90_pick_resident_pair)
-// is taken at T = 1 and its output is bitwise the per-GEMM configs' (NVFP4MOE_RESIDENT_GEMM2=0), in both modes, with
-// the shared expert as expert E, over repeated forwards (GEMM2's early CTAs read only what GEMM1 has finished).
-TEST(CudaLayer, ResidentPairBitIdenticalAtDecode) {
-  LayerDims d = kSmallSigmoid;
-  d.shared_I = d.I;
-  for (const Mode mode : {Mode::W4A16, Mode::W4A4}) {
-    SCOPED_TRACE(mode == Mode::W4A16 ? "w4a16" : "w4a4");
-    Harness pair(d, mode, 16, 71, GemmPath::kSm90Wgmma);
-    setenv("NVFP4MOE_RESIDENT_GEMM2", "0", 1);
-    Harness single(d, mode, 16, 71, GemmPath::kSm90Wgmma);
-    unsetenv("NVFP4MOE_RESIDENT_GEMM2");
-    const int64_t H = pair.H(), E = pair.spec().num_experts;
-    const auto launches = pair.cuda->sm90_launches(1);
-    ASSERT_EQ(launches.size(), 2u);
-    EXPECT_TRUE(launches[0].one_cta_per_sm) << "T = 1 should take the resident pair: " << to_string(launches[0].config);
-    EXPECT_EQ(to_string(launches[0].config), "ws8_s6_w8");
-    EXPECT_EQ(to_string(launches[1].config), "ws8_s6_w8");
-    EXPECT_FALSE(single.cuda->sm90_launches(1)[0].one_cta_per_sm);
-    for (int64_t T : {1, 2, 3}) {
-      const auto hidden = random_hidden(T, H, 72 + T);
-      const auto logits = random_logits(T, E, 73 + T);
-      std::vector<float> got[2];
-      for (int which = 0; which < 2; ++which) {
-        Harness& hs = which == 0 ? pair : single;
-        hs.hidden.put(hidden);
-        hs.logits.put(logits);
-        for (int rep = 0; rep < 3; ++rep) {  // the last of three forwards (the early CTAs of a later forward)
-          hs.forward_logits(T, hs.out.p, DType::F32);
-          ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-        }
-        got[which] = hs.out.get(T * H);
-      }
-      ASSERT_EQ(std::memcmp(got[0].data(), got[1].data(), got[0].size() * 4), 0) << "T=" << T;
-    }
-  }
-}
-
 TEST(CudaLayer, GemmPathFromEnvironment) {
   const char* old = std::getenv("NVFP4MOE_GEMM");
   const std::string saved = old ? old : "";

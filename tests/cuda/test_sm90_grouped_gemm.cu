@@ -225,8 +225,7 @@ std::string describe_difference(const std::vector<uint8_t>& x, const std::vector
 // broadcast_row: `a` is a one-row buffer holding p.a's row 0, read for every row (Sm90GemmArgs::a_broadcast_row).
 void run_gpu(const Problem& p, Sm90GemmEpilogue epi, bool quant, const Sm90GemmConfig& cfg, GpuRun& res,
              int repeats = 1, bool before_pdl_wait = false, int32_t* tile_counter = nullptr, int num_sms = 0,
-             int stagger_ns = 0, const GatherInput* gather = nullptr, bool broadcast_row = false,
-             bool one_cta_per_sm = false) {
+             int stagger_ns = 0, const GatherInput* gather = nullptr, bool broadcast_row = false) {
   const Sm90PreparedShape shape = sm90_prepared_shape(p.E, p.N, p.K, p.gated);
   DevBuf<uint8_t> packed(p.packed), scales(p.scales), w(shape.bytes);
   DevBuf<uint16_t> a(p.a);
@@ -243,7 +242,6 @@ void run_gpu(const Problem& p, Sm90GemmEpilogue epi, bool quant, const Sm90GemmC
   args.prologue_before_pdl_wait = before_pdl_wait;
   args.tile_counter = tile_counter;
   args.consumer_stagger_ns = stagger_ns;
-  args.one_cta_per_sm = one_cta_per_sm;
   DevBuf<uint16_t> gsrc(gather ? gather->src.size() : 1);
   DevBuf<int32_t> gperm(gather ? std::max<size_t>(gather->perm.size(), 1) : 1);
   if (gather) {
@@ -1308,52 +1306,6 @@ TEST(Sm90GroupedGemm, BroadcastRowBitIdenticalToRepeatedRows) {
     }
   }
   EXPECT_GE(configs, 1);
-}
-
-// one_cta_per_sm (the resident pair's GEMM1: its dynamic shared memory padded past half an SM): every
-// warp-streaming config (the padding applies to ws8_s6_w8, the others launch as they are), every epilogue and the
-// quantizing one, direct and broadcast rows, the device's grid and 3 CTAs: bitwise equal to the same launch
-// without it, every output written once.
-TEST(Sm90GroupedGemm, WarpStreamOneCtaPerSmBitIdentical) {
-  const std::vector<int> counts = {1, 0, 3, 8, 11, 1};
-  int runs = 0;
-  int padded_configs = 0;
-  int dev = 0, per_sm = 0, reserved = 0;
-  CUDA_GEMM_OK(cudaGetDevice(&dev));
-  CUDA_GEMM_OK(cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev));
-  CUDA_GEMM_OK(cudaDeviceGetAttribute(&reserved, cudaDevAttrReservedSharedMemoryPerBlock, dev));
-  for (const auto& cfg : sm90_gemm_configs()) {
-    if (!cfg.warp_stream) continue;
-    padded_configs += sm90_one_cta_per_sm_smem_bytes(cfg, per_sm, reserved) > 0;
-    for (const bool gated : {true, false}) {
-      Problem p = make_problem(6, gated ? 2 * 208 : 320, 7 * 64 + 32, gated, counts, 7100 + gated);
-      for (int64_t r = 1; r < p.cap; ++r)  // row 0 everywhere: the broadcast launch reads the same values
-        std::copy(p.a.begin(), p.a.begin() + p.K, p.a.begin() + r * p.K);
-      const std::vector<Sm90GemmEpilogue> epis =
-          gated ? std::vector<Sm90GemmEpilogue>{Sm90GemmEpilogue::kSwiGLU}
-                : std::vector<Sm90GemmEpilogue>{Sm90GemmEpilogue::kF32, Sm90GemmEpilogue::kRelu2};
-      for (const Sm90GemmEpilogue epi : epis)
-        for (const bool quant : {false, true})
-          for (const bool broadcast : {false, true})
-            for (const int sms : {0, 3}) {
-              if (quant && epi == Sm90GemmEpilogue::kF32) continue;
-              if (broadcast && epi == Sm90GemmEpilogue::kF32) continue;  // (activation epilogues only)
-              SCOPED_TRACE(::testing::Message() << "cfg=" << to_string(cfg) << " epi=" << epi_name(epi)
-                                                << " quant=" << quant << " broadcast=" << broadcast << " sms=" << sms);
-              GpuRun base, padded;
-              run_gpu(p, epi, quant, cfg, base, 1, false, nullptr, sms, 0, nullptr, broadcast, false);
-              if (HasFatalFailure()) return;
-              run_gpu(p, epi, quant, cfg, padded, 2, false, nullptr, sms, 0, nullptr, broadcast, true);
-              if (HasFatalFailure()) return;
-              EXPECT_EQ(padded.unwritten, 0);
-              EXPECT_EQ(padded.overwritten, 0);
-              EXPECT_TRUE(padded.bits == base.bits) << "one_cta_per_sm: bits differ";
-              ++runs;
-            }
-    }
-  }
-  EXPECT_GE(padded_configs, 1) << "no listed warp-streaming config is padded on this device (ws8_s6_w8 expected)";
-  EXPECT_GE(runs, 4 * 7);
 }
 
 // Gathered A on the warp-streaming configs (the decode GEMM1 without a gather step): every warp-streaming config,

@@ -195,55 +195,23 @@ TEST(Sm90PickConfig, ChainedConfigsAreListedAndTakenWhereTheDocsSay) {
   }
 }
 
+// One block a warp (ws8_s6_w16_b1): GEMM1 only, K >= 40 k-tiles, where each warp pair streams at most one piece.
+TEST(Sm90PickConfig, OneBlockAWarpForLongGemm1AtOnePieceAPair) {
+  auto pick = [](int64_t rows, int64_t experts, int units, int k_tiles, bool gemm1) {
+    return to_string(sm90_pick_config(Sm90GemmLoad{rows, experts, units, kSms, false, k_tiles, gemm1}));
+  };
+  EXPECT_EQ(pick(8, 128, 24, 64, true), "ws8_s6_w16_b1");   // qwen3-235b T = 1 GEMM1 (768 pieces, K = 4096)
+  EXPECT_EQ(pick(4, 128, 45, 45, true), "ws8_s6_w16_b1");   // gpt-oss-120b T = 1 GEMM1 (720, K = 2880)
+  EXPECT_EQ(pick(6, 128, 15, 42, true), "ws8_s6_w16_b1");   // nemotron-nano T = 1 GEMM1 (360, K = 2688)
+  EXPECT_EQ(pick(8, 128, 12, 32, true), "ws8_s6_w16");      // qwen3-30b T = 1 GEMM1: K = 2048 (measured +0.1 us)
+  EXPECT_EQ(pick(4, 128, 23, 45, false), "ws8_s6_w16");     // gpt-oss-120b T = 1 GEMM2: not GEMM1
+  EXPECT_EQ(pick(8, 128, 34, 64, true), "ws8_s6_w16_u");    // 1088 pieces: unrolled, no pairs
+  EXPECT_EQ(pick(8, 128, 32, 64, true), "ws8_s6_w16_b1");   // 1024 pieces: 2048 warps of the grid's 2112
+  EXPECT_EQ(pick(32, 128, 24, 64, true), "ws8_s4_w16_x2");  // qwen3-235b T = 4: the two-slice pieces
+}
+
 // The warp-streaming decode kernel: taken at <= 2 rows per active expert with units and SMs known (measured
 // faster in the layer up to there: bench/results/5c91ef5-ws-ab/), never by the list rule, never at prefill.
-// The resident pair (GEMM1 padded to one CTA an SM, GEMM2's CTA beside it) at the H100 / H200 numbers: 228 KB of
-// shared memory an SM, 1 KB reserved a block.
-constexpr int kSmemPerSm = 233472, kReservedPerBlock = 1024;
-
-TEST(Sm90PickConfig, OneCtaPerSmPadding) {
-  Sm90GemmConfig w8{}, w16{};
-  ASSERT_TRUE(sm90_gemm_config_by_name("ws8_s6_w8", &w8));
-  ASSERT_TRUE(sm90_gemm_config_by_name("ws8_s6_w16", &w16));
-  const int padded = sm90_one_cta_per_sm_smem_bytes(w8, kSmemPerSm, kReservedPerBlock);
-  // Two padded CTAs do not fit an SM, one beside an unpadded one does.
-  EXPECT_GT(2 * (padded + kReservedPerBlock), kSmemPerSm);
-  EXPECT_EQ(padded % 128, 0);
-  EXPECT_TRUE(sm90_fits_beside(w8, w8, kSmemPerSm, kReservedPerBlock));
-  // 16 warps (209 KB) already fill more than half an SM: nothing to pad, nothing fits beside.
-  EXPECT_EQ(sm90_one_cta_per_sm_smem_bytes(w16, kSmemPerSm, kReservedPerBlock), 0);
-  EXPECT_FALSE(sm90_fits_beside(w16, w8, kSmemPerSm, kReservedPerBlock));
-  EXPECT_FALSE(sm90_fits_beside(w8, w16, kSmemPerSm, kReservedPerBlock));
-  // A smaller SM (an sm_86-like 100 KB): 8 warps x 6 slots alone is more than half of it.
-  EXPECT_EQ(sm90_one_cta_per_sm_smem_bytes(w8, 102400, kReservedPerBlock), 0);
-  // A tile config is never padded.
-  Sm90GemmConfig tile{};
-  ASSERT_TRUE(sm90_gemm_config_by_name("bt16_s14_wg2", &tile));
-  EXPECT_EQ(sm90_one_cta_per_sm_smem_bytes(tile, kSmemPerSm, kReservedPerBlock), 0);
-}
-
-TEST(Sm90PickConfig, ResidentPairWhereBothGemmsStreamOneRound) {
-  auto pair = [](int64_t rows, int64_t experts, int units1, int units2, int smem = kSmemPerSm, int sms = kSms) {
-    Sm90GemmConfig c1{}, c2{};
-    const bool on = sm90_pick_resident_pair(Sm90GemmLoad{rows, experts, units1, sms},
-                                            Sm90GemmLoad{rows, experts, units2, sms}, smem, kReservedPerBlock, &c1, &c2);
-    if (on) {
-      EXPECT_EQ(to_string(c1), "ws8_s6_w8");
-      EXPECT_EQ(to_string(c2), "ws8_s6_w8");
-    }
-    return on;
-  };
-  EXPECT_TRUE(pair(8, 128, 12, 16));    // qwen3-30b T = 1: 384 / 512 pieces
-  EXPECT_TRUE(pair(8, 128, 24, 32));    // qwen3-235b T = 1: 768 / 1024
-  EXPECT_TRUE(pair(4, 128, 45, 23));    // gpt-oss-120b T = 1: 720 / 368
-  EXPECT_TRUE(pair(6, 128, 15, 21));    // nemotron-nano T = 1: 360 / 504
-  EXPECT_FALSE(pair(9, 257, 32, 56));   // deepseek-v3 T = 1: 1152 pieces (the unrolled config)
-  EXPECT_FALSE(pair(8, 128, 24, 34));   // GEMM2 1088 pieces: more than one round of 8 x 132 warps
-  EXPECT_FALSE(pair(32, 128, 12, 16));  // qwen3-30b T = 4: the two-slice / unrolled configs
-  EXPECT_FALSE(pair(8, 128, 12, 16, 102400));   // an SM too small for the pair
-  EXPECT_FALSE(pair(8, 128, 12, 16, kSmemPerSm, 0));  // SMs unknown: the list rule
-}
-
 TEST(Sm90PickConfig, WarpStreamingAtDecodeOnly) {
   auto pick = [](int64_t rows, int64_t experts, int units, int sms = kSms) {
     return to_string(sm90_pick_config(Sm90GemmLoad{rows, experts, units, sms}));
