@@ -124,8 +124,8 @@ __global__ void __launch_bounds__(kScanThreads) route_plan_small_kernel(RouteArg
 
 namespace {
 // The one-block decode routing's shape: block routing when T <= kBlockRouteMaxTokens and T * Ep fits a block
-// (then the block has T * Ep threads at least), else a warp per token; the plan's one thread per expert either
-// way.
+// (then the block has block_route_threads at least: T * Ep, and a statistics warp per token with the softmax),
+// else a warp per token; the plan's one thread per expert either way.
 struct SmallRouteShape {
   bool block_route = false;
   int threads = 0;
@@ -137,7 +137,7 @@ SmallRouteShape small_route_shape(const RouteArgs& r, const PlanArgs& a) {
                   kernels::block_route_fits(r.tokens, r.experts);
   s.threads = kernels::plan_block_threads(a.experts, r.tokens);
   if (s.block_route) {
-    s.threads = std::max(s.threads, r.tokens * kernels::block_route_stride(r.experts));
+    s.threads = std::max(s.threads, kernels::block_route_threads(r.tokens, r.experts, r.kind == RouteKind::kSoftmax));
     s.smem = kernels::block_route_smem(r.tokens, r.experts, r.top_k);
   } else {
     s.smem = static_cast<size_t>(r.tokens) * kernels::route_smem_per_warp(r.experts);

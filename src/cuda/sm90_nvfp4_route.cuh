@@ -316,6 +316,14 @@ __host__ __device__ inline int block_route_stride(int experts) { return (experts
 __host__ __device__ inline bool block_route_fits(int tokens, int experts) {
   return tokens >= 1 && experts >= 1 && tokens * block_route_stride(experts) <= 1024;
 }
+// The block's threads for the block routing: T * Ep, and with the softmax one more warp per token where it fits
+// (route_block: the statistics warps, which run beside the ranks).
+__host__ __device__ inline bool block_route_stats_warps(int tokens, int experts, bool softmax) {
+  return softmax && tokens * (block_route_stride(experts) + 32) <= 1024;
+}
+__host__ __device__ inline int block_route_threads(int tokens, int experts, bool softmax) {
+  return tokens * block_route_stride(experts) + (block_route_stats_warps(tokens, experts, softmax) ? 32 * tokens : 0);
+}
 // key, aux, gscore/weights [T][Ep] f32, kept [T][Ep] u8, slot [T][k] i32, stats [T][2] f32.
 __host__ __device__ inline size_t block_route_smem(int tokens, int experts, int top_k) {
   const size_t te = static_cast<size_t>(tokens) * block_route_stride(experts);
@@ -353,16 +361,23 @@ __device__ __forceinline__ void route_block(const RouteArgs& a, uint8_t* smem, i
   for (int i = tid; i < T * K; i += blockDim.x) slot[i] = -1;
   __syncthreads();
   const int G = softmax ? 1 : a.n_group;
+  // The softmax statistics are read only by the weights, after the ranks' barrier: where the block has a warp per
+  // token past the T * Ep ranking threads (block_route_threads), those warps compute them while the others rank;
+  // else the token's first warp does, before the ranks.
+  const bool stats_beside = block_route_stats_warps(T, E, softmax) &&
+                            static_cast<int>(blockDim.x) >= block_route_threads(T, E, softmax);
   if (softmax) {
-    if (active && e < 32) {  // the token's first warp: max and normalizer, as the warp path computes them
+    const int ts = stats_beside ? (tid - T * Ep) >> 5 : t;  // the token whose statistics this warp computes
+    if (stats_beside ? (tid >= T * Ep && ts < T) : (active && e < 32)) {  // max and normalizer, as the warp path
+      const float* ks = key + ts * Ep;
       float mx = -FLT_MAX;
-      for (int ee = lane; ee < E; ee += 32) mx = fmaxf(mx, kt[ee]);
+      for (int ee = lane; ee < E; ee += 32) mx = fmaxf(mx, ks[ee]);
 #pragma unroll
       for (int off = 16; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
-      const float z = warp_softmax_sum(kt, E, mx, lane);
+      const float z = warp_softmax_sum(ks, E, mx, lane);
       if (lane == 0) {
-        stat[2 * t] = mx;
-        stat[2 * t + 1] = z;
+        stat[2 * ts] = mx;
+        stat[2 * ts + 1] = z;
       }
     }
   } else if (G > 1) {
@@ -383,7 +398,7 @@ __device__ __forceinline__ void route_block(const RouteArgs& a, uint8_t* smem, i
     __syncthreads();
     if (real && !kept[t * Ep + e / gsize]) kt[e] = __int_as_float(0x7fffffff);  // not eligible: never ranked
   }
-  __syncthreads();
+  if (!stats_beside) __syncthreads();  // (the same for the whole block: blockDim and the arguments)
   if (real) {
     const float k = kt[e];
     if (k == k) {
