@@ -57,9 +57,13 @@ cudaError_t fail(const std::string& msg) {
 // Experiment 12 (58fd2b7, 8 x 12 and 4 x 24 slots with the rolled loop): no faster where every warp streams
 // alone, slower elsewhere (bench/results/58fd2b7-x12-ab/); removed.
 // ws8_s6_w8 (45024a5: 8-warp CTAs of 104 KB, so that GEMM2's CTA would fit beside GEMM1's) lost 12-40% at
-// T = 1: two CTAs of one launch share an SM while others idle (bench/results/45024a5-ab/); removed.
+// T = 1: two CTAs of one launch share an SM while others idle (bench/results/45024a5-ab/); removed. Again as
+// the "resident pair" (37f9d85 .. b3fce49: GEMM1 padded to one CTA an SM, GEMM2's CTAs launched beside it):
+// the handoff shrank 2.7 -> 0.9 us but GEMM1 ran slower beside the waiting CTAs (qwen3-235b T = 1 +10%,
+// bench/results/b3fce49-*); removed.
 // ws8_s6_w16_b1: as ws8_s6_w16 with one 64-row block a warp (the piece's two blocks on warps 2j, 2j + 1; the
-// fifth number: blocks per warp), for T = 1 where every warp streams alone (docs/gemm.md, "One block a warp").
+// fifth number: blocks per warp), taken for GEMM1 at T = 1 with long K (kWarpStreamB1MinKTiles; docs/gemm.md,
+// "Experiment 21 and one block a warp").
 #define NVFP4MOE_SM90_WARP_STREAM_CONFIGS(X) \
   X(16, 6, 1, 0, 2)                          \
   X(16, 6, 1, 1, 2)                          \
