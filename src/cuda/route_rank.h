@@ -5,6 +5,8 @@
 // it against that definition without a GPU.
 #pragma once
 
+#include <cstdint>
+
 #include "format/nvfp4.h"  // NVFP4_HD
 
 #if defined(__CUDACC__)
@@ -52,6 +54,32 @@ NVFP4_HD int rank_among_keys(const float* keys, int n4, int e, float k) {
     r1 += static_cast<int>(u1 > k) | (static_cast<int>(u1 == k) & static_cast<int>(a + 1 < e));
     r2 += static_cast<int>(u2 > k) | (static_cast<int>(u2 == k) & static_cast<int>(a + 2 < e));
     r3 += static_cast<int>(u3 > k) | (static_cast<int>(u3 == k) & static_cast<int>(a + 3 < e));
+  }
+  return (r0 + r1) + (r2 + r3);
+}
+
+// The two-stage rank's second stage (route_block): a candidate (key k, not NaN; expert id) among its token's
+// 4 * n4 candidates (keys ckeys, 16-byte aligned on the device, NaN in unused slots; expert ids cids): the number
+// of candidates a with key > k, or key == k and a lower expert id. The first stage is rank_among_keys over the
+// candidate's own 32-key segment; those of local rank < k are the candidates. For an expert of rank < k among all
+// keys this is that rank (every expert before it in the order is a candidate too), for any other candidate it is
+// >= k: slots 0 .. k-1 get exactly what rank_among_keys over all keys gives (tests/cuda_host/test_route_rank.cpp).
+NVFP4_HD int rank_among_candidates(const float* ckeys, const int32_t* cids, int n4, int id, float k) {
+  int r0 = 0, r1 = 0, r2 = 0, r3 = 0;
+  for (int q = 0; q < n4; ++q) {
+#if defined(__CUDA_ARCH__)
+    const float4 v = reinterpret_cast<const float4*>(ckeys)[q];
+    const int4 i = reinterpret_cast<const int4*>(cids)[q];
+    const float u0 = v.x, u1 = v.y, u2 = v.z, u3 = v.w;
+    const int i0 = i.x, i1 = i.y, i2 = i.z, i3 = i.w;
+#else
+    const float u0 = ckeys[4 * q], u1 = ckeys[4 * q + 1], u2 = ckeys[4 * q + 2], u3 = ckeys[4 * q + 3];
+    const int i0 = cids[4 * q], i1 = cids[4 * q + 1], i2 = cids[4 * q + 2], i3 = cids[4 * q + 3];
+#endif
+    r0 += static_cast<int>(u0 > k) | (static_cast<int>(u0 == k) & static_cast<int>(i0 < id));
+    r1 += static_cast<int>(u1 > k) | (static_cast<int>(u1 == k) & static_cast<int>(i1 < id));
+    r2 += static_cast<int>(u2 > k) | (static_cast<int>(u2 == k) & static_cast<int>(i2 < id));
+    r3 += static_cast<int>(u3 > k) | (static_cast<int>(u3 == k) & static_cast<int>(i3 < id));
   }
   return (r0 + r1) + (r2 + r3);
 }

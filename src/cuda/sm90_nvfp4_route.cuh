@@ -324,10 +324,11 @@ __host__ __device__ inline bool block_route_stats_warps(int tokens, int experts,
 __host__ __device__ inline int block_route_threads(int tokens, int experts, bool softmax) {
   return tokens * block_route_stride(experts) + (block_route_stats_warps(tokens, experts, softmax) ? 32 * tokens : 0);
 }
-// key, aux, gscore/weights [T][Ep] f32, kept [T][Ep] u8, slot [T][k] i32, stats [T][2] f32.
+// key, aux, gscore / candidate keys / weights [T][Ep] f32, candidate ids [T][Ep] i32, slot [T][k] i32,
+// stats [T][2] f32, kept [T][Ep] u8.
 __host__ __device__ inline size_t block_route_smem(int tokens, int experts, int top_k) {
   const size_t te = static_cast<size_t>(tokens) * block_route_stride(experts);
-  return (te * 13 + static_cast<size_t>(tokens) * top_k * 4 + static_cast<size_t>(tokens) * 8 + 15) / 16 * 16;
+  return (te * 17 + static_cast<size_t>(tokens) * top_k * 4 + static_cast<size_t>(tokens) * 8 + 15) / 16 * 16;
 }
 
 __device__ __forceinline__ void route_block(const RouteArgs& a, uint8_t* smem, int32_t* ids_mirror,
@@ -335,8 +336,9 @@ __device__ __forceinline__ void route_block(const RouteArgs& a, uint8_t* smem, i
   const int E = a.experts, K = a.top_k, T = a.tokens, Ep = block_route_stride(E);
   float* key = reinterpret_cast<float*>(smem);  // [T][Ep]; pad entries NaN
   float* aux = key + T * Ep;                    // [T][Ep] sigmoid(l)
-  float* gsw = aux + T * Ep;                    // [T][Ep] group scores, then the k weights of token t at t * Ep
-  int32_t* slot = reinterpret_cast<int32_t*>(gsw + T * Ep);  // [T][K]
+  float* gsw = aux + T * Ep;  // [T][Ep] group scores, then the candidates' keys, then token t's k weights at t * Ep
+  int32_t* cid = reinterpret_cast<int32_t*>(gsw + T * Ep);  // [T][Ep] the candidates' expert ids
+  int32_t* slot = cid + T * Ep;                              // [T][K]
   float* stat = reinterpret_cast<float*>(slot + T * K);      // [T][2]: mx, z
   uint8_t* kept = reinterpret_cast<uint8_t*>(stat + 2 * T);  // [T][Ep]
   const int tid = threadIdx.x, t = tid / Ep, e = tid - t * Ep, lane = tid & 31;
@@ -399,13 +401,38 @@ __device__ __forceinline__ void route_block(const RouteArgs& a, uint8_t* smem, i
     if (real && !kept[t * Ep + e / gsize]) kt[e] = __int_as_float(0x7fffffff);  // not eligible: never ranked
   }
   if (!stats_beside) __syncthreads();  // (the same for the whole block: blockDim and the arguments)
+  // The ranks in two stages (route_rank.h, rank_among_candidates: exactly the slots of one rank among all keys,
+  // with 8 + k Ep / 128 compare steps a thread instead of Ep / 4). Stage 1: each expert's rank among the 32 keys
+  // of its own warp (Ep is whole warps, so a warp is one token's segment of 32 experts); local rank j < kc makes
+  // it the segment's candidate j. Lane j < kc of the warp marks candidate slot j empty (NaN) first.
+  const int kc = K < 32 ? K : 32, seg = e >> 5, ncand = (Ep >> 5) * kc, nc4 = (ncand + 3) >> 2;
+  float* ck = gsw + t * Ep;  // the group scores are consumed
+  int32_t* ci = cid + t * Ep;
+  if (active) {
+    if (lane < kc) ck[seg * kc + lane] = __int_as_float(0x7fffffff);
+    if (seg == 0 && lane < 4 * nc4 - ncand) ck[ncand + lane] = __int_as_float(0x7fffffff);  // the float4 tail
+  }
+  __syncwarp();
   if (real) {
     const float k = kt[e];
     if (k == k) {
       // Four independent counters (route_rank.h): the short-circuit form of the same count compiled into one
       // dependent chain through a register's bits, 2.7 of the 5.2 us of the T = 1 routing at 128 experts.
-      const int rank = rank_among_keys(kt, Ep / 4, e, k);
-      if (rank < K) slot[t * K + rank] = e;
+      const int local = rank_among_keys(kt + 32 * seg, 8, lane, k);
+      if (local < kc) {
+        ck[seg * kc + local] = k;
+        ci[seg * kc + local] = e;
+      }
+    }
+  }
+  __syncthreads();
+  // Stage 2: candidate e of token t among the token's candidates (keys, then ids for ties).
+  if (active && e < ncand) {
+    const float k = ck[e];
+    if (k == k) {
+      const int id = ci[e];
+      const int rank = rank_among_candidates(ck, ci, nc4, id, k);
+      if (rank < K) slot[t * K + rank] = id;
     }
   }
   __syncthreads();

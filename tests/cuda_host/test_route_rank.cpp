@@ -82,5 +82,54 @@ TEST(RouteRank, EqualsTheDefinitionAndOrdersLikeArgmaxPasses) {
   }
 }
 
+// route_block's two stages, run here as the block runs them: each expert's rank among its 32-key segment
+// (rank_among_keys on the segment), the local ranks < kc = min(k, 32) as candidates (NaN in empty slots and in
+// the float4 tail), then each candidate's rank among the candidates (rank_among_candidates). Slots 0 .. k-1 must
+// hold exactly the experts of rank 0 .. k-1 among all keys (and -1 past the valid ones), for k from 1 to past 32.
+TEST(RouteRank, TwoStagesGiveTheSlotsOfOneRankAmongAllKeys) {
+  std::mt19937 rng(2027);
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  for (int experts : {1, 7, 8, 32, 33, 128, 160, 256, 320, 384, 1024})
+    for (int k : {1, 2, 6, 8, 9, 31, 32, 33, 40})
+      for (int pattern = 0; pattern < 8; ++pattern) {
+        if (k > experts) continue;
+        SCOPED_TRACE(::testing::Message() << "E=" << experts << " k=" << k << " pattern " << pattern);
+        const int padded = (experts + 31) / 32 * 32;
+        const std::vector<float> keys = adversarial_keys(experts, padded, pattern, rng);
+        std::vector<int> want(static_cast<size_t>(k), -1);
+        for (int e = 0; e < experts; ++e)
+          if (keys[static_cast<size_t>(e)] == keys[static_cast<size_t>(e)]) {
+            const int r = rank_by_definition(keys, e);
+            if (r < k) want[static_cast<size_t>(r)] = e;
+          }
+        const int kc = std::min(k, 32), segs = padded / 32, ncand = segs * kc, nc4 = (ncand + 3) / 4;
+        std::vector<float> ck(static_cast<size_t>(padded), 1234.5f);  // stale values where the block has them
+        std::vector<int32_t> ci(static_cast<size_t>(padded), 77);
+        for (int s = 0; s < segs; ++s)
+          for (int j = 0; j < kc; ++j) ck[static_cast<size_t>(s * kc + j)] = nan;
+        for (int j = ncand; j < 4 * nc4; ++j) ck[static_cast<size_t>(j)] = nan;
+        for (int e = 0; e < padded; ++e) {
+          const float key = keys[static_cast<size_t>(e)];
+          if (key != key) continue;
+          const int s = e / 32, local = rank_among_keys(keys.data() + 32 * s, 8, e - 32 * s, key);
+          if (local < kc) {
+            ck[static_cast<size_t>(s * kc + local)] = key;
+            ci[static_cast<size_t>(s * kc + local)] = e;
+          }
+        }
+        std::vector<int> got(static_cast<size_t>(k), -1);
+        for (int c = 0; c < ncand; ++c) {
+          const float key = ck[static_cast<size_t>(c)];
+          if (key != key) continue;
+          const int r = rank_among_candidates(ck.data(), ci.data(), nc4, ci[static_cast<size_t>(c)], key);
+          if (r < k) {
+            ASSERT_EQ(got[static_cast<size_t>(r)], -1) << "two candidates with rank " << r;
+            got[static_cast<size_t>(r)] = ci[static_cast<size_t>(c)];
+          }
+        }
+        EXPECT_EQ(got, want);
+      }
+}
+
 }  // namespace
 }  // namespace nvfp4moe::cuda
