@@ -37,10 +37,14 @@ NVFP4_HD int rank_among_keys_short_circuit(const float* keys, int n4, int e, flo
   return rank;
 }
 
-// The same count with four counters (one per float4 lane) and the compares joined by & and | instead of || /
-// &&: ~90 SASS per 16 keys in four independent chains, no register bitmask. route_block's form (measured on the
-// H200: qwen3-30b T = 1 -1.5 us, deepseek-v3 -3.2 us per layer; bench/results/7bcce2f-route-variants-ab/).
-NVFP4_HD int rank_among_keys(const float* keys, int n4, int e, float k) {
+// The four-counter count both ranks share: the keys a (4 * n4 floats, 16-byte aligned on the device) with
+// key > k, or key == k and tie id < id, where ids(q, i) fills the tie ids of keys 4q .. 4q + 3 (their positions,
+// or stored expert ids). Four counters (one per float4 lane) and the compares joined by & and | instead of || /
+// &&: ~90 SASS per 16 keys in four independent chains, no register bitmask (measured on the H200 against the
+// short-circuit form: qwen3-30b T = 1 -1.5 us, deepseek-v3 -3.2 us per layer;
+// bench/results/7bcce2f-route-variants-ab/).
+template <class TieIds>
+NVFP4_HD int count_before(const float* keys, int n4, int id, float k, const TieIds& ids) {
   int r0 = 0, r1 = 0, r2 = 0, r3 = 0;
   for (int q = 0; q < n4; ++q) {
 #if defined(__CUDA_ARCH__)
@@ -49,39 +53,47 @@ NVFP4_HD int rank_among_keys(const float* keys, int n4, int e, float k) {
 #else
     const float u0 = keys[4 * q], u1 = keys[4 * q + 1], u2 = keys[4 * q + 2], u3 = keys[4 * q + 3];
 #endif
-    const int a = 4 * q;
-    r0 += static_cast<int>(u0 > k) | (static_cast<int>(u0 == k) & static_cast<int>(a < e));
-    r1 += static_cast<int>(u1 > k) | (static_cast<int>(u1 == k) & static_cast<int>(a + 1 < e));
-    r2 += static_cast<int>(u2 > k) | (static_cast<int>(u2 == k) & static_cast<int>(a + 2 < e));
-    r3 += static_cast<int>(u3 > k) | (static_cast<int>(u3 == k) & static_cast<int>(a + 3 < e));
+    int i[4];
+    ids(q, i);
+    r0 += static_cast<int>(u0 > k) | (static_cast<int>(u0 == k) & static_cast<int>(i[0] < id));
+    r1 += static_cast<int>(u1 > k) | (static_cast<int>(u1 == k) & static_cast<int>(i[1] < id));
+    r2 += static_cast<int>(u2 > k) | (static_cast<int>(u2 == k) & static_cast<int>(i[2] < id));
+    r3 += static_cast<int>(u3 > k) | (static_cast<int>(u3 == k) & static_cast<int>(i[3] < id));
   }
   return (r0 + r1) + (r2 + r3);
 }
+struct PositionTieIds {  // key a's tie id is its position
+  NVFP4_HD void operator()(int q, int (&i)[4]) const {
+    const int a = 4 * q;
+    i[0] = a, i[1] = a + 1, i[2] = a + 2, i[3] = a + 3;
+  }
+};
+struct StoredTieIds {  // key a's tie id is ids[a] (16-byte aligned on the device)
+  const int32_t* ids;
+  NVFP4_HD void operator()(int q, int (&i)[4]) const {
+#if defined(__CUDA_ARCH__)
+    const int4 v = reinterpret_cast<const int4*>(ids)[q];
+    i[0] = v.x, i[1] = v.y, i[2] = v.z, i[3] = v.w;
+#else
+    for (int j = 0; j < 4; ++j) i[j] = ids[4 * q + j];
+#endif
+  }
+};
+
+// The rank of expert e (key k = keys[e], not NaN) among its token's keys: route_block's first stage (over its
+// warp's 32-key segment) and, over all keys, the count both stages together reproduce.
+NVFP4_HD int rank_among_keys(const float* keys, int n4, int e, float k) {
+  return count_before(keys, n4, e, k, PositionTieIds{});
+}
 
 // The two-stage rank's second stage (route_block): a candidate (key k, not NaN; expert id) among its token's
-// 4 * n4 candidates (keys ckeys, 16-byte aligned on the device, NaN in unused slots; expert ids cids): the number
-// of candidates a with key > k, or key == k and a lower expert id. The first stage is rank_among_keys over the
-// candidate's own 32-key segment; those of local rank < k are the candidates. For an expert of rank < k among all
-// keys this is that rank (every expert before it in the order is a candidate too), for any other candidate it is
-// >= k: slots 0 .. k-1 get exactly what rank_among_keys over all keys gives (tests/cuda_host/test_route_rank.cpp).
+// 4 * n4 candidates (keys ckeys, NaN in unused slots; expert ids cids, both 16-byte aligned on the device): the
+// number of candidates with key > k, or key == k and a lower expert id. The candidates are the experts of rank < k
+// among their own 32-key segment (rank_among_keys). For an expert of rank < k among all keys this is that rank
+// (every expert before it in the order is a candidate too), for any other candidate it is >= k: slots 0 .. k-1
+// get exactly what rank_among_keys over all keys gives (tests/cuda_host/test_route_rank.cpp).
 NVFP4_HD int rank_among_candidates(const float* ckeys, const int32_t* cids, int n4, int id, float k) {
-  int r0 = 0, r1 = 0, r2 = 0, r3 = 0;
-  for (int q = 0; q < n4; ++q) {
-#if defined(__CUDA_ARCH__)
-    const float4 v = reinterpret_cast<const float4*>(ckeys)[q];
-    const int4 i = reinterpret_cast<const int4*>(cids)[q];
-    const float u0 = v.x, u1 = v.y, u2 = v.z, u3 = v.w;
-    const int i0 = i.x, i1 = i.y, i2 = i.z, i3 = i.w;
-#else
-    const float u0 = ckeys[4 * q], u1 = ckeys[4 * q + 1], u2 = ckeys[4 * q + 2], u3 = ckeys[4 * q + 3];
-    const int i0 = cids[4 * q], i1 = cids[4 * q + 1], i2 = cids[4 * q + 2], i3 = cids[4 * q + 3];
-#endif
-    r0 += static_cast<int>(u0 > k) | (static_cast<int>(u0 == k) & static_cast<int>(i0 < id));
-    r1 += static_cast<int>(u1 > k) | (static_cast<int>(u1 == k) & static_cast<int>(i1 < id));
-    r2 += static_cast<int>(u2 > k) | (static_cast<int>(u2 == k) & static_cast<int>(i2 < id));
-    r3 += static_cast<int>(u3 > k) | (static_cast<int>(u3 == k) & static_cast<int>(i3 < id));
-  }
-  return (r0 + r1) + (r2 + r3);
+  return count_before(ckeys, n4, id, k, StoredTieIds{cids});
 }
 
 }  // namespace nvfp4moe::cuda

@@ -288,9 +288,10 @@ namespace {
 
 // The warp-streaming configs the heuristic takes at decode, found once (sm90_pick_config runs in every forward,
 // where no strings are built): one slice per piece (ws8_s6_w16, rolled; ws8_s6_w16_u) and two (ws8_s4_w16_x2).
-const Sm90GemmConfig* find_warp_stream_config(int slices_per_warp, bool unrolled) {
+const Sm90GemmConfig* find_warp_stream_config(int slices_per_warp, bool unrolled, int blocks_per_warp = 2) {
   for (const auto& c : sm90_gemm_configs())
-    if (c.warp_stream && c.slices_per_warp == slices_per_warp && c.ws_unrolled == unrolled && c.blocks_per_warp == 2)
+    if (c.warp_stream && c.slices_per_warp == slices_per_warp && c.ws_unrolled == unrolled &&
+        c.blocks_per_warp == blocks_per_warp)
       return &c;
   return nullptr;
 }
@@ -299,13 +300,6 @@ const Sm90GemmConfig* warp_stream_config(int slices_per_warp, bool unrolled) {
   static const Sm90GemmConfig* const one_unrolled = find_warp_stream_config(1, true);
   static const Sm90GemmConfig* const two = find_warp_stream_config(2, true);
   return slices_per_warp == 2 ? two : unrolled ? one_unrolled : one;
-}
-const Sm90GemmConfig* find_ws_b1() {
-  for (const auto& c : sm90_gemm_configs())
-    if (c.warp_stream && c.consumer_warpgroups == 4 && c.slices_per_warp == 1 && !c.ws_unrolled &&
-        c.blocks_per_warp == 1)
-      return &c;
-  return nullptr;
 }
 // Upper bound of the experts with rows (min(E, rows)) and the mean rows of those: host numbers only.
 int64_t active_experts(const Sm90GemmLoad& load) {
@@ -330,12 +324,13 @@ constexpr int64_t kWarpStreamX2MinPiecesPerSm = 8;
 // alone (qwen3-30b, nemotron-nano T = 1: <= 512 pieces; gpt-oss-120b: 720 / 368), where the rolled loop's
 // smaller code wins. Taken from 8 pieces per SM up.
 constexpr int64_t kWarpStreamUnrolledMinPiecesPerSm = 8;
-// One block a warp (ws8_s6_w16_b1) for GEMM1 where each warp pair streams at most one piece (2 x pieces <= the
-// grid's 16 warps an SM) and K is long. Per GEMM in the layer, same call
+// One block a warp (ws8_s6_w16_b1) for GEMM1 where the rolled one-slice config runs (then each warp pair streams
+// one piece at most: fewer than 8 pieces an SM, 16 warps a CTA) and K is long. Per GEMM in the layer, same call
 // (bench/results/37f9d85-resident-pair-b1-per-gemm-ab-h100): GEMM1 at qwen3-235b (64 k-tiles) −1.1..1.4 us,
 // gpt-oss-120b (45) −1.2, nemotron-nano (42) −1.0, qwen3-30b (32) +0.1; GEMM2 mixed (nemotron-nano −2.3,
 // gpt-oss-120b +0.2, qwen3 0): not taken there.
 constexpr int kWarpStreamB1MinKTiles = 40;
+static_assert(2 * kWarpStreamUnrolledMinPiecesPerSm <= 16, "below the unrolled bound, a warp pair has one piece");
 // bt144 over bt128 at prefill when it saves at least this share of the expected weight passes per expert
 // (sm90_expected_tile_passes; the measured points in sm90_pick_tile_config).
 constexpr double kPrefillTileMinPassSaving = 0.15;
@@ -357,10 +352,9 @@ Sm90GemmConfig sm90_pick_config(const Sm90GemmLoad& load) {
         warp_stream_config(2, true) != nullptr)
       return *warp_stream_config(2, true);
     const bool unrolled = slices >= kWarpStreamUnrolledMinPiecesPerSm * load.num_sms;
-    static const Sm90GemmConfig* const b1 = find_ws_b1();
+    static const Sm90GemmConfig* const b1 = find_warp_stream_config(1, false, 1);
     if (rows <= kWarpStreamMaxRowsPerExpert && !unrolled && load.activation &&
-        load.k_tiles >= kWarpStreamB1MinKTiles && 2 * slices <= 16 * static_cast<int64_t>(load.num_sms) &&
-        b1 != nullptr)
+        load.k_tiles >= kWarpStreamB1MinKTiles && b1 != nullptr)
       return *b1;
     if (rows <= kWarpStreamMaxRowsPerExpert && warp_stream_config(1, unrolled) != nullptr)
       return *warp_stream_config(1, unrolled);
