@@ -153,28 +153,21 @@ __device__ __forceinline__ void ws_copy_weights(const uint32_t slot, const uint8
     cp_async4(sl + Slot::kScaleOffset + lane * 4, wscale + ahead * kUnitBytes + j * 64);
   }
 }
-// One slice's 4 k16 steps: 4 BPW mma.sync in step order into the warp's accumulator chains (block b: acc[b]; with
-// one block acc[0]), af the slice's dequantized A fragments, bf the token tile's B fragments.
-template <int BPW>
-__device__ __forceinline__ void ws_mma_ktile(const uint32_t (&af)[BPW][16], const uint32_t (&bf)[4][2],
-                                             float (&acc)[2][4]) {
-#pragma unroll
-  for (int j = 0; j < 4; ++j)
-#pragma unroll
-    for (int b = 0; b < BPW; ++b) {
-      const uint32_t fr[4] = {af[b][4 * j], af[b][4 * j + 1], af[b][4 * j + 2], af[b][4 * j + 3]};
-      mma_16816(acc[b], fr, bf[j][0], bf[j][1]);
-    }
-}
-// The k-tile's 4 k16 steps of each slice: dequant_ktile<BPW> (the conversion every config uses), then
-// ws_mma_ktile.
+// The k-tile's 4 k16 steps of each slice: dequant_ktile<BPW> (the conversion every config uses), then 4 BPW
+// mma.sync in step order into the warp's accumulator chains (block b: acc[sj][b]; with one block acc[sj][0]).
 template <int SPW, int BPW>
 __device__ __forceinline__ void ws_mma_slot(const WsSlotRegs<SPW, BPW>& r, float (&acc)[SPW][2][4]) {
 #pragma unroll
   for (int sj = 0; sj < SPW; ++sj) {
     uint32_t af[BPW][16];
     dequant_ktile<BPW>(r.codes[sj], r.sw[sj], af);
-    ws_mma_ktile<BPW>(af, r.bf, acc[sj]);
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+#pragma unroll
+      for (int b = 0; b < BPW; ++b) {
+        const uint32_t fr[4] = {af[b][4 * j], af[b][4 * j + 1], af[b][4 * j + 2], af[b][4 * j + 3]};
+        mma_16816(acc[sj][b], fr, r.bf[j][0], r.bf[j][1]);
+      }
   }
 }
 
@@ -274,47 +267,19 @@ __device__ __forceinline__ void ws_piece_k_loop_rolled(const int k, const GemmPa
     advance(min(DEPTH - 1, p.k_tiles));
   }
   after_prologue();
-  // Software-pipelined by one k-tile in registers: while the MMAs of k-tile kt run (4 dependent mma.sync a
-  // chain), the warp reads and dequantizes k-tile kt + 1, so that at one warp a scheduler (T = 1) the chain's
-  // latency and the slot's shared-memory loads overlap the conversion's issue instead of following it. The same
-  // MMAs in the same order into each accumulator (the same bits); each slot is refilled once every lane has read
-  // it into registers (k-tile kt + DEPTH into the slot of k-tile kt, DEPTH ahead of the read).
   int s_read = 0, s_fill = DEPTH - 1;
-  // Reads the next k-tile's slot (k-tile kt_read: "all but the newest DEPTH - 2 groups done" means it is in) and
-  // refills the slot read one k-tile before (or the ring's unused slot, the first time).
-  auto read_next = [&](WsSlotRegs<SPW, BPW>& r) {
-    cp_async_wait<DEPTH - 2>();  // this lane's copies of the k-tile are in
+  for (int kt = 0; kt < p.k_tiles; ++kt) {
+    cp_async_wait<DEPTH - 2>();  // this lane's copies of k-tile kt are in
     __syncwarp();                // and every lane's (the token tile is read across lanes)
-    ws_read_slot<SPW, BPW>(slot_of(s_read), lane, ldsm_off, r);
-    __syncwarp();  // every lane has read it; the slot read one k-tile before is free
-    issue(slot_of(s_fill));
+    const uint32_t slot = slot_of(s_read);
+    WsSlotRegs<SPW, BPW> r;
+    ws_read_slot<SPW, BPW>(slot, lane, ldsm_off, r);
+    __syncwarp();  // every lane has read slot kt - 1's successor; the slot read last k-tile is free
+    issue(slot_of(s_fill));  // k-tile kt + DEPTH - 1
     if (++s_read == DEPTH) s_read = 0;
     if (++s_fill == DEPTH) s_fill = 0;
-  };
-  const int k_tiles = p.k_tiles;
-  if (k_tiles <= 0) return;
-  uint32_t af[SPW][BPW][16];  // k-tile kt's A fragments, dequantized one k-tile ahead of its MMAs
-  uint32_t bf[4][2];          // and its token tile's B fragments
-  {
-    WsSlotRegs<SPW, BPW> r;
-    read_next(r);  // k-tile 0 (and the fill of k-tile DEPTH - 1)
-#pragma unroll
-    for (int sj = 0; sj < SPW; ++sj) dequant_ktile<BPW>(r.codes[sj], r.sw[sj], af[sj]);
-#pragma unroll
-    for (int j = 0; j < 4; ++j) bf[j][0] = r.bf[j][0], bf[j][1] = r.bf[j][1];
+    ws_mma_slot<SPW, BPW>(r, acc);
   }
-  for (int kt = 0; kt + 1 < k_tiles; ++kt) {
-    WsSlotRegs<SPW, BPW> r;
-    read_next(r);  // k-tile kt + 1 (and the fill of k-tile kt + DEPTH into k-tile kt's slot)
-#pragma unroll
-    for (int sj = 0; sj < SPW; ++sj) ws_mma_ktile<BPW>(af[sj], bf, acc[sj]);  // k-tile kt
-#pragma unroll
-    for (int sj = 0; sj < SPW; ++sj) dequant_ktile<BPW>(r.codes[sj], r.sw[sj], af[sj]);  // k-tile kt + 1
-#pragma unroll
-    for (int j = 0; j < 4; ++j) bf[j][0] = r.bf[j][0], bf[j][1] = r.bf[j][1];
-  }
-#pragma unroll
-  for (int sj = 0; sj < SPW; ++sj) ws_mma_ktile<BPW>(af[sj], bf, acc[sj]);  // the last k-tile
 }
 
 // Unrolled by DEPTH: every slot address is the ring's base plus a constant, the sources advance once per DEPTH
