@@ -600,7 +600,8 @@ void CudaMoeLayer::warm_up_sm90() {
       g1.out = routed ? act_ : sact_;
       g1.epilogue = d->gated ? Sm90GemmEpilogue::kSwiGLU : Sm90GemmEpilogue::kRelu2;
       check_sm90(sm90_nvfp4_grouped_gemm(g1, c, nullptr, device_sm_count()), "sm90 gemm1 (warm-up)");
-      if (routed && t1_broadcast_enabled_ && c.warp_stream) {  // its broadcast-row kernel (no rows)
+      if (routed && t1_broadcast_enabled_ && c.warp_stream &&
+          d->w13_shape.k <= sm90_broadcast_row_max_k(c)) {  // its broadcast-row kernel (no rows)
         Sm90GemmArgs gb = g1;
         gb.a_broadcast_row = true;
         check_sm90(sm90_nvfp4_grouped_gemm(gb, c, nullptr, device_sm_count()), "sm90 gemm1 broadcast (warm-up)");
@@ -794,7 +795,9 @@ void CudaMoeLayer::forward(const TensorRef& hidden, const RoutingArgs& routing, 
   bool gemm1_gathers = false, gemm1_broadcasts = false;
   const bool quantized_once = a4 && routed_uniform_gs13_;
   if (gemm_ == GemmPath::kSm90Wgmma && (!a4 || quantized_once) && !calibrating_) {
-    gemm1_broadcasts = t1_broadcast_enabled_ && T == 1 && routed_c1.warp_stream && !a4 && !f32_in;
+    // (the row kept in shared memory: K up to sm90_broadcast_row_max_k, 50k+; past it the gather path)
+    gemm1_broadcasts = t1_broadcast_enabled_ && T == 1 && routed_c1.warp_stream && !a4 && !f32_in &&
+                       routed_.w13_shape.k <= sm90_broadcast_row_max_k(routed_c1);
     if (routed_c1.warp_stream)  // decode: w4a16 only (a w4a4 row quantized once would need a launch of its own)
       gemm1_gathers = ws_gather_enabled_ && !gemm1_broadcasts && !a4 && !f32_in;
     else

@@ -96,8 +96,9 @@ EncodeTiledFn encode_fn() {
 // The one-time host work of a kernel, once per device (up to 64 devices; others every launch): the shared-memory
 // attribute, the register budget (setmaxnreg.inc waits for registers the CTA does not own: a hang, not an
 // error), and how many CTAs fit on one SM (a chained launch needs its whole grid resident).
+// smem_attr: the kernel's dynamic shared-memory limit (its fixed size, or more where the launch adds to it).
 template <class Tr, class Kernel>
-cudaError_t kernel_ready(Kernel kernel, int* ctas_per_sm) {
+cudaError_t kernel_ready(Kernel kernel, int* ctas_per_sm, int smem_attr = Tr::kSmemBytes) {
   int dev = 0;
   if (cudaGetDevice(&dev) != cudaSuccess) dev = -1;
   static std::atomic<int> fit[64];  // 0 = not checked yet, else CTAs per SM
@@ -108,7 +109,7 @@ cudaError_t kernel_ready(Kernel kernel, int* ctas_per_sm) {
       return cudaSuccess;
     }
   }
-  cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes);
+  cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_attr);
   cudaFuncAttributes fa{};
   if (e == cudaSuccess) e = cudaFuncGetAttributes(&fa, kernel);
   if (e == cudaSuccess && fa.numRegs * Tr::kThreads < Tr::kRegsNeeded) e = cudaErrorInvalidConfiguration;
@@ -160,12 +161,18 @@ cudaError_t launch_chained(const CUtensorMap& map1, const CUtensorMap& map2, con
 template <int WARPS, int DEPTH, int SPW, bool UNROLLED, int BPW, sm90::Epilogue EPI,
           sm90::WsRows ROWS = sm90::WsRows::kDirect>
 cudaError_t launch_warp_stream(const Sm90GemmArgs& args, const sm90::GemmParams& p, int grid, cudaStream_t stream) {
-  using Tr = sm90::WarpStreamTraits<WARPS, DEPTH, SPW, UNROLLED, EPI, BPW>;
+  // The broadcast-row kernels keep the row in shared memory (WarpStreamTraits::kResidentRow): k_tiles x 128 bytes
+  // more than their fixed part, sized here.
+  constexpr bool kResidentRow = ROWS == sm90::WsRows::kBroadcast;
+  using Tr = sm90::WarpStreamTraits<WARPS, DEPTH, SPW, UNROLLED, EPI, BPW, kResidentRow>;
   using ReadyTr = std::conditional_t<ROWS == sm90::WsRows::kDirect, Tr, VariantTraits<Tr, static_cast<int>(ROWS)>>;
   auto kernel = sm90::sm90_nvfp4_warp_stream_gemm_kernel<WARPS, DEPTH, SPW, UNROLLED, EPI, ROWS, BPW>;
+  const int smem = Tr::kSmemBytes + Tr::resident_row_bytes(p.k_tiles);  // (checked: sm90_broadcast_row_max_k)
   int fit = 0;
-  if (const cudaError_t e = kernel_ready<ReadyTr>(kernel, &fit); e != cudaSuccess) return e;
-  return launch_pdl(kernel, dim3(grid), dim3(Tr::kThreads), Tr::kSmemBytes, stream, args.a, args.shape.k, p,
+  if (const cudaError_t e = kernel_ready<ReadyTr>(kernel, &fit, kResidentRow ? sm90::kMaxSmemPerBlock : Tr::kSmemBytes);
+      e != cudaSuccess)
+    return e;
+  return launch_pdl(kernel, dim3(grid), dim3(Tr::kThreads), smem, stream, args.a, args.shape.k, p,
                     args.prologue_before_pdl_wait);
 }
 
@@ -579,6 +586,19 @@ cudaError_t device_sm_count(int* sms) {
 
 }  // namespace
 
+int sm90_broadcast_row_max_k(const Sm90GemmConfig& config) {
+  if (!config.warp_stream) return 0;
+#define NVFP4MOE_X(warps, depth, spw, unrolled, bpw)                                                          \
+  if (config.block_t == sm90::kWsTokens && config.stages == depth && 4 * config.consumer_warpgroups == warps && \
+      config.slices_per_warp == spw && config.ws_unrolled == (unrolled != 0) && config.blocks_per_warp == bpw) {  \
+    using Tr = sm90::WarpStreamTraits<warps, depth, spw, unrolled != 0, sm90::Epilogue::kSwiGLU, bpw, true>;     \
+    return (sm90::kMaxSmemPerBlock - Tr::kSmemBytes) / Tr::resident_row_bytes(1) * sm90::kBlockK;               \
+  }
+  NVFP4MOE_SM90_WARP_STREAM_CONFIGS(NVFP4MOE_X)
+#undef NVFP4MOE_X
+  return 0;
+}
+
 cudaError_t sm90_nvfp4_grouped_gemm(const Sm90GemmArgs& args, const Sm90GemmConfig& config, cudaStream_t stream,
                                     int num_sms) {
   const std::string who = "sm90_nvfp4_grouped_gemm";
@@ -591,6 +611,10 @@ cudaError_t sm90_nvfp4_grouped_gemm(const Sm90GemmArgs& args, const Sm90GemmConf
   if (args.a_broadcast_row && (!config.warp_stream || args.a_gather_src != nullptr))
     return fail(who + ": a_broadcast_row: only the warp-streaming configs read a broadcast row (config " +
                 to_string(config) + (args.a_gather_src != nullptr ? ", and not with a_gather_src)" : ")"));
+  if (args.a_broadcast_row && args.shape.k > sm90_broadcast_row_max_k(config))
+    return fail(who + ": a_broadcast_row: shape.k = " + std::to_string(args.shape.k) + " exceeds " +
+                std::to_string(sm90_broadcast_row_max_k(config)) + ", the longest row config " + to_string(config) +
+                " keeps in shared memory beside its weight rings");
   const sm90::GemmParams p = make_params(args);
   if (num_sms <= 0)
     if (const cudaError_t e = device_sm_count(&num_sms); e != cudaSuccess) return e;

@@ -159,8 +159,12 @@ struct Sm90GemmArgs {
   // Every GEMM row reads row 0 of `a` (the warp-streaming configs with an activation epilogue, plain launches;
   // a_rows_capacity >= 1): at T = 1 each routed row of GEMM1, and the merged shared expert's, is the token's hidden
   // state, so the layer passes `hidden` itself and no gather runs. The same bits as `a` holding copies of row 0.
+  // The row is kept in the CTA's shared memory for the whole launch: shape.k <= sm90_broadcast_row_max_k(config).
   bool a_broadcast_row = false;
 };
+// The longest row (K) a config's broadcast-row kernel keeps in shared memory beside its weight rings (0: a tile
+// config, which has none). 50k+ for every warp-streaming config; a longer K needs the rows in `a`.
+int sm90_broadcast_row_max_k(const Sm90GemmConfig& config);
 inline constexpr int kSm90MaxConsumerStaggerNs = 1000000;  // 1 ms: PTX nanosleep's longest sleep
 
 // Launches the persistent grouped GEMM with config (one of sm90_gemm_configs()). Rows of out past offsets[E]

@@ -45,29 +45,44 @@ inline constexpr int kWsExpertsPerLane = 9;
 // BPW: 64-row blocks a warp streams (2: both blocks of its slices; 1: one block, the piece's two blocks on warps
 // 2j and 2j + 1, "_b1": at T = 1 the lone warp's k-loop is its own instruction chain, and this halves the
 // dequantization and MMAs in it without changing any accumulator's K order).
-template <int SPW, int BPW = 2>
+// TOKENS: the slot holds the token tile (false: the broadcast-row kernels, whose token row is resident in the CTA's
+// shared memory for the whole launch, WarpStreamTraits::kResidentRow).
+template <int SPW, int BPW = 2, bool TOKENS = true>
 struct WarpStreamSlot {
   static constexpr int kSliceBytes = BPW * 512 + 128;  // codes of the warp's blocks, then the scale words
   static constexpr int kScaleOffset = BPW * 512;        // within a slice
   static constexpr int kTokenOffset = SPW * kSliceBytes;
-  static constexpr int kBytes = kTokenOffset + 1024;
+  static constexpr int kBytes = kTokenOffset + (TOKENS ? 1024 : 0);
   static constexpr int kPiecesPerUnit = 4 / SPW;
 };
 
-template <int WARPS, int DEPTH, int SPW, bool UNROLLED, Epilogue EPI, int BPW = 2>
+// RESIDENT_ROW (the broadcast-row kernels, WsRows::kBroadcast): every piece's token rows are row 0 of `a`, so the
+// CTA copies that row into shared memory once (one bulk copy on an mbarrier, zero-padded to whole k-tiles) and
+// the slots hold only weights. Behind the handoff area: the mbarrier (16 bytes), 128 zero bytes (the ldmatrix rows
+// past the tile's rows read them), then the row (k_tiles x 128 bytes, sized at launch: resident_row_bytes).
+inline constexpr int kMaxSmemPerBlock = 232448;  // sm_90's opt-in maximum of dynamic shared memory a block
+template <int WARPS, int DEPTH, int SPW, bool UNROLLED, Epilogue EPI, int BPW = 2, bool RESIDENT_ROW = false>
 struct WarpStreamTraits {  // (UNROLLED, EPI only so that each kernel gets its own one-time launch check, kernel_ready)
   static_assert(DEPTH >= 2, "a ring of at least two k-tile slots");
   static_assert(SPW == 1 || SPW == 2, "one or two warp slices per piece");
   static_assert(BPW == 1 || BPW == 2, "one or both 64-row blocks per warp");
   static_assert(BPW == 2 || WARPS % 2 == 0, "warp pairs");
   static constexpr int kThreads = WARPS * 32;
+  using Slot = WarpStreamSlot<SPW, BPW, !RESIDENT_ROW>;
   // With one block a warp: the second warp's accumulators handed to the first (the epilogue's), two buffers a
   // pair (by piece parity), 16 bytes a lane and slice.
-  static constexpr int kHandoffOffset = WARPS * DEPTH * WarpStreamSlot<SPW, BPW>::kBytes;
+  static constexpr int kHandoffOffset = WARPS * DEPTH * Slot::kBytes;
   static constexpr int kHandoffBytes = BPW == 1 ? WARPS / 2 * 2 * 32 * SPW * 16 : 0;
-  static constexpr int kSmemBytes = kHandoffOffset + kHandoffBytes;
+  static constexpr int kRowBarrierOffset = kHandoffOffset + kHandoffBytes;
+  static constexpr int kRowZeroOffset = kRowBarrierOffset + 16;
+  static constexpr int kRowZeroBytes = 128;  // >= 64 + 16: the second ldmatrix of a k-tile reads 64 bytes further
+  static constexpr int kRowOffset = kRowZeroOffset + kRowZeroBytes;
+  // The fixed part; the resident row adds resident_row_bytes(k_tiles) at launch.
+  static constexpr int kSmemBytes = RESIDENT_ROW ? kRowOffset : kRowBarrierOffset;
+  static constexpr int resident_row_bytes(int k_tiles) { return RESIDENT_ROW ? k_tiles * 128 : 0; }
+  static_assert(kRowOffset % 16 == 0, "the bulk copy's destination is 16-byte aligned");
   static constexpr int kRegsNeeded = 0;  // no setmaxnreg: the launch's own register count is what it needs
-  static_assert(kSmemBytes <= 232448, "shared memory per block");
+  static_assert(kSmemBytes <= kMaxSmemPerBlock, "shared memory per block");
 };
 
 // cp_async16 / cp_async4 / cp_async_commit / cp_async_wait: sm90_nvfp4_grouped_gemm.cuh.
@@ -106,10 +121,10 @@ struct WsSlotRegs {
   uint32_t sw[SPW];
   uint32_t bf[4][2];
 };
-template <int SPW, int BPW>
-__device__ __forceinline__ void ws_read_slot(const uint32_t slot, const int lane, const uint32_t ldsm_off,
-                                             WsSlotRegs<SPW, BPW>& r) {
-  using Slot = WarpStreamSlot<SPW, BPW>;
+// The lane's own codes and scale word of each slice (its own bytes only: no other lane's copies are read).
+template <int SPW, int BPW, bool TOKENS>
+__device__ __forceinline__ void ws_read_slot_weights(const uint32_t slot, const int lane, WsSlotRegs<SPW, BPW>& r) {
+  using Slot = WarpStreamSlot<SPW, BPW, TOKENS>;
 #pragma unroll
   for (int j = 0; j < SPW; ++j) {
     const uint32_t sl = slot + j * Slot::kSliceBytes;
@@ -117,15 +132,26 @@ __device__ __forceinline__ void ws_read_slot(const uint32_t slot, const int lane
     for (int b = 0; b < BPW; ++b) r.codes[j][b] = lds128(sl + b * 512 + lane * 16);
     r.sw[j] = lds32(sl + Slot::kScaleOffset + lane * 4);
   }
+}
+// The k-tile's B fragments: ldmatrix.x4 of chunks 4h .. 4h + 3 (k16 steps 2h, 2h + 1) at addr(h).
+template <int SPW, int BPW, class AddrFn>
+__device__ __forceinline__ void ws_read_token_fragments(AddrFn&& addr, WsSlotRegs<SPW, BPW>& r) {
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {  // chunks 4h .. 4h + 3: k16 steps 2h, 2h + 1
+  for (int h = 0; h < 2; ++h) {
     uint32_t q[4];
-    ldmatrix_x4(slot + Slot::kTokenOffset + (ldsm_off ^ (h << 6)), q);
+    ldmatrix_x4(addr(h), q);
     r.bf[2 * h][0] = q[0];
     r.bf[2 * h][1] = q[1];
     r.bf[2 * h + 1][0] = q[2];
     r.bf[2 * h + 1][1] = q[3];
   }
+}
+template <int SPW, int BPW>
+__device__ __forceinline__ void ws_read_slot(const uint32_t slot, const int lane, const uint32_t ldsm_off,
+                                             WsSlotRegs<SPW, BPW>& r) {
+  using Slot = WarpStreamSlot<SPW, BPW>;
+  ws_read_slot_weights<SPW, BPW, true>(slot, lane, r);
+  ws_read_token_fragments<SPW, BPW>([&](int h) { return slot + Slot::kTokenOffset + (ldsm_off ^ (h << 6)); }, r);
 }
 // Every accumulator of a piece from zero (each k-loop starts its piece with it).
 template <int SPW>
@@ -143,7 +169,7 @@ __device__ __forceinline__ void ws_zero_acc(float (&acc)[SPW][2][4]) {
 template <int SPW, int BPW>
 __device__ __forceinline__ void ws_copy_weights(const uint32_t slot, const uint8_t* wcode, const uint8_t* wscale,
                                                 const int ahead, const int lane) {
-  using Slot = WarpStreamSlot<SPW, BPW>;
+  using Slot = WarpStreamSlot<SPW, BPW>;  // (the slice layout; the same with or without the token tile)
 #pragma unroll
   for (int j = 0; j < SPW; ++j) {
     const uint32_t sl = slot + j * Slot::kSliceBytes;
@@ -391,6 +417,71 @@ __device__ __forceinline__ void ws_piece_k_loop_unrolled(const int k, const Gemm
   }
 }
 
+// The k-loop of one piece of a broadcast-row kernel (WsRows::kBroadcast, T = 1: every token row is row 0 of `a`,
+// resident in the CTA's shared memory for the whole launch). Against ws_piece_k_loop_rolled, a k-tile has no token
+// copies, no zero-fill predicates and no cross-lane data in the ring (a lane reads only the code bytes and scale
+// word its own cp.async wrote, so no __syncwarp either), the slot addresses run as pointers, and the loop is split
+// where the fills end (no branch per k-tile): the same weights, MMAs and order (the same bits), ~40 fewer SASS
+// a k-tile, which is what a lone warp's k-tile costs at T = 1 (docs/gemm.md, "The rolled k-loop pipelined").
+// tok: this lane's ldmatrix address of k-tile 0 (its token row's chunk lane / 8 in the resident row, or the zero
+// bytes for the rows past the tile's), tok_step: 128 or 0 a k-tile. row_ready(): once the prologue's weight
+// copies are issued (the PDL wait, the row's copy and its mbarrier).
+template <int DEPTH, int SPW, int BPW, class RowReadyFn, class AfterPrologueFn>
+__device__ __forceinline__ void ws_piece_k_loop_resident_row(const GemmParams& p, const uint32_t ring, const int lane,
+    const int g, const int t, uint32_t tok, const uint32_t tok_step, const uint8_t* wunit, const int slice0,
+    RowReadyFn&& row_ready, AfterPrologueFn&& after_prologue, float (&acc)[SPW][2][4]) {
+  using Slot = WarpStreamSlot<SPW, BPW, false>;
+  const uint8_t* wcode = wunit + slice0 * 512 + lane * 16;
+  const uint8_t* wscale = wunit + scale_word_offset<BPW>(slice0, g, t);
+  const int k_tiles = p.k_tiles;
+  ws_zero_acc<SPW>(acc);
+  // The first DEPTH - 1 k-tiles' weights (one group each, empty past K), then the row.
+#pragma unroll
+  for (int d = 0; d < DEPTH - 1; ++d) {
+    if (d < k_tiles) ws_copy_weights<SPW, BPW>(ring + d * Slot::kBytes, wcode, wscale, d, lane);
+    cp_async_commit();
+  }
+  wcode += (DEPTH - 1) * kUnitBytes;  // the next k-tile to fill: DEPTH - 1
+  wscale += (DEPTH - 1) * kUnitBytes;
+  row_ready();
+  after_prologue();
+  const uint32_t ring_end = ring + DEPTH * Slot::kBytes;
+  uint32_t slot_read = ring, slot_fill = ring + (DEPTH - 1) * Slot::kBytes;
+  auto read = [&](WsSlotRegs<SPW, BPW>& r) {
+    cp_async_wait<DEPTH - 2>();  // this lane's copies of the k-tile are in (all it reads of the ring)
+    ws_read_slot_weights<SPW, BPW, false>(slot_read, lane, r);
+    ws_read_token_fragments<SPW, BPW>([&](int h) { return tok + 64 * h; }, r);
+    tok += tok_step;
+  };
+  auto next_slot = [&] {
+    slot_read += Slot::kBytes;
+    if (slot_read == ring_end) slot_read = ring;
+  };
+  int kt = 0;
+  // k-tiles 0 .. k_tiles - DEPTH: each read is followed by the fill of k-tile kt + DEPTH - 1 into the slot read
+  // one k-tile before (its lane's bytes were read into registers by then).
+  for (; kt <= k_tiles - DEPTH; ++kt) {
+    WsSlotRegs<SPW, BPW> r;
+    read(r);
+    ws_copy_weights<SPW, BPW>(slot_fill, wcode, wscale, 0, lane);
+    cp_async_commit();
+    wcode += kUnitBytes;
+    wscale += kUnitBytes;
+    slot_fill = slot_read;
+    next_slot();
+    ws_mma_slot<SPW, BPW>(r, acc);
+  }
+  // The last DEPTH - 1 k-tiles (or all, K < DEPTH k-tiles): nothing left to fill; an empty group per k-tile keeps
+  // "all but the newest DEPTH - 2 groups done" meaning "this k-tile is in".
+  for (; kt < k_tiles; ++kt) {
+    WsSlotRegs<SPW, BPW> r;
+    read(r);
+    cp_async_commit();
+    next_slot();
+    ws_mma_slot<SPW, BPW>(r, acc);
+  }
+}
+
 // The source row of each of a lane's two token chunks in a gathered piece (WsRows::kGathered): tile rows
 // lane / 8 and lane / 8 + 4 of the piece whose first GEMM row is row_base. The permutation entries are loaded by
 // ws_gathered_perm_entries (one piece ahead), the rest is arithmetic (gather_source_row: -1 = zeros).
@@ -441,12 +532,30 @@ template <int WARPS, int DEPTH, int SPW, bool UNROLLED, Epilogue EPI, WsRows ROW
 __global__ void __launch_bounds__(WARPS * 32, 1)
     sm90_nvfp4_warp_stream_gemm_kernel(const uint16_t* __restrict__ a, const int k, const GemmParams p,
                                        const bool before_wait) {
-  using Slot = WarpStreamSlot<SPW, BPW>;
-  using Tr = WarpStreamTraits<WARPS, DEPTH, SPW, UNROLLED, EPI, BPW>;
+  constexpr bool kResidentRow = ROWS == WsRows::kBroadcast;
+  using Tr = WarpStreamTraits<WARPS, DEPTH, SPW, UNROLLED, EPI, BPW, kResidentRow>;
+  using Slot = typename Tr::Slot;
   extern __shared__ __align__(128) uint8_t ws_smem[];
   const int warp = static_cast<int>(threadIdx.x) >> 5, lane = static_cast<int>(threadIdx.x) & 31;
   const int g = lane >> 2, t = lane & 3;
   const uint32_t ring = smem_u32(ws_smem) + static_cast<uint32_t>(warp * DEPTH * Slot::kBytes);
+  // The resident row (broadcast kernels): its mbarrier, the zero bytes and the row's padding past K are set up
+  // while every thread is still here (warps without a piece exit early); warp 0 (which has the CTA's first piece
+  // whenever any warp of the CTA has one) copies the row after its PDL wait, every warp waits for it once.
+  [[maybe_unused]] const uint32_t row_bar = smem_u32(ws_smem) + Tr::kRowBarrierOffset;
+  [[maybe_unused]] const uint32_t row_zero = smem_u32(ws_smem) + Tr::kRowZeroOffset;
+  [[maybe_unused]] const uint32_t row_smem = smem_u32(ws_smem) + Tr::kRowOffset;
+  [[maybe_unused]] bool row_seen = false;
+  if constexpr (kResidentRow) {
+    if (threadIdx.x == 0) {
+      mbar_init(row_bar, 1);
+      asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    for (int w = static_cast<int>(threadIdx.x); w < Tr::kRowZeroBytes / 4; w += Tr::kThreads) sts32(row_zero + 4 * w, 0);
+    for (int w = k / 2 + static_cast<int>(threadIdx.x); w < p.k_tiles * 32; w += Tr::kThreads)  // (2k bytes: k / 2 words)
+      sts32(row_smem + 4 * w, 0);
+    __syncthreads();
+  }
   // PDL: by default every global access follows the wait for the previous kernel of the stream. With
   // before_wait (the launcher's promise: the offsets were written two or more launches back, so only the token
   // rows `a` come from the previous kernel) the first piece's seek, factors and ring weights go before it (the
@@ -491,7 +600,28 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
     [[maybe_unused]] const float gsv = EPI != Epilogue::kF32 && p.gs != nullptr ? __ldg(p.gs + e) : 0.0f;
     auto token_rows = [&]() { return rows_of(row_base, tile_rows); };
     float acc[SPW][2][4];
-    if constexpr (!UNROLLED)
+    if constexpr (kResidentRow) {
+      // ldmatrix lane l reads token row l % 8, chunk l / 8 (+ 4 for the second): the row for the tile's rows (all
+      // row 0 of a), the zero bytes past them (as the zero-filled rows of a slot's token tile).
+      const bool row_lane = (lane & 7) < tile_rows;
+      auto row_ready = [&] {
+        if (!waited) {
+          kernels::pdl_wait_then_allow_next();
+          waited = true;
+        }
+        if (!row_seen) {
+          if (warp == 0 && lane == 0) {
+            mbar_expect_tx(row_bar, static_cast<uint32_t>(2 * k));
+            bulk_load(row_smem, a, static_cast<uint32_t>(2 * k), row_bar);
+          }
+          mbar_wait(row_bar, 0);
+          row_seen = true;
+        }
+      };
+      ws_piece_k_loop_resident_row<DEPTH, SPW, BPW>(p, ring, lane, g, t,
+                                                    row_lane ? row_smem + 16 * (lane >> 3) : row_zero,
+                                                    row_lane ? 128u : 0u, wunit, slice0, row_ready, after_prologue, acc);
+    } else if constexpr (!UNROLLED)
       ws_piece_k_loop_rolled<DEPTH, SPW, BPW>(k, p, ring, lane, g, t, ldsm_off, wunit, slice0, split, waited,
                                               token_rows, after_prologue, acc);
     else

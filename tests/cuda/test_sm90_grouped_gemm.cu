@@ -1277,10 +1277,12 @@ TEST(Sm90GroupedGemm, GatheredABitIdenticalToPreGathered) {
   }
 }
 
-// A broadcast row (Sm90GemmArgs::a_broadcast_row: GEMM1 at T = 1 reading the token's hidden state for all its rows):
-// every warp-streaming config, both activation epilogues and the quantizing one, bitwise equal to the same launch
-// on rows that all hold row 0's values; experts with no rows, one, several token tiles (more than 8 rows); K with a
-// tail.
+// A broadcast row (Sm90GemmArgs::a_broadcast_row: GEMM1 at T = 1 reading the token's hidden state for all its rows,
+// kept in the CTA's shared memory for the launch): every warp-streaming config, both activation epilogues and the
+// quantizing one, bitwise equal to the same launch on rows that all hold row 0's values; experts with no rows, one,
+// several token tiles (more than 8 rows); K with a tail (the row's zero padding); on the device's SMs, and on 3 CTAs
+// and 1 CTA with the prologue before the PDL wait (each warp then runs several pieces on the one row copy, every
+// CTA copies and waits for it once).
 TEST(Sm90GroupedGemm, BroadcastRowBitIdenticalToRepeatedRows) {
   const std::vector<int> counts = {1, 0, 3, 8, 11, 1};
   int configs = 0;
@@ -1294,14 +1296,18 @@ TEST(Sm90GroupedGemm, BroadcastRowBitIdenticalToRepeatedRows) {
       const Sm90GemmEpilogue epi = gated ? Sm90GemmEpilogue::kSwiGLU : Sm90GemmEpilogue::kRelu2;
       for (const bool quant : {false, true}) {
         SCOPED_TRACE(::testing::Message() << "cfg=" << to_string(cfg) << " epi=" << epi_name(epi) << " quant=" << quant);
-        GpuRun base, bc;
+        GpuRun base;
         run_gpu(p, epi, quant, cfg, base);
         if (::testing::Test::HasFatalFailure()) return;
-        run_gpu(p, epi, quant, cfg, bc, 2, false, nullptr, 0, 0, nullptr, true);
-        if (::testing::Test::HasFatalFailure()) return;
-        EXPECT_EQ(bc.unwritten, 0);
-        EXPECT_EQ(bc.overwritten, 0);
-        EXPECT_TRUE(bc.bits == base.bits) << "broadcast row: bits differ from the repeated rows";
+        for (const int grid : {0, 3, 1}) {
+          SCOPED_TRACE(::testing::Message() << "num_sms=" << grid);
+          GpuRun bc;
+          run_gpu(p, epi, quant, cfg, bc, 2, grid != 0, nullptr, grid, 0, nullptr, true);
+          if (::testing::Test::HasFatalFailure()) return;
+          EXPECT_EQ(bc.unwritten, 0);
+          EXPECT_EQ(bc.overwritten, 0);
+          EXPECT_TRUE(bc.bits == base.bits) << "broadcast row: bits differ from the repeated rows";
+        }
       }
     }
   }
@@ -1398,9 +1404,21 @@ TEST(Sm90GroupedGemm, RefusesBadGatherArguments) {
     b.a_rows_capacity = 1;
     b.a_broadcast_row = true;
     for (const auto& c : sm90_gemm_configs())
-      if (!c.warp_stream) refused(b, c, "a_broadcast_row");
+      if (!c.warp_stream) {
+        refused(b, c, "a_broadcast_row");
+        EXPECT_EQ(sm90_broadcast_row_max_k(c), 0) << to_string(c);
+      }
     for (const auto& c : sm90_gemm_configs())
       if (c.warp_stream) {
+        // The row stays in shared memory: every preset's hidden size fits (deepseek-v3: 7168), a longer row is
+        // refused before anything runs, naming the argument and both numbers.
+        const int max_k = sm90_broadcast_row_max_k(c);
+        EXPECT_GE(max_k, 16384) << to_string(c);
+        EXPECT_EQ(max_k % 64, 0) << to_string(c);
+        Sm90GemmArgs lk = b;
+        lk.shape = sm90_prepared_shape(2, 2 * 64, max_k + 64, true);
+        refused(lk, c, ("a_broadcast_row: shape.k = " + std::to_string(max_k + 64) + " exceeds " +
+                        std::to_string(max_k)).c_str());
         Sm90GemmArgs f = b;
         f.epilogue = Sm90GemmEpilogue::kF32;
         f.shape = sm90_prepared_shape(2, 128, 64, false);
