@@ -563,6 +563,15 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
   // without reading anything the previous kernel writes). Its epilogue's stores follow the wait either way.
   bool waited = ROWS == WsRows::kGathered || !before_wait;
   if (waited) kernels::pdl_wait_then_allow_next();
+  // Where the launch waited first, the row's copy goes out now, before any seek (its round trip then overlaps
+  // the seek's and the weights'); otherwise warp 0 issues it right after its PDL wait (row_ready below).
+  [[maybe_unused]] const bool row_copied_at_start = kResidentRow && waited;
+  if constexpr (kResidentRow) {
+    if (row_copied_at_start && threadIdx.x == 0) {
+      mbar_expect_tx(row_bar, static_cast<uint32_t>(2 * k));
+      bulk_load(row_smem, a, static_cast<uint32_t>(2 * k), row_bar);
+    }
+  }
   const int n_pieces = p.units * Slot::kPiecesPerUnit;  // per expert and token tile
   // A piece's warps (2 with one block a warp): `walker` is the pair's place in the grid's round-robin of pieces,
   // `blk` the warp's block of each piece.
@@ -610,7 +619,7 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
           waited = true;
         }
         if (!row_seen) {
-          if (warp == 0 && lane == 0) {
+          if (!row_copied_at_start && warp == 0 && lane == 0) {
             mbar_expect_tx(row_bar, static_cast<uint32_t>(2 * k));
             bulk_load(row_smem, a, static_cast<uint32_t>(2 * k), row_bar);
           }
@@ -764,6 +773,11 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
   // warp in the grid is enough for the launch's completion to follow the previous kernel's; warp 0 of block 0
   // runs piece 0, so it has waited whenever any piece exists and this costs nothing then.
   if (!waited && blockIdx.x == 0 && warp == 0) kernels::pdl_wait_then_allow_next();
+  // A row copied at the start into a CTA none of whose warps had a piece: warp 0 waits for it before the CTA's
+  // shared memory is released.
+  if constexpr (kResidentRow) {
+    if (row_copied_at_start && warp == 0 && !row_seen) mbar_wait(row_bar, 0);
+  }
 }
 
 }  // namespace nvfp4moe::cuda::sm90
