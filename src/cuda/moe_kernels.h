@@ -70,8 +70,11 @@ inline constexpr int kFusedRoutePlanTokens = 32;
 // The whole block routes (kernels::route_block) only up to this T: its rank loop costs each of T * round_up(E, 32)
 // threads E comparisons, while the warp routing's latency does not grow with T. Measured on the layer
 // (bench/results/f03bbca-decode/5-switch-ab/, same call, NVFP4MOE_BLOCK_ROUTE=0 against the default):
-// qwen3-30b T = 1 / 2 -3.9 / -3.4 us, T = 4 +0.9, T = 8 +4.6; deepseek-v3 T = 1 / 2 -4.5 / -0.8.
-inline constexpr int kBlockRouteMaxTokens = 2;
+// qwen3-30b T = 1 / 2 -3.9 / -3.4 us, T = 4 +0.9, T = 8 +4.6; deepseek-v3 T = 1 / 2 -4.5 / -0.8. Since then the
+// block's ranks run in two stages (52e59d6: 8 + k E / 128 compare steps a thread instead of E / 4) and its softmax
+// statistics beside them (e781b2b); with those, T = 3 / 4 re-measured (docs/gemm.md, "The block routing up to
+// T = 4").
+inline constexpr int kBlockRouteMaxTokens = 4;
 cudaError_t launch_route_plan(const RouteArgs& r, const PlanArgs& a, cudaStream_t stream);
 
 // ---------------------------------------------------------------- quantize + gather (GEMM1 operand rows)

@@ -551,9 +551,10 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
       mbar_init(row_bar, 1);
       asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
-    for (int w = static_cast<int>(threadIdx.x); w < Tr::kRowZeroBytes / 4; w += Tr::kThreads) sts32(row_zero + 4 * w, 0);
-    for (int w = k / 2 + static_cast<int>(threadIdx.x); w < p.k_tiles * 32; w += Tr::kThreads)  // (2k bytes: k / 2 words)
-      sts32(row_smem + 4 * w, 0);
+    const int tid = static_cast<int>(threadIdx.x);
+    for (int w = tid; w < Tr::kRowZeroBytes / 4; w += Tr::kThreads) sts32(row_zero + 4 * w, 0);
+    // the row's padding past K (its 2k bytes are k / 2 words)
+    for (int w = k / 2 + tid; w < p.k_tiles * 32; w += Tr::kThreads) sts32(row_smem + 4 * w, 0);
     __syncthreads();
   }
   // PDL: by default every global access follows the wait for the previous kernel of the stream. With
@@ -627,9 +628,9 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
           row_seen = true;
         }
       };
-      ws_piece_k_loop_resident_row<DEPTH, SPW, BPW>(p, ring, lane, g, t,
-                                                    row_lane ? row_smem + 16 * (lane >> 3) : row_zero,
-                                                    row_lane ? 128u : 0u, wunit, slice0, row_ready, after_prologue, acc);
+      const uint32_t tok = row_lane ? row_smem + 16 * (lane >> 3) : row_zero;
+      ws_piece_k_loop_resident_row<DEPTH, SPW, BPW>(p, ring, lane, g, t, tok, row_lane ? 128u : 0u, wunit, slice0,
+                                                    row_ready, after_prologue, acc);
     } else if constexpr (!UNROLLED)
       ws_piece_k_loop_rolled<DEPTH, SPW, BPW>(k, p, ring, lane, g, t, ldsm_off, wunit, slice0, split, waited,
                                               token_rows, after_prologue, acc);
@@ -718,14 +719,15 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
   TileCursor<kWsTokens> cur;
   int idx = walker * static_cast<int>(gridDim.x) + static_cast<int>(blockIdx.x);
   if constexpr (ROWS != WsRows::kGathered) {
-    // Row r of a (or row 0 for every row), zero-filled past the tile's rows (src-size 0 from the tile's first row).
+    // Row r of a, zero-filled past the tile's rows (src-size 0 from the tile's first row). (kBroadcast reads its
+    // resident row instead: run_piece never calls this there.)
     auto rows_of = [&](const int64_t row_base, const int tile_rows) {
       WsTokenRows tr;
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int r = (lane >> 3) + 4 * h;
         tr.ok[h] = r < tile_rows;
-        tr.row[h] = a + (ROWS == WsRows::kBroadcast ? int64_t(0) : (row_base + (tr.ok[h] ? r : 0)) * static_cast<int64_t>(k));
+        tr.row[h] = a + (row_base + (tr.ok[h] ? r : 0)) * static_cast<int64_t>(k);
       }
       tr.any = a;
       return tr;
