@@ -248,6 +248,7 @@ CudaMoeLayer::CudaMoeLayer(MoeWeights w, const MoeLayerOptions& options)
 CudaMoeLayer::CudaMoeLayer(MoeWeights w, const MoeLayerOptions& options, GemmPath gemm)
     : gemm_(gemm), sm90_override_(sm90_config_override_from_env()), spec_(w.spec), options_(options) {
   w.validate();
+  (void)block_route_max_tokens();  // NVFP4MOE_BLOCK_ROUTE_MAX_TOKENS: a bad value fails here, not in forward()
   NVFP4MOE_CHECK(options.backend == Backend::Cuda, ArgumentError, "MoeLayerOptions.backend: expected cuda, got ",
                  backend_name(options.backend));
   NVFP4MOE_CHECK(options.max_tokens >= 0, ArgumentError, "MoeLayerOptions.max_tokens: expected >= 0, got ",

@@ -2,6 +2,7 @@
 // Each checks its arguments, launches with a fixed or shape-derived grid (never a routing-derived one), with
 // programmatic dependent launch (launch_pdl.cuh), and returns the launch's status.
 #include "cuda/moe_kernels.h"
+#include "nvfp4moe/error.h"
 
 #include <algorithm>
 #include <cstdlib>
@@ -35,7 +36,22 @@ bool block_route_enabled() {
   static const bool on = env_switch("NVFP4MOE_BLOCK_ROUTE");
   return on;
 }
+int block_route_max_tokens_from_env() {
+  const char* v = std::getenv("NVFP4MOE_BLOCK_ROUTE_MAX_TOKENS");
+  if (v == nullptr || v[0] == '\0') return kBlockRouteMaxTokens;
+  char* end = nullptr;
+  const long n = std::strtol(v, &end, 10);
+  if (end == v || *end != '\0' || n < 0 || n > kFusedRoutePlanTokens)
+    throw ArgumentError(std::string("NVFP4MOE_BLOCK_ROUTE_MAX_TOKENS: expected an integer in [0, ") +
+                                std::to_string(kFusedRoutePlanTokens) + "], got \"" + v + "\"");
+  return static_cast<int>(n);
+}
 }  // namespace
+
+int block_route_max_tokens() {
+  static const int n = block_route_max_tokens_from_env();
+  return n;
+}
 
 int device_sm_count() {
   int dev = 0;
@@ -133,7 +149,7 @@ struct SmallRouteShape {
 };
 SmallRouteShape small_route_shape(const RouteArgs& r, const PlanArgs& a) {
   SmallRouteShape s;
-  s.block_route = block_route_enabled() && r.tokens <= kBlockRouteMaxTokens &&
+  s.block_route = block_route_enabled() && r.tokens <= block_route_max_tokens() &&
                   kernels::block_route_fits(r.tokens, r.experts);
   s.threads = kernels::plan_block_threads(a.experts, r.tokens);
   if (s.block_route) {

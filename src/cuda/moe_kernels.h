@@ -75,6 +75,10 @@ inline constexpr int kFusedRoutePlanTokens = 32;
 // statistics beside them (e781b2b); with those, T = 3 / 4 re-measured (docs/gemm.md, "The block routing up to
 // T = 4").
 inline constexpr int kBlockRouteMaxTokens = 4;
+// The T up to which the block routes: kBlockRouteMaxTokens, or NVFP4MOE_BLOCK_ROUTE_MAX_TOKENS (an integer in
+// [0, kFusedRoutePlanTokens], for A/B measurements; read once; another value throws ArgumentError naming it, at
+// the CUDA layer's creation, which reads it first). The same ids and weights either way.
+int block_route_max_tokens();
 cudaError_t launch_route_plan(const RouteArgs& r, const PlanArgs& a, cudaStream_t stream);
 
 // ---------------------------------------------------------------- quantize + gather (GEMM1 operand rows)

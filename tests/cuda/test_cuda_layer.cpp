@@ -1022,8 +1022,9 @@ TEST(CudaLayer, WarpStreamGatheredABitIdenticalToGather) {
 // expert merged as expert E (its rows appended), and softmax with 128 experts over H = 2048 (4 items a row);
 // router logits and caller ids, a poisoned workspace, a captured graph replayed with new inputs. The fusion
 // predicate is checked on the arguments the layer passes: the narrow layers fuse at every T <= 32; the wide one
-// only at T <= 2 (block routing's 256 threads hold its 64 items in 16 blocks; from T = 3 the warp routing's 128
-// threads would need 24+ blocks, and widening the blocks measured slower: moe_kernels.cu).
+// only where the block routing runs, T <= block_route_max_tokens() (its T x (128 + 32) threads hold the T x 8 x 4 items
+// in 16 blocks; past it the warp routing's 32 T threads would need 24+ blocks, and widening the blocks measured
+// slower: moe_kernels.cu).
 TEST(CudaLayer, FusedRoutePlanGatherBitIdenticalToTwoLaunches) {
   const LayerDims kWideSoftmax{"softmax H2048 E128 k8", 2048, 64, 128, 8};
   int fused_points = 0;
@@ -1069,7 +1070,7 @@ TEST(CudaLayer, FusedRoutePlanGatherBitIdenticalToTwoLaunches) {
         g.max_rows = static_cast<int>(T * d.k + (merged ? T : 0));
         g.append_shared = merged;
         const bool fuses = cuda::route_plan_gather_fuses(r, pl, g);
-        EXPECT_EQ(fuses, !wide || T <= 2);
+        EXPECT_EQ(fuses, !wide || T <= cuda::block_route_max_tokens());
         fused_points += fuses ? 1 : 0;
         expect_forwards_bit_identical(h.base, h.switched, T, 3100 + 11 * T);
         if (T == 2 || T == 16) expect_replays_bit_identical(h.base, h.switched, T, 3300 + T);
@@ -1185,7 +1186,7 @@ TEST(CudaLayer, RoutingAdversarialLogitsBlockAndWarpPaths) {
     hs.logits.put(logits);
     const auto [all_ids, all_ws] = routed(kRows);  // warp path (T > 32)
     EXPECT_EQ(all_ids, cpu_ids) << "T=64 (warp path) ids vs cpu::route";
-    for (int64_t T : {1, 2, 3, 4, 5}) {
+    for (int64_t T : {1, 2, 3, 4, 5, 8}) {
       for (int64_t t0 = 0; t0 + T <= 16; t0 += T) {
         hs.hidden.put(std::vector<uint16_t>(hidden.begin() + t0 * H, hidden.begin() + (t0 + T) * H));
         hs.logits.put(std::vector<float>(logits.begin() + t0 * E, logits.begin() + (t0 + T) * E));
