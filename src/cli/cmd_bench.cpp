@@ -445,6 +445,8 @@ void run_on_device(const BenchOpts& o, const BenchPlan& p, json& doc) {
           d.hidden = DevBuf(static_cast<size_t>(maxT * H) * 2);
           d.logits = DevBuf(static_cast<size_t>(maxT * E) * 4);
           d.out = DevBuf(static_cast<size_t>(maxT * H) * static_cast<size_t>(p.out_bytes));
+        } catch (const ArgumentError&) {
+          throw;  // a bad option or environment setting (e.g. NVFP4MOE_*): not a question of device memory
         } catch (const Error& e) {
           cudaGetLastError();
           NVFP4MOE_CHECK(l > 0, Error, "bench: one layer of ", p.preset_name, " with max_tokens ", maxT,

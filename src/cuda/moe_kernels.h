@@ -72,9 +72,10 @@ inline constexpr int kFusedRoutePlanTokens = 32;
 // (bench/results/f03bbca-decode/5-switch-ab/, same call, NVFP4MOE_BLOCK_ROUTE=0 against the default):
 // qwen3-30b T = 1 / 2 -3.9 / -3.4 us, T = 4 +0.9, T = 8 +4.6; deepseek-v3 T = 1 / 2 -4.5 / -0.8. Since then the
 // block's ranks run in two stages (52e59d6: 8 + k E / 128 compare steps a thread instead of E / 4) and its softmax
-// statistics beside them (e781b2b); with those, T = 3 / 4 re-measured (docs/gemm.md, "The block routing up to
-// T = 4").
-inline constexpr int kBlockRouteMaxTokens = 4;
+// statistics beside them (e781b2b); with those, re-measured (docs/gemm.md, "The block routing up to T = 5"): T = 3 /
+// 4 -2.6..-4.4 us at qwen3-30b, qwen3-235b, deepseek-v3; T = 5 -2.85 (qwen3-30b) / -0.85 (qwen3-235b); T = 6
+// -2.2 / +0.65 and T = 8 +0.35 / -0.7: not taken.
+inline constexpr int kBlockRouteMaxTokens = 5;
 // The T up to which the block routes: kBlockRouteMaxTokens, or NVFP4MOE_BLOCK_ROUTE_MAX_TOKENS (an integer in
 // [0, kFusedRoutePlanTokens], for A/B measurements; read once; another value throws ArgumentError naming it, at
 // the CUDA layer's creation, which reads it first). The same ids and weights either way.
