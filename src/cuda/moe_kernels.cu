@@ -139,7 +139,8 @@ __global__ void __launch_bounds__(kScanThreads) route_plan_small_kernel(RouteArg
 }  // namespace kernels
 
 namespace {
-// The one-block decode routing's shape: block routing when T <= kBlockRouteMaxTokens and T * Ep fits a block
+// The one-block decode routing's shape: block routing when T <= kBlockRouteAnyTopKTokens, or T <=
+// block_route_max_tokens() with top-k >= kBlockRouteMinTopK, and T * Ep fits a block
 // (then the block has block_route_threads at least: T * Ep, and a statistics warp per token with the softmax),
 // else a warp per token; the plan's one thread per expert either way.
 struct SmallRouteShape {
@@ -149,7 +150,9 @@ struct SmallRouteShape {
 };
 SmallRouteShape small_route_shape(const RouteArgs& r, const PlanArgs& a) {
   SmallRouteShape s;
-  s.block_route = block_route_enabled() && r.tokens <= block_route_max_tokens() &&
+  const bool block_t = r.tokens <= std::min(kBlockRouteAnyTopKTokens, block_route_max_tokens()) ||
+                       (r.tokens <= block_route_max_tokens() && r.top_k >= kBlockRouteMinTopK);
+  s.block_route = block_route_enabled() && block_t &&
                   kernels::block_route_fits(r.tokens, r.experts);
   s.threads = kernels::plan_block_threads(a.experts, r.tokens);
   if (s.block_route) {

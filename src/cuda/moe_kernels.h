@@ -74,9 +74,14 @@ inline constexpr int kFusedRoutePlanTokens = 32;
 // block's ranks run in two stages (52e59d6: 8 + k E / 128 compare steps a thread instead of E / 4) and its softmax
 // statistics beside them (e781b2b); with those, re-measured (docs/gemm.md, "The block routing up to T = 5"): T = 3 /
 // 4 -2.6..-4.4 us at qwen3-30b, qwen3-235b, deepseek-v3; T = 5 -2.85 (qwen3-30b) / -0.85 (qwen3-235b); T = 6
-// -2.2 / +0.65 and T = 8 +0.35 / -0.7: not taken.
+// -2.2 / +0.65 and T = 8 +0.35 / -0.7: not taken. Those presets route top-8; with fewer slots the warp routing's
+// argmax passes are short and T = 3..5 measured slower with the block (gpt-oss-120b, top-4: +1.15..2.0 us) or
+// even (nemotron-nano, top-6: -0.4..+0.85): past kBlockRouteAnyTopKTokens the block routes top-k >= 8 only.
 inline constexpr int kBlockRouteMaxTokens = 5;
-// The T up to which the block routes: kBlockRouteMaxTokens, or NVFP4MOE_BLOCK_ROUTE_MAX_TOKENS (an integer in
+inline constexpr int kBlockRouteAnyTopKTokens = 2;
+inline constexpr int kBlockRouteMinTopK = 8;
+// The T up to which the block routes top-k >= kBlockRouteMinTopK: kBlockRouteMaxTokens, or
+// NVFP4MOE_BLOCK_ROUTE_MAX_TOKENS (an integer in
 // [0, kFusedRoutePlanTokens], for A/B measurements; read once; another value throws ArgumentError naming it, at
 // the CUDA layer's creation, which reads it first). The same ids and weights either way.
 int block_route_max_tokens();
