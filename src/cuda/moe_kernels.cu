@@ -43,7 +43,7 @@ int block_route_max_tokens_from_env() {
   const long n = std::strtol(v, &end, 10);
   if (end == v || *end != '\0' || n < 0 || n > kFusedRoutePlanTokens)
     throw ArgumentError(std::string("NVFP4MOE_BLOCK_ROUTE_MAX_TOKENS: expected an integer in [0, ") +
-                                std::to_string(kFusedRoutePlanTokens) + "], got \"" + v + "\"");
+                        std::to_string(kFusedRoutePlanTokens) + "], got \"" + v + "\"");
   return static_cast<int>(n);
 }
 }  // namespace

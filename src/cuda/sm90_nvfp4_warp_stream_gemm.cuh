@@ -21,6 +21,9 @@
 // other config), 8 mma.sync m16n8k16 (two accumulator chains,
 // the gate / up or the two 64-row blocks), each accumulator summing the k16 steps in order from zero: the
 // same bits as the tile kernels (tested bitwise against them, and batch invariance over every config).
+// The broadcast-row kernels (T = 1: every token row is row 0 of `a`) instead keep that row in the CTA's shared
+// memory for the launch (one bulk copy), so their slots hold only weights and their k-loop copies no tokens
+// (ws_piece_k_loop_resident_row).
 #pragma once
 
 #include <type_traits>
@@ -88,7 +91,7 @@ struct WarpStreamTraits {  // (UNROLLED, EPI only so that each kernel gets its o
 // cp_async16 / cp_async4 / cp_async_commit / cp_async_wait: sm90_nvfp4_grouped_gemm.cuh.
 
 // Where a warp-streaming kernel's token rows come from: row r of `a` (kDirect, the gathered copy), row 0 of `a`
-// for every row (kBroadcast: Sm90GemmArgs::a_broadcast_row, T = 1), or GemmParams::gather_src through the plan's
+// for every row (kBroadcast: Sm90GemmArgs::a_broadcast_row, T = 1; resident in shared memory), or GemmParams::gather_src through the plan's
 // permutation (kGathered: Sm90GemmArgs::a_gather_src, the decode GEMM1 without a gather step). Each its own
 // instantiation, so that the others keep their code.
 enum class WsRows { kDirect, kBroadcast, kGathered };
