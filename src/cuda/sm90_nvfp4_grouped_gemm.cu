@@ -577,6 +577,13 @@ sm90::GemmParams make_params(const Sm90GemmArgs& args) {
   return p;
 }
 
+// Whether config is the warp-streaming entry X(warps, depth, spw, unrolled, bpw) of
+// NVFP4MOE_SM90_WARP_STREAM_CONFIGS (the launch's dispatch and sm90_broadcast_row_max_k match on it).
+bool is_warp_stream_config(const Sm90GemmConfig& c, int warps, int depth, int spw, bool unrolled, int bpw) {
+  return c.warp_stream && c.block_t == sm90::kWsTokens && c.stages == depth && 4 * c.consumer_warpgroups == warps &&
+         c.slices_per_warp == spw && c.ws_unrolled == unrolled && c.blocks_per_warp == bpw;
+}
+
 cudaError_t device_sm_count(int* sms) {
   int dev = 0;
   cudaError_t e = cudaGetDevice(&dev);
@@ -588,9 +595,8 @@ cudaError_t device_sm_count(int* sms) {
 
 int sm90_broadcast_row_max_k(const Sm90GemmConfig& config) {
   if (!config.warp_stream) return 0;
-#define NVFP4MOE_X(warps, depth, spw, unrolled, bpw)                                                          \
-  if (config.block_t == sm90::kWsTokens && config.stages == depth && 4 * config.consumer_warpgroups == warps && \
-      config.slices_per_warp == spw && config.ws_unrolled == (unrolled != 0) && config.blocks_per_warp == bpw) {  \
+#define NVFP4MOE_X(warps, depth, spw, unrolled, bpw)                                                                \
+  if (is_warp_stream_config(config, warps, depth, spw, unrolled != 0, bpw)) {                                      \
     using Tr = sm90::WarpStreamTraits<warps, depth, spw, unrolled != 0, sm90::Epilogue::kSwiGLU, bpw, true>;     \
     return (sm90::kMaxSmemPerBlock - Tr::kSmemBytes) / Tr::resident_row_bytes(1) * sm90::kBlockK;               \
   }
@@ -620,9 +626,7 @@ cudaError_t sm90_nvfp4_grouped_gemm(const Sm90GemmArgs& args, const Sm90GemmConf
     if (const cudaError_t e = device_sm_count(&num_sms); e != cudaSuccess) return e;
   if (config.warp_stream) {  // no TMA: every warp copies its own rows; its pieces are spread statically
 #define NVFP4MOE_X(warps, depth, spw, unrolled, bpw)                                                  \
-    if (config.block_t == sm90::kWsTokens && config.stages == depth &&                                  \
-        4 * config.consumer_warpgroups == warps && config.slices_per_warp == spw &&                     \
-        config.ws_unrolled == (unrolled != 0) && config.blocks_per_warp == bpw)                         \
+    if (is_warp_stream_config(config, warps, depth, spw, unrolled != 0, bpw))                           \
       return args.a_broadcast_row                                                                       \
                  ? launch_warp_stream_epi<warps, depth, spw, unrolled != 0, bpw, sm90::WsRows::kBroadcast>( \
                        args, p, num_sms, stream)                                                        \

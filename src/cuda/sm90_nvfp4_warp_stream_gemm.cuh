@@ -125,9 +125,9 @@ struct WsSlotRegs {
   uint32_t bf[4][2];
 };
 // The lane's own codes and scale word of each slice (its own bytes only: no other lane's copies are read).
-template <int SPW, int BPW, bool TOKENS>
+template <int SPW, int BPW>
 __device__ __forceinline__ void ws_read_slot_weights(const uint32_t slot, const int lane, WsSlotRegs<SPW, BPW>& r) {
-  using Slot = WarpStreamSlot<SPW, BPW, TOKENS>;
+  using Slot = WarpStreamSlot<SPW, BPW>;  // (the slice layout; the same with or without the token tile)
 #pragma unroll
   for (int j = 0; j < SPW; ++j) {
     const uint32_t sl = slot + j * Slot::kSliceBytes;
@@ -153,7 +153,7 @@ template <int SPW, int BPW>
 __device__ __forceinline__ void ws_read_slot(const uint32_t slot, const int lane, const uint32_t ldsm_off,
                                              WsSlotRegs<SPW, BPW>& r) {
   using Slot = WarpStreamSlot<SPW, BPW>;
-  ws_read_slot_weights<SPW, BPW, true>(slot, lane, r);
+  ws_read_slot_weights<SPW, BPW>(slot, lane, r);
   ws_read_token_fragments<SPW, BPW>([&](int h) { return slot + Slot::kTokenOffset + (ldsm_off ^ (h << 6)); }, r);
 }
 // Every accumulator of a piece from zero (each k-loop starts its piece with it).
@@ -452,7 +452,7 @@ __device__ __forceinline__ void ws_piece_k_loop_resident_row(const GemmParams& p
   uint32_t slot_read = ring, slot_fill = ring + (DEPTH - 1) * Slot::kBytes;
   auto read = [&](WsSlotRegs<SPW, BPW>& r) {
     cp_async_wait<DEPTH - 2>();  // this lane's copies of the k-tile are in (all it reads of the ring)
-    ws_read_slot_weights<SPW, BPW, false>(slot_read, lane, r);
+    ws_read_slot_weights<SPW, BPW>(slot_read, lane, r);
     ws_read_token_fragments<SPW, BPW>([&](int h) { return tok + 64 * h; }, r);
     tok += tok_step;
   };

@@ -300,6 +300,30 @@ TEST(Sm90ConfigOverride, NamesRoundTripAndTheOverrideParses) {
   EXPECT_EQ(parse_sm90_config_override("").mma_sync, -1);
 }
 
+// The longest broadcast row each config keeps in shared memory (Sm90GemmArgs::a_broadcast_row; host code, matched
+// to the config through the same list entry as the launch): what is left of sm_90's 232448 bytes a block after the
+// weight-only rings (16 warps x 6 slots x 1152 bytes, or 640 with one block a warp plus its 8 KB handoff), the
+// mbarrier and the zero bytes (144), in whole k-tiles of 128 bytes. Tile configs keep none.
+TEST(Sm90BroadcastRow, MaxKIsWhatTheRingsLeaveOfABlock) {
+  int warp_stream = 0;
+  for (const auto& c : sm90_gemm_configs()) {
+    const int max_k = sm90_broadcast_row_max_k(c);
+    if (!c.warp_stream) {
+      EXPECT_EQ(max_k, 0) << to_string(c);
+      continue;
+    }
+    ++warp_stream;
+    EXPECT_GE(max_k, 7168) << to_string(c) << ": every preset's hidden size must fit";
+    EXPECT_EQ(max_k % 64, 0) << to_string(c);
+  }
+  EXPECT_GE(warp_stream, 1);
+  Sm90GemmConfig c;
+  ASSERT_TRUE(sm90_gemm_config_by_name("ws8_s6_w16", &c));
+  EXPECT_EQ(sm90_broadcast_row_max_k(c), (232448 - (16 * 6 * 1152 + 144)) / 128 * 64);
+  ASSERT_TRUE(sm90_gemm_config_by_name("ws8_s6_w16_b1", &c));
+  EXPECT_EQ(sm90_broadcast_row_max_k(c), (232448 - (16 * 6 * 640 + 8192 + 144)) / 128 * 64);
+}
+
 TEST(Sm90ConfigOverride, BadValuesAreRefusedNamingTheChoices) {
   for (const char* bad : {"bt16", "gemm3=bt16_s9_wg4", "gemm1=bt16_s9_wg4,gemm1=bt16_s14_wg2", "gemm1=",
                           "gemm1=bt16_s9_wg4,", "gemm1=bt16_s9_wg4;gemm2=bt16_s9_wg4", "mma=fast",
