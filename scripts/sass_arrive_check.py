@@ -11,7 +11,9 @@
 #     back-edges followed). The k-loop reads slot kt after the wait for k-tile kt and refills slot kt - 1 after it
 #     (sm90_nvfp4_warp_stream_gemm.cuh), so a read of slot kt still in flight at the next k-tile's wait would
 #     still be in flight when that slot is refilled. A load that ptxas gives no scoreboard completes with the
-#     next scoreboarded shared load (shared loads complete in order, which ptxas relies on). Loading a slot a
+#     next scoreboarded shared load or shuffle (the shared-memory pipe's operations complete in order, which
+#     ptxas relies on: in the routed b1 kernel an HMMA reads an ldmatrix's registers with only a later SHFL's
+#     scoreboard waited on in between). Loading a slot a
 #     k-tile ahead (software pipelining) would break this rule on purpose and needs its own argument.
 #   python3 scripts/sass_arrive_check.py build/CMakeFiles/nvfp4moe.dir/src/cuda/sm90_nvfp4_grouped_gemm.cu.o [name]
 #   python3 scripts/sass_arrive_check.py --self-test   (both rules on synthetic SASS; needs no cuobjdump)
@@ -77,6 +79,12 @@ def is_shared_load(text):
     return pred != '@!PT' and (op == 'LDS' or op.startswith('LDS.') or op.startswith('LDSM'))
 
 
+def completes_earlier_shared_loads(text):
+    """A scoreboarded instruction of the shared-memory pipe, behind which earlier shared loads complete."""
+    pred, op, _ = split(text)
+    return is_shared_load(text) or (pred != '@!PT' and op.startswith('SHFL'))
+
+
 def arrives_with_loads_in_flight(ins):
     """Rule 1: (arrives, arrives issued with a shared load since the last mbarrier wait still in flight)."""
     arrives = in_flight = 0
@@ -119,9 +127,9 @@ def loads_in_flight_at_cp_async_wait(ins):
         if not is_shared_load(text):
             continue
         sb = wb
-        if sb == NO_SCOREBOARD:  # completes with the next scoreboarded shared load
+        if sb == NO_SCOREBOARD:  # completes with the next scoreboarded shared load or shuffle
             sb = next((ins[j][2] for j in range(i + 1, len(ins))
-                       if is_shared_load(ins[j][1]) and ins[j][2] != NO_SCOREBOARD), NO_SCOREBOARD)
+                       if completes_earlier_shared_loads(ins[j][1]) and ins[j][2] != NO_SCOREBOARD), NO_SCOREBOARD)
             if sb == NO_SCOREBOARD:
                 continue
         stack, seen = list(successors(ins, at, i)), set()
@@ -174,6 +182,11 @@ def self_test():
                       ('DEPBAR.LE SB0, 0x1', N, 0), ('EXIT', N, 0)])
     cover_bad = ins([('LDS R4, [R2]', N, 0), ('LDSM.16.M88.4 R8, [R3]', 2, 0), ('DEPBAR.LE SB0, 0x1', N, 0),
                      ('IADD3 R1, R8, R4, RZ', N, 0b100), ('EXIT', N, 0)])
+    # ... covered by a later shuffle (the same pipe) that is waited on (safe), or not (broken).
+    shfl_safe = ins([('LDSM.16.M88.4 R8, [R3]', N, 0), ('SHFL.IDX PT, R4, R5, R6, 0x1f', 1, 0),
+                     ('HMMA.16816.F32.BF16 R12, R8, R4, R12', N, 0b10), ('DEPBAR.LE SB0, 0x1', N, 0), ('EXIT', N, 0)])
+    shfl_bad = ins([('LDSM.16.M88.4 R8, [R3]', N, 0), ('SHFL.IDX PT, R4, R5, R6, 0x1f', 1, 0),
+                    ('DEPBAR.LE SB0, 0x1', N, 0), ('HMMA.16816.F32.BF16 R12, R8, R4, R12', N, 0b10), ('EXIT', N, 0)])
     # A stage release: the arrive after the MMA that consumed the ldmatrix (safe), or before it (broken).
     arrive_safe = ins([('SYNCS.PHASECHK.TRANS64.TRYWAIT P0, [R1], R2', N, 0), ('LDSM.16.M88.4 R8, [R3]', 3, 0),
                        ('HMMA.16816.F32.BF16 R12, R8, R4, R12', N, 0b1000), ('SYNCS.ARRIVE.TRANS64.A1T0 RZ, [R5]', N, 0)])
@@ -184,6 +197,8 @@ def self_test():
         'ring, load in flight around the back-edge': bool(loads_in_flight_at_cp_async_wait(loop_bad)),
         'ring, unscoreboarded load covered and waited': not loads_in_flight_at_cp_async_wait(cover_safe),
         'ring, unscoreboarded load covered, not waited': bool(loads_in_flight_at_cp_async_wait(cover_bad)),
+        'ring, unscoreboarded load covered by a waited shuffle': not loads_in_flight_at_cp_async_wait(shfl_safe),
+        'ring, unscoreboarded load covered by a shuffle, not waited': bool(loads_in_flight_at_cp_async_wait(shfl_bad)),
         'arrive after the consuming MMA': arrives_with_loads_in_flight(arrive_safe) == (1, 0),
         'arrive before the consuming MMA': arrives_with_loads_in_flight(arrive_bad) == (1, 1),
     }

@@ -294,6 +294,8 @@ CudaMoeLayer::CudaMoeLayer(MoeWeights w, const MoeLayerOptions& options, GemmPat
       gemm1_gather_enabled_ = env_opt_in("NVFP4MOE_GEMM1_GATHER");  // A/B: "1" = gathered A at prefill
       t1_broadcast_enabled_ = env_switch("NVFP4MOE_T1_BROADCAST");  // A/B: "0" = the gather copies at T = 1
       ws_gather_enabled_ = env_opt_in("NVFP4MOE_WS_GATHER");  // A/B: "1" = decode GEMM1 gathers
+      t1_route_in_gemm_enabled_ = env_switch("NVFP4MOE_T1_ROUTE_IN_GEMM");    // A/B: "0" = the routing launch
+      t1_route_in_gemm2_enabled_ = env_switch("NVFP4MOE_T1_ROUTE_IN_GEMM2");  // A/B: "0" = GEMM2 seeks
       // Zero once; every chained launch leaves its counters zero (sm90_nvfp4_chained_gemms), every dynamically
       // scheduled one its tile counter.
       const size_t routed_n = sm90_chain_counter_count(static_cast<int>(spec_.num_experts) + 1);
@@ -606,6 +608,34 @@ void CudaMoeLayer::warm_up_sm90() {
         Sm90GemmArgs gb = g1;
         gb.a_broadcast_row = true;
         check_sm90(sm90_nvfp4_grouped_gemm(gb, c, nullptr, device_sm_count()), "sm90 gemm1 broadcast (warm-up)");
+        const int E = static_cast<int>(spec_.num_experts), K = static_cast<int>(spec_.top_k);
+        if (t1_route_in_gemm_enabled_ && sm90_one_token_route_available(c, g1.epilogue, true) &&
+            sm90_one_token_route_fits(c, E, K)) {  // its routed kernels, routing no token
+          Sm90OneTokenRoute rt{};
+          rt.route.logits = topk_weights_;  // (not read: no token)
+          rt.route.tokens = 0;
+          rt.route.experts = E;
+          rt.route.top_k = K;
+          rt.plan.tokens = 0;
+          rt.plan.experts = E;
+          rt.plan.top_k = K;
+          rt.plan.append_shared = shared_in_routed_;
+          gb.one_token_route = &rt;
+          check_sm90(sm90_nvfp4_grouped_gemm(gb, c, nullptr, device_sm_count()), "sm90 gemm1 routed (warm-up)");
+          if (sm90_one_token_route_available(c, Sm90GemmEpilogue::kF32, false)) {
+            Sm90GemmArgs g2r = gb;
+            g2r.a = act_;
+            g2r.a_rows_capacity = cap;
+            g2r.a_broadcast_row = false;
+            g2r.w = d->w2_sm90;
+            g2r.shape = routed_launch_shape(d->w2_shape);
+            g2r.alpha1 = nullptr;
+            g2r.out = y_;
+            g2r.epilogue = Sm90GemmEpilogue::kF32;
+            g2r.prologue_before_pdl_wait = true;
+            check_sm90(sm90_nvfp4_grouped_gemm(g2r, c, nullptr, device_sm_count()), "sm90 gemm2 routed (warm-up)");
+          }
+        }
       }
       if (routed && (c.warp_stream ? ws_gather_enabled_ : gemm1_gather_enabled_) &&
           sm90_gather_available(c)) {  // its gathered-A kernel (no rows)
@@ -793,12 +823,11 @@ void CudaMoeLayer::forward(const TensorRef& hidden, const RoutingArgs& routing, 
     routed_c1 = pick_sm90(routed_launch_shape(routed_.w13_shape), routed_max_rows, routed_experts, true);
     routed_c2 = pick_sm90(routed_launch_shape(routed_.w2_shape), routed_max_rows, routed_experts, false);
   }
-  bool gemm1_gathers = false, gemm1_broadcasts = false;
+  bool gemm1_gathers = false;
   const bool quantized_once = a4 && routed_uniform_gs13_;
+  const DecodeRouting decode = decode_routing(T, f32_in, route.has_value());
+  const bool gemm1_broadcasts = decode.gemm1_broadcasts;
   if (gemm_ == GemmPath::kSm90Wgmma && (!a4 || quantized_once) && !calibrating_) {
-    // (the row kept in shared memory: K up to sm90_broadcast_row_max_k, 50k+; past it the gather path)
-    gemm1_broadcasts = t1_broadcast_enabled_ && T == 1 && routed_c1.warp_stream && !a4 && !f32_in &&
-                       routed_.w13_shape.k <= sm90_broadcast_row_max_k(routed_c1);
     if (routed_c1.warp_stream)  // decode: w4a16 only (a w4a4 row quantized once would need a launch of its own)
       gemm1_gathers = ws_gather_enabled_ && !gemm1_broadcasts && !a4 && !f32_in;
     else
@@ -806,7 +835,20 @@ void CudaMoeLayer::forward(const TensorRef& hidden, const RoutingArgs& routing, 
                       !chained(routed_c1, routed_c2, T, routed_.gated) && (quantized_once || !f32_in) &&
                       !(route && fused_gather_enabled_ && route_plan_gather_fuses(*route, pl, routed_gather));
   }
-  if (route) {
+  // T = 1 with logits: GEMM1 routes the token itself (one_token_route) and no routing launch runs. GEMM2 then
+  // routes it again before its wait (its config's routed kernel), or waits for GEMM1's offsets before seeking.
+  const bool gemm1_routes = decode.gemm1_routes, gemm2_routes = decode.gemm2_routes;
+  Sm90OneTokenRoute gemm1_route{}, gemm2_route{};
+  if (gemm1_routes) {
+    gemm1_route.route = *route;
+    gemm1_route.plan = pl;
+    gemm1_route.write_outputs = true;
+    gemm2_route = gemm1_route;
+    gemm2_route.write_outputs = false;  // (GEMM1's CTA 0 wrote them)
+  }
+  if (gemm1_routes) {
+    // (no routing launch: GEMM1 writes the ids, weights and plan)
+  } else if (route) {
     if (gemm1_gathers || gemm1_broadcasts) {
       check_launch(launch_route_plan(*route, pl, stream), "route + plan");
     } else if (fused_gather_enabled_) {
@@ -867,6 +909,7 @@ void CudaMoeLayer::forward(const TensorRef& hidden, const RoutingArgs& routing, 
         s1.a = static_cast<const uint16_t*>(hidden.data);
         s1.a_rows_capacity = 1;
         s1.a_broadcast_row = true;
+        if (gemm1_routes) s1.one_token_route = &gemm1_route;
       }
       if (routed && gemm1_gathers) {  // row r = src[perm[r] / k], the merged shared expert's r - offsets[E]
         // src: hidden itself (w4a16), or its rows quantized once (w4a4 with one GEMM1 activation scale)
@@ -891,6 +934,10 @@ void CudaMoeLayer::forward(const TensorRef& hidden, const RoutingArgs& routing, 
       // GEMM2's offsets are the plan's (two or more launches back: GEMM1, and act_amax when calibrating, ran
       // since); only its operand rows come from the previous kernel. NVFP4MOE_EARLY_GEMM2=0: off, for A/B.
       s2.prologue_before_pdl_wait = early_gemm2_enabled_;
+      if (routed && gemm1_routes) {  // the offsets are GEMM1's (the previous launch): route again, or wait first
+        if (gemm2_routes) s2.one_token_route = &gemm2_route;
+        else s2.prologue_before_pdl_wait = false;
+      }
       // The dynamic tile schedule (same bits; the SMs end within about a tile of each other).
       if (dynamic_tiles_enabled_) {
         s1.tile_counter = tile_counters_ + (routed ? 0 : 2);
@@ -984,6 +1031,26 @@ void CudaMoeLayer::forward(const TensorRef& hidden, const RoutingArgs& routing, 
   c.out = out.data;
   c.out_bf16 = out.dtype == DType::BF16;
   check_launch(launch_combine(c, stream), "combine");
+}
+
+CudaMoeLayer::DecodeRouting CudaMoeLayer::decode_routing(int64_t T, bool f32_hidden, bool router_logits) const {
+  DecodeRouting d;
+  if (gemm_ != GemmPath::kSm90Wgmma || T != 1 || options_.mode != Mode::W4A16 || f32_hidden || calibrating_ ||
+      !t1_broadcast_enabled_)
+    return d;
+  const int E = static_cast<int>(spec_.num_experts), K = static_cast<int>(spec_.top_k);
+  const int64_t experts = E + (shared_in_routed_ ? 1 : 0), max_rows = K + (shared_in_routed_ ? 1 : 0);
+  const Sm90GemmConfig c1 = pick_sm90(routed_launch_shape(routed_.w13_shape), max_rows, experts, true);
+  const Sm90GemmConfig c2 = pick_sm90(routed_launch_shape(routed_.w2_shape), max_rows, experts, false);
+  // (the row kept in shared memory: K up to sm90_broadcast_row_max_k, 50k+; past it the gather path)
+  d.gemm1_broadcasts = c1.warp_stream && routed_.w13_shape.k <= sm90_broadcast_row_max_k(c1);
+  const Sm90GemmEpilogue epi1 = routed_.gated ? Sm90GemmEpilogue::kSwiGLU : Sm90GemmEpilogue::kRelu2;
+  d.gemm1_routes = d.gemm1_broadcasts && router_logits && t1_route_in_gemm_enabled_ &&
+                   sm90_one_token_route_available(c1, epi1, true) && sm90_one_token_route_fits(c1, E, K);
+  d.gemm2_routes = d.gemm1_routes && t1_route_in_gemm2_enabled_ &&
+                   sm90_one_token_route_available(c2, Sm90GemmEpilogue::kF32, false) &&
+                   sm90_one_token_route_fits(c2, E, K);
+  return d;
 }
 
 int64_t CudaMoeLayer::routed_rows_capacity() const {

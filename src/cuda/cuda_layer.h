@@ -136,6 +136,13 @@ class CudaMoeLayer final : public MoeLayer {
     bool chained = false;  // this GEMM1 and the next GEMM2 run as one launch (sm90_nvfp4_chained_gemms)
   };
   std::vector<Sm90Launch> sm90_launches(int64_t T) const;
+  // How forward() runs the routed group at decode (T tokens, w4a16 / w4a4, bf16 or f32 hidden, router logits or
+  // caller ids), chosen exactly as forward() chooses: GEMM1 reads `hidden` as a broadcast row (T = 1), GEMM1
+  // routes the token itself (Sm90GemmArgs::one_token_route, no routing launch), GEMM2 routes it again.
+  struct DecodeRouting {
+    bool gemm1_broadcasts = false, gemm1_routes = false, gemm2_routes = false;
+  };
+  DecodeRouting decode_routing(int64_t T, bool f32_hidden, bool router_logits) const;
 
  private:
   void upload(MoeWeights& w);
@@ -220,6 +227,14 @@ class CudaMoeLayer final : public MoeLayer {
   // H200 -1.5 us at qwen3-30b, -3.8 at deepseek-v3 (bench/results/55a99fa-ab). NVFP4MOE_T1_BROADCAST=0 (read at
   // creation): the gather copies the row, for A/B and the bitwise test.
   bool t1_broadcast_enabled_ = true;
+  // At T = 1 with router logits and the broadcast-row GEMM1 (above), GEMM1 routes the token itself
+  // (Sm90GemmArgs::one_token_route: every CTA runs the block routing, CTA 0 writes the ids, weights and plan) and
+  // no routing launch runs; GEMM2 routes it again before its PDL wait (its pieces known without the offsets that
+  // GEMM1 writes) where its config has that kernel, else waits first. NVFP4MOE_T1_ROUTE_IN_GEMM=0 (read at
+  // creation): the routing launch, for A/B and the bitwise test; NVFP4MOE_T1_ROUTE_IN_GEMM2=0: GEMM2 seeks the
+  // offsets after its wait instead of routing.
+  bool t1_route_in_gemm_enabled_ = true;
+  bool t1_route_in_gemm2_enabled_ = true;
   // NVFP4MOE_WS_GATHER=1 (read at creation; measured slower on the H200, +1..9%, bench/results/1316906-ws-gather-ab,
   // so off): at decode (a warp-streaming GEMM1, T > 1; w4a16, bf16 hidden, not calibrating) GEMM1 reads `hidden`
   // through the plan's permutation (Sm90GemmArgs::a_gather_src) and no gather step runs (the fused routing kernel

@@ -66,6 +66,30 @@ int device_sm_count() {
   return cached[dev];
 }
 
+namespace kernels {
+// The routing kernel of T > kFusedRoutePlanTokens (a warp per token) and the caller ids' copy; their device
+// functions are in sm90_nvfp4_route.cuh.
+__global__ void route_kernel(RouteArgs a) {
+  pdl_wait_then_allow_next();
+  extern __shared__ __align__(16) uint8_t route_smem[];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int t = blockIdx.x * kRouteWarps + warp;
+  if (t >= a.tokens) return;  // whole warp leaves together
+  route_token(a, t, route_smem + static_cast<size_t>(warp) * route_smem_per_warp(a.experts), lane);
+}
+
+__global__ void copy_topk_kernel(const int32_t* __restrict__ ids, const float* __restrict__ weights, int pairs,
+                                 int experts, int32_t* __restrict__ ids_out, float* __restrict__ weights_out) {
+  pdl_wait_then_allow_next();
+  for (int p = blockIdx.x * blockDim.x + threadIdx.x; p < pairs; p += gridDim.x * blockDim.x) {
+    const int id = ids[p];
+    const bool ok = id >= 0 && id < experts;
+    ids_out[p] = ok ? id : -1;
+    weights_out[p] = weights[p];
+  }
+}
+}  // namespace kernels
+
 cudaError_t launch_route(const RouteArgs& a, cudaStream_t stream) {
   if (a.tokens <= 0) return cudaSuccess;
   if (!a.logits || !a.topk_ids || !a.topk_weights || a.experts <= 0 || a.experts > kMaxExperts || a.top_k <= 0 ||
@@ -133,7 +157,7 @@ __global__ void __launch_bounds__(kScanThreads) route_plan_small_kernel(RouteArg
   extern __shared__ __align__(16) uint8_t route_smem[];
   __shared__ int32_t routed_ids[kSmallPlanPairs];  // the routing's ids, for the plan (also written to global)
   route_small(r, block_route, route_smem, routed_ids, true);
-  if (a.tokens == 1) plan_one_token_block(a, routed_ids, true, nullptr, nullptr);  // ballots + popcounts
+  if (a.tokens == 1) plan_one_token_block(a, routed_ids, true, nullptr, nullptr);  // k compares an expert
   else plan_small_block(a, pairs, routed_ids);
 }
 }  // namespace kernels

@@ -70,6 +70,14 @@ cudaError_t fail(const std::string& msg) {
   X(16, 4, 2, 1, 2)                          \
   X(16, 6, 1, 0, 1)
 
+// The configs with a kernel that routes one token itself (Sm90GemmArgs::one_token_route): those that T = 1 picks,
+// X(warps, depth, spw, unrolled, bpw, gemm2): the broadcast-row GEMM1 kernels (SwiGLU, relu^2) of all three,
+// the direct-row f32 GEMM2 kernel where gemm2 is 1 (the heuristic keeps GEMM2 on two blocks a warp).
+#define NVFP4MOE_SM90_ONE_TOKEN_ROUTE_CONFIGS(X) \
+  X(16, 6, 1, 0, 2, 1)                           \
+  X(16, 6, 1, 1, 2, 1)                           \
+  X(16, 6, 1, 0, 1, 0)
+
 // The configs with a chained kernel (GEMM1 -> GEMM2 in one launch, sm90_nvfp4_chained_gemms), each for the
 // SwiGLU and relu^2 GEMM1: the decode tiles that the heuristic picks for both GEMMs of one layer (the half tile:
 // qwen3-30b, nemotron-nano, gpt-oss-120b at T = 1; the 2-warpgroup tile: qwen3-235b at T = 1).
@@ -158,22 +166,47 @@ cudaError_t launch_chained(const CUtensorMap& map1, const CUtensorMap& map2, con
   return launch_pdl(kernel, dim3(grid), dim3(Tr::kThreads), Tr::kSmemBytes, stream, map1, map2, p1, p2, chain);
 }
 
+// Whether NVFP4MOE_SM90_ONE_TOKEN_ROUTE_CONFIGS has a routed kernel for this config and rows (broadcast: GEMM1).
+constexpr bool one_token_route_instantiated(int warps, int depth, int spw, bool unrolled, int bpw, bool broadcast) {
+#define NVFP4MOE_X(w, d, s, u, b, gemm2) \
+  if (warps == w && depth == d && spw == s && unrolled == (u != 0) && bpw == b && (broadcast || gemm2 != 0)) return true;
+  NVFP4MOE_SM90_ONE_TOKEN_ROUTE_CONFIGS(NVFP4MOE_X)
+#undef NVFP4MOE_X
+  return false;
+}
+
 template <int WARPS, int DEPTH, int SPW, bool UNROLLED, int BPW, sm90::Epilogue EPI,
-          sm90::WsRows ROWS = sm90::WsRows::kDirect>
+          sm90::WsRows ROWS = sm90::WsRows::kDirect, bool ROUTED = false>
 cudaError_t launch_warp_stream(const Sm90GemmArgs& args, const sm90::GemmParams& p, int grid, cudaStream_t stream) {
   // The broadcast-row kernels keep the row in shared memory (WarpStreamTraits::kResidentRow): k_tiles x 128 bytes
   // more than their fixed part, sized here.
   constexpr bool kResidentRow = ROWS == sm90::WsRows::kBroadcast;
   using Tr = sm90::WarpStreamTraits<WARPS, DEPTH, SPW, UNROLLED, EPI, BPW, kResidentRow>;
-  using ReadyTr = std::conditional_t<ROWS == sm90::WsRows::kDirect, Tr, VariantTraits<Tr, static_cast<int>(ROWS)>>;
-  auto kernel = sm90::sm90_nvfp4_warp_stream_gemm_kernel<WARPS, DEPTH, SPW, UNROLLED, EPI, ROWS, BPW>;
+  using ReadyTr = std::conditional_t<ROWS == sm90::WsRows::kDirect && !ROUTED, Tr,
+                                     VariantTraits<Tr, static_cast<int>(ROWS) + (ROUTED ? 8 : 0)>>;
+  auto kernel = sm90::sm90_nvfp4_warp_stream_gemm_kernel<WARPS, DEPTH, SPW, UNROLLED, EPI, ROWS, BPW, ROUTED>;
   const int smem = Tr::kSmemBytes + Tr::resident_row_bytes(p.k_tiles);  // (checked: sm90_broadcast_row_max_k)
   int fit = 0;
   if (const cudaError_t e = kernel_ready<ReadyTr>(kernel, &fit, kResidentRow ? sm90::kMaxSmemPerBlock : Tr::kSmemBytes);
       e != cudaSuccess)
     return e;
+  Sm90OneTokenRoute rt{};  // (read by the routed kernels only)
+  if constexpr (ROUTED) {
+    const Sm90OneTokenRoute& r = *args.one_token_route;
+    const int E = r.route.experts, K = r.route.top_k;
+    if (Tr::kThreads < kernels::block_route_stride(E))
+      return fail("sm90_nvfp4_grouped_gemm: one_token_route: route.experts = " + std::to_string(E) +
+                  " needs a block of " + std::to_string(kernels::block_route_stride(E)) + " threads; config " +
+                  to_string(Sm90GemmConfig{sm90::kWsTokens, DEPTH, WARPS / 4, 1, false, true, SPW, UNROLLED, BPW}) +
+                  " has " + std::to_string(Tr::kThreads));
+    if (sm90::one_token_route_scratch_bytes(E, K) > Tr::kHandoffOffset)
+      return fail("sm90_nvfp4_grouped_gemm: one_token_route: the routing's scratch (" +
+                  std::to_string(sm90::one_token_route_scratch_bytes(E, K)) + " bytes for " + std::to_string(E) +
+                  " experts) exceeds the ring slots (" + std::to_string(Tr::kHandoffOffset) + " bytes)");
+    rt = r;
+  }
   return launch_pdl(kernel, dim3(grid), dim3(Tr::kThreads), smem, stream, args.a, args.shape.k, p,
-                    args.prologue_before_pdl_wait);
+                    args.prologue_before_pdl_wait, rt);
 }
 
 // The refusal of a variant kernel (gathered A, broadcast row) for the f32 epilogue: it exists for GEMM1 only.
@@ -187,6 +220,25 @@ cudaError_t refuse_f32_variant(const char* arg, const char* kernels) {
 template <int WARPS, int DEPTH, int SPW, bool UNROLLED, int BPW, sm90::WsRows ROWS>
 cudaError_t launch_warp_stream_epi(const Sm90GemmArgs& args, const sm90::GemmParams& p, int grid,
                                    cudaStream_t stream) {
+  if (args.one_token_route != nullptr) {  // (sm90_one_token_route_available: checked by the caller)
+    if constexpr (ROWS == sm90::WsRows::kGathered ||
+                  !one_token_route_instantiated(WARPS, DEPTH, SPW, UNROLLED, BPW, ROWS == sm90::WsRows::kBroadcast)) {
+      return fail("sm90_nvfp4_grouped_gemm: one_token_route: no routed kernel for this config");
+    } else if constexpr (ROWS == sm90::WsRows::kBroadcast) {
+      if (args.epilogue == Sm90GemmEpilogue::kSwiGLU)
+        return launch_warp_stream<WARPS, DEPTH, SPW, UNROLLED, BPW, sm90::Epilogue::kSwiGLU, ROWS, true>(args, p, grid,
+                                                                                                       stream);
+      if (args.epilogue == Sm90GemmEpilogue::kRelu2)
+        return launch_warp_stream<WARPS, DEPTH, SPW, UNROLLED, BPW, sm90::Epilogue::kRelu2, ROWS, true>(args, p, grid,
+                                                                                                      stream);
+      return refuse_f32_variant("a_broadcast_row", "broadcast-row");
+    } else {
+      if (args.epilogue == Sm90GemmEpilogue::kF32)
+        return launch_warp_stream<WARPS, DEPTH, SPW, UNROLLED, BPW, sm90::Epilogue::kF32, ROWS, true>(args, p, grid,
+                                                                                                    stream);
+      return fail("sm90_nvfp4_grouped_gemm: one_token_route: with direct rows only the f32 epilogue (GEMM2) routes");
+    }
+  }
   switch (args.epilogue) {
     case Sm90GemmEpilogue::kF32:
       if constexpr (ROWS == sm90::WsRows::kBroadcast) return refuse_f32_variant("a_broadcast_row", "broadcast-row");
@@ -534,6 +586,40 @@ std::string check_args(const Sm90GemmArgs& args, const std::string& who) {
   return "";
 }
 
+// Sm90GemmArgs::one_token_route against the launch (its kernel's own limits, threads and scratch, are checked
+// where it is launched).
+std::string check_one_token_route(const Sm90GemmArgs& args, const Sm90GemmConfig& config, const std::string& who) {
+  const Sm90OneTokenRoute& r = *args.one_token_route;
+  const std::string w = who + ": one_token_route";
+  const bool broadcast = args.a_broadcast_row;
+  if (!sm90_one_token_route_available(config, args.epilogue, broadcast))
+    return w + ": config " + to_string(config) + " has no routed kernel for the " +
+           (broadcast ? "broadcast-row activation epilogue" : "direct-row f32 epilogue") +
+           " (sm90_one_token_route_available)";
+  if (args.a_gather_src != nullptr) return w + ": not with a_gather_src";
+  if (r.route.tokens != 0 && r.route.tokens != 1)
+    return w + ": route.tokens must be 1 (or 0: nothing routed); got " + std::to_string(r.route.tokens);
+  const int E = r.route.experts, K = r.route.top_k;
+  if (E < 1 || E > kMaxExperts || K < 1 || K > 32 || K > E)
+    return w + ": need 1 <= route.top_k <= min(32, route.experts) and route.experts <= " +
+           std::to_string(kMaxExperts) + "; got top_k " + std::to_string(K) + ", experts " + std::to_string(E);
+  if (r.route.logits == nullptr) return w + ": route.logits is null";
+  if (r.plan.experts != E || r.plan.top_k != K || r.plan.tokens != r.route.tokens)
+    return w + ": plan.experts / top_k / tokens must be route's (" + std::to_string(E) + ", " + std::to_string(K) +
+           ", " + std::to_string(r.route.tokens) + "); got " + std::to_string(r.plan.experts) + ", " +
+           std::to_string(r.plan.top_k) + ", " + std::to_string(r.plan.tokens);
+  const int launch_experts = E + (r.plan.append_shared ? 1 : 0);
+  if (args.shape.num_experts != launch_experts)
+    return w + ": shape.num_experts must be route.experts" + (r.plan.append_shared ? " + 1 (append_shared)" : "") +
+           " = " + std::to_string(launch_experts) + "; got " + std::to_string(args.shape.num_experts);
+  if (r.write_outputs &&
+      (r.route.topk_ids == nullptr || r.route.topk_weights == nullptr || r.plan.counts == nullptr ||
+       r.plan.offsets == nullptr || r.plan.tile_offsets == nullptr || r.plan.perm == nullptr || r.plan.inv == nullptr))
+    return w + ": write_outputs needs route.topk_ids / topk_weights and plan.counts / offsets / tile_offsets / perm / "
+               "inv";
+  return "";
+}
+
 // The TMA descriptor of A ([a_rows_capacity, K] bf16, boxes of 64 k x block_t rows, 128-byte swizzle).
 std::string make_a_map(const Sm90GemmArgs& args, int block_t, CUtensorMap* map, const std::string& who) {
   EncodeTiledFn encode = encode_fn();
@@ -605,6 +691,31 @@ int sm90_broadcast_row_max_k(const Sm90GemmConfig& config) {
   return 0;
 }
 
+bool sm90_one_token_route_available(const Sm90GemmConfig& config, Sm90GemmEpilogue epilogue, bool broadcast_row) {
+  if (!config.warp_stream || broadcast_row != (epilogue != Sm90GemmEpilogue::kF32)) return false;
+#define NVFP4MOE_X(warps, depth, spw, unrolled, bpw)                                             \
+  if (is_warp_stream_config(config, warps, depth, spw, unrolled != 0, bpw))                     \
+    return one_token_route_instantiated(warps, depth, spw, unrolled != 0, bpw, broadcast_row);
+  NVFP4MOE_SM90_WARP_STREAM_CONFIGS(NVFP4MOE_X)
+#undef NVFP4MOE_X
+  return false;
+}
+
+bool sm90_one_token_route_fits(const Sm90GemmConfig& config, int experts, int top_k) {
+  if (!config.warp_stream || experts < 1 || experts > kMaxExperts || top_k < 1 || top_k > 32 || top_k > experts)
+    return false;
+#define NVFP4MOE_X(warps, depth, spw, unrolled, bpw)                                                            \
+  if (is_warp_stream_config(config, warps, depth, spw, unrolled != 0, bpw)) {                                    \
+    using Tr = sm90::WarpStreamTraits<warps, depth, spw, unrolled != 0, sm90::Epilogue::kF32, bpw, false>;     \
+    using TrRow = sm90::WarpStreamTraits<warps, depth, spw, unrolled != 0, sm90::Epilogue::kF32, bpw, true>;   \
+    return kernels::block_route_stride(experts) <= Tr::kThreads &&                                             \
+           sm90::one_token_route_scratch_bytes(experts, top_k) <= std::min(Tr::kHandoffOffset, TrRow::kHandoffOffset); \
+  }
+  NVFP4MOE_SM90_WARP_STREAM_CONFIGS(NVFP4MOE_X)
+#undef NVFP4MOE_X
+  return false;
+}
+
 cudaError_t sm90_nvfp4_grouped_gemm(const Sm90GemmArgs& args, const Sm90GemmConfig& config, cudaStream_t stream,
                                     int num_sms) {
   const std::string who = "sm90_nvfp4_grouped_gemm";
@@ -621,6 +732,9 @@ cudaError_t sm90_nvfp4_grouped_gemm(const Sm90GemmArgs& args, const Sm90GemmConf
     return fail(who + ": a_broadcast_row: shape.k = " + std::to_string(args.shape.k) + " exceeds " +
                 std::to_string(sm90_broadcast_row_max_k(config)) + ", the longest row config " + to_string(config) +
                 " keeps in shared memory beside its weight rings");
+  if (args.one_token_route != nullptr) {
+    if (std::string m = check_one_token_route(args, config, who); !m.empty()) return fail(m);
+  }
   const sm90::GemmParams p = make_params(args);
   if (num_sms <= 0)
     if (const cudaError_t e = device_sm_count(&num_sms); e != cudaSuccess) return e;

@@ -11,6 +11,8 @@
 #include <string>
 #include <vector>
 
+#include "cuda/moe_kernels.h"
+
 namespace nvfp4moe::cuda {
 
 enum class Sm90GemmEpilogue : int {
@@ -105,6 +107,13 @@ Sm90GemmConfig sm90_pick_tile_config(const Sm90GemmLoad& load);
 // E[ceil(r / block_t)] over r >= 1.
 double sm90_expected_tile_passes(double mean_rows, int block_t);
 
+// The routing of one token inside a warp-streaming GEMM launch (Sm90GemmArgs::one_token_route).
+struct Sm90OneTokenRoute {
+  RouteArgs route;   // tokens 1 (or 0: nothing routed); its topk_ids / topk_weights written by CTA 0 with write_outputs
+  PlanArgs plan;     // the plan's outputs (CTA 0 with write_outputs); experts, top_k and append_shared as route's
+  bool write_outputs = false;
+};
+
 struct Sm90GemmArgs {
   const uint16_t* a = nullptr;     // bf16 bits [a_rows_capacity, K] row-major, rows in expert order
   int64_t a_rows_capacity = 0;     // rows allocated in a (>= offsets[E]); bounds the TMA reads
@@ -161,7 +170,26 @@ struct Sm90GemmArgs {
   // state, so the layer passes `hidden` itself and no gather runs. The same bits as `a` holding copies of row 0.
   // The row is kept in the CTA's shared memory for the whole launch: shape.k <= sm90_broadcast_row_max_k(config).
   bool a_broadcast_row = false;
+  // The T = 1 routing in the launch itself (nullptr: the offsets are the plan's, read from `offsets`). Every CTA
+  // routes the token from its logits with the block routing (route_block: the same ids and weights, bit for bit,
+  // as the routing launch) and maps the launch's pieces to the experts from the k ids in registers (expert
+  // order: the one-token plan's offsets, each chosen expert one row, the merged shared expert last): no routing
+  // launch, no offsets read, no seek. With write_outputs, CTA 0 also writes the routing's ids and weights and the
+  // whole plan (PlanArgs: counts, offsets, tile offsets, perm, inv, the shared expert's), exactly what the
+  // routing launch writes, for the launches after it (GEMM2, the combine). Only sm90_one_token_route_available
+  // configs; T = 1 (route.tokens == 1; 0: a launch that routes nothing and runs no piece, the layer's warm-up).
+  // GEMM1 (broadcast row, write_outputs) waits for the previous kernel first (the logits are its input); GEMM2
+  // (prologue_before_pdl_wait, no write_outputs) routes before its wait, from logits written before GEMM1 began.
+  const Sm90OneTokenRoute* one_token_route = nullptr;
 };
+// Whether config has the kernel that routes one token itself (Sm90GemmArgs::one_token_route) for this epilogue
+// and rows: the activation epilogues with a broadcast row (GEMM1 at T = 1) and the f32 epilogue with direct rows
+// (GEMM2), for the warp-streaming configs that T = 1 picks (ws8_s6_w16, ws8_s6_w16_u, and ws8_s6_w16_b1 for
+// GEMM1).
+bool sm90_one_token_route_available(const Sm90GemmConfig& config, Sm90GemmEpilogue epilogue, bool broadcast_row);
+// Whether that kernel can route `experts` experts, top_k of them: a thread per expert (rounded up to warps) in
+// its CTA, and the routing's scratch within its ring slots (512 experts and more do not fit ws8's 16 warps).
+bool sm90_one_token_route_fits(const Sm90GemmConfig& config, int experts, int top_k);
 // The longest row (K) a config's broadcast-row kernel keeps in shared memory beside its weight rings (0: a tile
 // config, which has none). 50k+ for every warp-streaming config; a longer K needs the rows in `a`.
 int sm90_broadcast_row_max_k(const Sm90GemmConfig& config);

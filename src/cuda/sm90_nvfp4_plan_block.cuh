@@ -154,42 +154,45 @@ __device__ __forceinline__ void plan_small_block(const PlanArgs& a, int pairs, c
 
 // One token's plan (T = 1, ids = the routing's k slots: distinct experts, or -1 / out of range for a slot without
 // one): every count is 0 or 1, so expert e's first row (and first 1-row tile) is the number of chosen experts
-// below e: a ballot per warp, the warp words in shared memory, one barrier and popcounts, in place of
-// plan_small_block's histogram, atomics, block scans and pair loop (3600 cycles at 128 experts: docs/gemm.md,
-// "Route stops"). The same counts, offsets, tile offsets, perm and inv (a slot's pair is p = j; perm lists the
-// chosen experts' slots in expert order). A block of >= E threads, all of them calling; ids visible to all.
-// The decode routing kernels' plan at T = 1 (bench/results/7bcce2f-route-variants-ab/).
+// below e, which each expert's thread counts over the k ids itself (k <= 32 compares of shared-memory
+// broadcasts), in place of plan_small_block's histogram, atomics, block scans and pair loop (3600 cycles at 128
+// experts: docs/gemm.md, "Route stops"). The same counts, offsets, tile offsets, perm and inv (a slot's pair is
+// p = j; perm lists the chosen experts' slots in expert order). No barrier and no shared memory of its own, so
+// that the warp-streaming GEMM's T = 1 routing (sm90_nvfp4_warp_stream_gemm.cuh) calls it too; every thread of
+// the block may call it (threads stride over the experts), ids visible to all; perm_smem / routed_rows_smem
+// are visible after the caller's next barrier. (Until the twenty-fifth session: a ballot per warp, the words in
+// static shared memory, a barrier and popcounts: the same integers.)
 __device__ __forceinline__ void plan_one_token_block(const PlanArgs& a, const int32_t* ids, bool write_global,
                                                      int32_t* perm_smem, int32_t* routed_rows_smem) {
-  __shared__ uint32_t chosen_words[kMaxExperts / 32];
-  const int e = threadIdx.x, lane = e & 31, warp = e >> 5, K = a.top_k;
-  int slot = -1;
-  if (e < a.experts)
-    for (int j = 0; j < K; ++j)
-      if (ids[j] == e) slot = j;  // the routing's experts are distinct: at most one slot matches
-  const uint32_t word = __ballot_sync(0xFFFFFFFFu, slot >= 0);
-  if (lane == 0 && warp < kMaxExperts / 32) chosen_words[warp] = word;
-  __syncthreads();
-  int32_t below = __popc(word & ((1u << lane) - 1u));
-  for (int w = 0; w < warp && w < kMaxExperts / 32; ++w) below += __popc(chosen_words[w]);
-  const int32_t count = slot >= 0 ? 1 : 0;
-  if (write_global && e < a.experts) {
-    a.counts[e] = count;
-    a.offsets[e] = below;
-    a.tile_offsets[e] = below;  // ceil(count / kGemmBlockM) = count for counts of 0 and 1
-  }
-  if (e == a.experts - 1) {
-    if (write_global) write_plan_tail(a, below + count, below + count);
-    if (routed_rows_smem) *routed_rows_smem = below + count;
-  }
-  if (slot >= 0) {
-    if (write_global) {
-      a.perm[below] = slot;
-      a.inv[slot] = below;
+  const int K = a.top_k;
+  for (int e = threadIdx.x; e < a.experts; e += blockDim.x) {
+    int slot = -1;
+    int32_t below = 0;
+    for (int j = 0; j < K; ++j) {
+      const int id = ids[j];
+      if (id == e) slot = j;  // the routing's experts are distinct: at most one slot matches
+      below += (id >= 0 && id < e) ? 1 : 0;
     }
-    if (perm_smem) perm_smem[below] = slot;
+    const int32_t count = slot >= 0 ? 1 : 0;
+    if (write_global) {
+      a.counts[e] = count;
+      a.offsets[e] = below;
+      a.tile_offsets[e] = below;  // ceil(count / kGemmBlockM) = count for counts of 0 and 1
+    }
+    if (e == a.experts - 1) {
+      if (write_global) write_plan_tail(a, below + count, below + count);
+      if (routed_rows_smem) *routed_rows_smem = below + count;
+    }
+    if (slot >= 0) {
+      if (write_global) {
+        a.perm[below] = slot;
+        a.inv[slot] = below;
+      }
+      if (perm_smem) perm_smem[below] = slot;
+    }
   }
-  if (write_global && e < K && (ids[e] < 0 || ids[e] >= a.experts)) a.inv[e] = -1;
+  const int j = threadIdx.x;
+  if (write_global && j < K && (ids[j] < 0 || ids[j] >= a.experts)) a.inv[j] = -1;
 }
 
 }  // namespace nvfp4moe::cuda::kernels

@@ -1,4 +1,6 @@
-// Routing kernels: logits [T, E] -> top-k ids/weights [T, k]. One warp per token; the E scores of a token live
+// Routing device functions (the kernels that call them: moe_kernels.cu, and the warp-streaming GEMM's T = 1
+// routing in its own launch, sm90_nvfp4_warp_stream_gemm.cuh; no __global__ here, so that both translation units
+// can include it): logits [T, E] -> top-k ids/weights [T, k]. One warp per token; the E scores of a token live
 // in shared memory; the k winners are taken by k warp-wide argmax passes (ties to the lower expert id; over
 // registers up to 256 experts, warp_topk_registers), so the slot order is by descending score, exactly the CPU
 // reference's order (nvfp4-format.md sections 7, 9).
@@ -461,26 +463,6 @@ __device__ __forceinline__ void route_block(const RouteArgs& a, uint8_t* smem, i
       if (a.renormalize && wsum > 0.0f) w = w / wsum;
       ws[j] = w * a.scaling;
     }
-  }
-}
-
-__global__ void route_kernel(RouteArgs a) {
-  pdl_wait_then_allow_next();
-  extern __shared__ __align__(16) uint8_t route_smem[];
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int t = blockIdx.x * kRouteWarps + warp;
-  if (t >= a.tokens) return;  // whole warp leaves together
-  route_token(a, t, route_smem + static_cast<size_t>(warp) * route_smem_per_warp(a.experts), lane);
-}
-
-__global__ void copy_topk_kernel(const int32_t* __restrict__ ids, const float* __restrict__ weights, int pairs,
-                                 int experts, int32_t* __restrict__ ids_out, float* __restrict__ weights_out) {
-  pdl_wait_then_allow_next();
-  for (int p = blockIdx.x * blockDim.x + threadIdx.x; p < pairs; p += gridDim.x * blockDim.x) {
-    const int id = ids[p];
-    const bool ok = id >= 0 && id < experts;
-    ids_out[p] = ok ? id : -1;
-    weights_out[p] = weights[p];
   }
 }
 

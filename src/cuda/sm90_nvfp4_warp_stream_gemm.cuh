@@ -30,6 +30,9 @@
 #include <utility>
 
 #include "cuda/sm90_nvfp4_grouped_gemm.cuh"
+#include "cuda/sm90_nvfp4_grouped_gemm.h"
+#include "cuda/sm90_nvfp4_plan_block.cuh"
+#include "cuda/sm90_nvfp4_route.cuh"
 
 namespace nvfp4moe::cuda::sm90 {
 
@@ -87,6 +90,15 @@ struct WarpStreamTraits {  // (UNROLLED, EPI only so that each kernel gets its o
   static constexpr int kRegsNeeded = 0;  // no setmaxnreg: the launch's own register count is what it needs
   static_assert(kSmemBytes <= kMaxSmemPerBlock, "shared memory per block");
 };
+
+// The T = 1 routing of a routed kernel (ROUTED, Sm90GemmArgs::one_token_route) works in the CTA's ring slots before
+// any weight copy: route_block's scratch, then the k ids (16-byte aligned: block_route_smem rounds up).
+__host__ __device__ inline int one_token_route_ids_offset(int experts, int top_k) {
+  return static_cast<int>(kernels::block_route_smem(1, experts, top_k));
+}
+__host__ __device__ inline int one_token_route_scratch_bytes(int experts, int top_k) {
+  return one_token_route_ids_offset(experts, top_k) + 4 * top_k;
+}
 
 // cp_async16 / cp_async4 / cp_async_commit / cp_async_wait: sm90_nvfp4_grouped_gemm.cuh.
 
@@ -531,10 +543,17 @@ __device__ __forceinline__ WsTokenRows ws_gathered_token_rows(const GemmParams& 
 // BPW = 1 ("_b1"): warps 2j and 2j + 1 of a CTA (two schedulers) walk the same pieces, the first streaming block 0
 // of each (the SwiGLU gate), the second block 1 (up); the second hands its accumulators to the first through
 // shared memory and the first runs the epilogue on exactly the values one warp with both blocks would hold.
-template <int WARPS, int DEPTH, int SPW, bool UNROLLED, Epilogue EPI, WsRows ROWS = WsRows::kDirect, int BPW = 2>
+//
+// ROUTED (Sm90GemmArgs::one_token_route, T = 1): the CTA routes the token itself (route_block, all its threads,
+// in its ring slots before any weight copy; CTA 0 also writes the routing's and the plan's outputs with
+// rt.write_outputs), and each warp maps a piece index to its expert from the k ids in registers (routed_seek) in
+// place of TileCursor::seek over the offsets: the same pieces, experts and rows as the plan's offsets give.
+template <int WARPS, int DEPTH, int SPW, bool UNROLLED, Epilogue EPI, WsRows ROWS = WsRows::kDirect, int BPW = 2,
+          bool ROUTED = false>
 __global__ void __launch_bounds__(WARPS * 32, 1)
     sm90_nvfp4_warp_stream_gemm_kernel(const uint16_t* __restrict__ a, const int k, const GemmParams p,
-                                       const bool before_wait) {
+                                       const bool before_wait, const Sm90OneTokenRoute rt) {
+  static_assert(!ROUTED || ROWS != WsRows::kGathered, "the routed kernels read a broadcast row or direct rows");
   constexpr bool kResidentRow = ROWS == WsRows::kBroadcast;
   using Tr = WarpStreamTraits<WARPS, DEPTH, SPW, UNROLLED, EPI, BPW, kResidentRow>;
   using Slot = typename Tr::Slot;
@@ -577,6 +596,48 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
     }
   }
   const int n_pieces = p.units * Slot::kPiecesPerUnit;  // per expert and token tile
+  // The T = 1 routing (ROUTED): lane j < k of every warp holds slot j's expert (route_id, -1: none) and its place
+  // among the chosen experts in expert order (route_pos: the number of chosen experts below it, which is the
+  // one-token plan's offsets[e]); routed_experts: the launch's experts with a row (the chosen ones, then the merged
+  // shared expert as expert E).
+  [[maybe_unused]] int route_id = -1, route_pos = 0, routed_experts = 0;
+  if constexpr (ROUTED) {
+    if (rt.route.tokens == 1) {
+      int32_t* ids_smem = reinterpret_cast<int32_t*>(ws_smem + one_token_route_ids_offset(rt.route.experts,
+                                                                                         rt.route.top_k));
+      const bool writes = rt.write_outputs && blockIdx.x == 0;
+      kernels::route_block(rt.route, ws_smem, ids_smem, writes);  // the ids are visible after its last barrier
+      if (writes) kernels::plan_one_token_block(rt.plan, ids_smem, true, nullptr, nullptr);
+      const int K = rt.route.top_k;
+      route_id = lane < K ? ids_smem[lane] : -1;
+      if (route_id >= rt.route.experts) route_id = -1;
+      __syncthreads();  // every warp has read the scratch: the ring slots are the rings' from here on
+      for (int j = 0; j < K; ++j) {
+        const int other = __shfl_sync(0xFFFFFFFFu, route_id, j);
+        route_pos += (other >= 0 && other < route_id) ? 1 : 0;
+      }
+      routed_experts = __popc(__ballot_sync(0xFFFFFFFFu, route_id >= 0)) + (rt.plan.append_shared ? 1 : 0);
+    }
+  }
+  // Piece idx of a routed kernel: expert place q = idx / n_pieces, one row (row q) and one token tile each.
+  [[maybe_unused]] auto routed_seek = [&](TileCursor<kWsTokens>& c, const int idx) {
+    const int q = idx / n_pieces;
+    if (q >= routed_experts) return false;
+    const unsigned m = __ballot_sync(0xFFFFFFFFu, route_id >= 0 && route_pos == q);
+    const int from = m != 0u ? __ffs(m) - 1 : 0;
+    const int e = __shfl_sync(0xFFFFFFFFu, route_id, from);
+    c.e = m != 0u ? e : rt.route.experts;  // past the chosen ones: the merged shared expert
+    c.first = q * n_pieces;
+    c.count = n_pieces;
+    c.ttiles = 1;
+    c.row_begin = q;
+    c.rows = 1;
+    return true;
+  };
+  auto next_piece = [&](TileCursor<kWsTokens>& c, const int idx) {
+    if constexpr (ROUTED) return routed_seek(c, idx);
+    else return c.template seek<kWsExpertsPerLane, true>(p, n_pieces, idx);
+  };
   // A piece's warps (2 with one block a warp): `walker` is the pair's place in the grid's round-robin of pieces,
   // `blk` the warp's block of each piece.
   constexpr int kWarpsPerPiece = 2 / BPW;
@@ -736,8 +797,7 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
       return tr;
     };
     auto nothing = [] {};
-    for (; cur.template seek<kWsExpertsPerLane, true>(p, n_pieces, idx); idx += stride)
-      run_piece(cur, idx, rows_of, false, nothing);
+    for (; next_piece(cur, idx); idx += stride) run_piece(cur, idx, rows_of, false, nothing);
   } else {
     // offsets[gather_perm_experts]: the rows past it are the appended shared expert's (none without a permutation)
     const int perm_rows = p.gather_perm != nullptr ? __ldg(p.offsets + p.gather_perm_experts) : 0;

@@ -990,6 +990,97 @@ TEST(CudaLayer, T1BroadcastBitIdenticalToGather) {
   EXPECT_GE(broadcast_points, 4) << "GEMM1 broadcast at too few points: the test checks little";
 }
 
+// The routing outputs a forward left in the workspace (ids, weights, counts, offsets with the merged shared
+// expert's entry, perm over the routed rows, inv), for comparing two layers' plans bit for bit.
+struct PlanDump {
+  std::vector<int32_t> ids, counts, offsets, perm, inv;
+  std::vector<uint32_t> weight_bits;
+  bool operator==(const PlanDump&) const = default;
+};
+void dump_plan_into(const Harness& h, int64_t T, PlanDump& d) {  // (void: CUDA_OK asserts)
+  const int64_t E = h.spec().num_experts, K = h.spec().top_k;
+  const PlanView pv = h.cuda->plan_view();
+  d.ids.resize(T * K);
+  d.weight_bits.resize(T * K);
+  d.counts.resize(E);
+  d.offsets.resize(E + (h.cuda->shared_in_routed() ? 2 : 1));
+  d.inv.resize(T * K);
+  CUDA_OK(cudaMemcpy(d.ids.data(), pv.topk_ids, T * K * 4, cudaMemcpyDeviceToHost));
+  CUDA_OK(cudaMemcpy(d.weight_bits.data(), pv.topk_weights, T * K * 4, cudaMemcpyDeviceToHost));
+  CUDA_OK(cudaMemcpy(d.counts.data(), pv.counts, E * 4, cudaMemcpyDeviceToHost));
+  CUDA_OK(cudaMemcpy(d.offsets.data(), pv.offsets, d.offsets.size() * 4, cudaMemcpyDeviceToHost));
+  CUDA_OK(cudaMemcpy(d.inv.data(), pv.inv, T * K * 4, cudaMemcpyDeviceToHost));
+  d.perm.resize(std::clamp<int64_t>(d.offsets[E], 0, T * K));
+  CUDA_OK(cudaMemcpy(d.perm.data(), pv.perm, d.perm.size() * 4, cudaMemcpyDeviceToHost));
+}
+PlanDump dump_plan(const Harness& h, int64_t T) {
+  PlanDump d;
+  dump_plan_into(h, T, d);
+  return d;
+}
+
+// T = 1 with router logits routed inside GEMM1 (the default; NVFP4MOE_T1_ROUTE_IN_GEMM=0: the routing launch):
+// every CTA of the warp-streaming GEMM1 routes the token with the block routing and maps its pieces from the ids,
+// CTA 0 writes the ids, weights and plan; GEMM2 routes again before its wait (NVFP4MOE_T1_ROUTE_IN_GEMM2=0: it
+// seeks GEMM1's offsets after its wait). Both give the routing launch's ids, weights, plan and output bits:
+// softmax (40, 128 experts), sigmoid with a separate shared expert, the shared expert merged as expert E (32 and
+// 256 experts in groups, as DeepSeek-V3), relu^2 with a K tail; random logits, ties everywhere (every logit equal:
+// the lowest ids win), NaN logits (never chosen) and all-NaN logits (no expert: every slot -1, only a merged
+// shared expert runs); a poisoned workspace; a captured graph replayed with new logits.
+TEST(CudaLayer, T1RouteInGemmBitIdenticalToRoutingLaunch) {
+  const LayerDims kWideSoftmax{"softmax H2048 E128 k8", 2048, 64, 128, 8};
+  const LayerDims kDeepSeekLike{"sigmoid-grouped E256 k8 n8 g4 +shared(I) as expert E", 256, 64, 256, 8,
+                                Activation::SwiGLU, Routing::SigmoidGroupedTopK, 8, 4, 2.5f, true, 64};
+  const LayerDims kLongK{"softmax H2880 E32 k4 (one block a warp: K >= 40 k-tiles)", 2880, 64, 32, 4};
+  const LayerDims dims[] = {kSmallSoftmax, kSmallSigmoid, kMergedSigmoid, kRelu2MergedShared, kWideSoftmax,
+                            kDeepSeekLike, kLongK};
+  int gemm1_points = 0, gemm2_points = 0, b1_points = 0;
+  for (const LayerDims& d : dims) {
+    SCOPED_TRACE(d.name);
+    SwitchPair h("NVFP4MOE_T1_ROUTE_IN_GEMM", "0", d, Mode::W4A16, 64, 59);  // base: routes in GEMM1, switched: launch
+    SwitchPair h2("NVFP4MOE_T1_ROUTE_IN_GEMM2", "0", d, Mode::W4A16, 64, 59);  // switched: GEMM2 seeks
+    const auto routing = h.base.cuda->decode_routing(1, false, true);
+    EXPECT_FALSE(h.switched.cuda->decode_routing(1, false, true).gemm1_routes);
+    EXPECT_FALSE(h2.switched.cuda->decode_routing(1, false, true).gemm2_routes);
+    EXPECT_FALSE(h.base.cuda->decode_routing(2, false, true).gemm1_routes);  // T = 1 only
+    EXPECT_FALSE(h.base.cuda->decode_routing(1, false, false).gemm1_routes);  // router logits only
+    gemm1_points += routing.gemm1_routes;
+    gemm2_points += routing.gemm2_routes;
+    const auto launches = h.base.cuda->sm90_launches(1);
+    b1_points += routing.gemm1_routes && !launches.empty() && launches[0].config.blocks_per_warp == 1;
+    const int64_t E = d.E, H = d.H;
+    for (int trial = 0; trial < 4; ++trial) {
+      SCOPED_TRACE("trial " + std::to_string(trial));
+      std::vector<float> logits = random_logits(1, E, 3100 + trial);
+      if (trial == 1) std::fill(logits.begin(), logits.end(), 0.25f);  // ties: the lowest ids, in id order
+      if (trial == 2)
+        for (int64_t e = 0; e < E; e += 3) logits[e] = std::numeric_limits<float>::quiet_NaN();
+      if (trial == 3) std::fill(logits.begin(), logits.end(), std::numeric_limits<float>::quiet_NaN());
+      const auto hidden = random_hidden(1, H, 3200 + trial);
+      put_inputs({&h.base, &h.switched, &h2.base, &h2.switched}, hidden, logits);
+      for (Harness* x : {&h.base, &h.switched, &h2.switched}) {
+        CUDA_OK(cudaMemset(x->cuda->workspace(), 0xD5, x->layer->workspace_bytes()));
+        CUDA_OK(cudaMemset(x->out.p, 0x7F, x->out.n * 4));
+        x->forward_logits(1, x->out.p, DType::F32);
+      }
+      CUDA_OK(cudaDeviceSynchronize());
+      const PlanDump launch_plan = dump_plan(h.switched, 1);
+      EXPECT_EQ(dump_plan(h.base, 1), launch_plan) << "routed in GEMM1 against the routing launch";
+      EXPECT_EQ(dump_plan(h2.switched, 1), launch_plan) << "GEMM2 seeking against the routing launch";
+      const auto ref = h.switched.out.get(H);
+      EXPECT_EQ(std::memcmp(h.base.out.get(H).data(), ref.data(), H * 4), 0) << "output, routed in GEMM1";
+      EXPECT_EQ(std::memcmp(h2.switched.out.get(H).data(), ref.data(), H * 4), 0) << "output, GEMM2 seeking";
+      if (trial == 3) EXPECT_EQ(launch_plan.offsets[E], 0) << "all-NaN logits choose no expert";
+    }
+    expect_forwards_bit_identical(h.switched, h.base, 1, 3300, true);  // (caller ids: the copy launch, as before)
+    expect_replays_bit_identical(h.switched, h.base, 1, 3400);
+    expect_replays_bit_identical(h.switched, h2.switched, 1, 3500);
+  }
+  EXPECT_GE(gemm1_points, 5) << "GEMM1 routed at too few points: the test checks little";
+  EXPECT_GE(gemm2_points, 4) << "GEMM2 routed at too few points: the test checks little";
+  EXPECT_GE(b1_points, 1) << "no routed GEMM1 with one block a warp: its kernel is untested";
+}
+
 // Decode with the warp-streaming GEMM1 gathering its own rows (NVFP4MOE_WS_GATHER=1: GEMM1 reads `hidden` through
 // the plan's permutation, the routing kernel skips its gather step, no gather kernel runs) gives the gather's bits:
 // softmax, sigmoid with a separate shared expert, the shared expert merged as expert E (its rows r - offsets[E]),
