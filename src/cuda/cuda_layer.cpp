@@ -611,14 +611,21 @@ void CudaMoeLayer::warm_up_sm90() {
         const int E = static_cast<int>(spec_.num_experts), K = static_cast<int>(spec_.top_k);
         if (t1_route_in_gemm_enabled_ && sm90_one_token_route_available(c, g1.epilogue, true) &&
             sm90_one_token_route_fits(c, E, K)) {  // its routed kernels, routing no token
-          Sm90OneTokenRoute rt{};
-          rt.route.logits = topk_weights_;  // (not read: no token)
+          Sm90OneTokenRoute rt{};  // (no token: nothing is read or written)
+          rt.route.logits = topk_weights_;
           rt.route.tokens = 0;
           rt.route.experts = E;
           rt.route.top_k = K;
+          rt.route.topk_ids = topk_ids_;
+          rt.route.topk_weights = topk_weights_;
           rt.plan.tokens = 0;
           rt.plan.experts = E;
           rt.plan.top_k = K;
+          rt.plan.counts = counts_;
+          rt.plan.offsets = offsets_;
+          rt.plan.tile_offsets = tile_offsets_;
+          rt.plan.perm = perm_;
+          rt.plan.inv = inv_;
           rt.plan.append_shared = shared_in_routed_;
           gb.one_token_route = &rt;
           check_sm90(sm90_nvfp4_grouped_gemm(gb, c, nullptr, device_sm_count()), "sm90 gemm1 routed (warm-up)");
@@ -632,7 +639,7 @@ void CudaMoeLayer::warm_up_sm90() {
             g2r.alpha1 = nullptr;
             g2r.out = y_;
             g2r.epilogue = Sm90GemmEpilogue::kF32;
-            g2r.prologue_before_pdl_wait = true;
+            rt.read_ids = true;
             check_sm90(sm90_nvfp4_grouped_gemm(g2r, c, nullptr, device_sm_count()), "sm90 gemm2 routed (warm-up)");
           }
         }
@@ -836,15 +843,15 @@ void CudaMoeLayer::forward(const TensorRef& hidden, const RoutingArgs& routing, 
                       !(route && fused_gather_enabled_ && route_plan_gather_fuses(*route, pl, routed_gather));
   }
   // T = 1 with logits: GEMM1 routes the token itself (one_token_route) and no routing launch runs. GEMM2 then
-  // routes it again before its wait (its config's routed kernel), or waits for GEMM1's offsets before seeking.
+  // waits for GEMM1 (the previous launch: its offsets cannot be read before the wait) and reads the k ids GEMM1
+  // wrote (its config's read_ids kernel), or seeks the offsets.
   const bool gemm1_routes = decode.gemm1_routes, gemm2_routes = decode.gemm2_routes;
   Sm90OneTokenRoute gemm1_route{}, gemm2_route{};
   if (gemm1_routes) {
     gemm1_route.route = *route;
     gemm1_route.plan = pl;
-    gemm1_route.write_outputs = true;
     gemm2_route = gemm1_route;
-    gemm2_route.write_outputs = false;  // (GEMM1's CTA 0 wrote them)
+    gemm2_route.read_ids = true;  // (GEMM1's CTA 0 wrote them)
   }
   if (gemm1_routes) {
     // (no routing launch: GEMM1 writes the ids, weights and plan)
@@ -934,9 +941,9 @@ void CudaMoeLayer::forward(const TensorRef& hidden, const RoutingArgs& routing, 
       // GEMM2's offsets are the plan's (two or more launches back: GEMM1, and act_amax when calibrating, ran
       // since); only its operand rows come from the previous kernel. NVFP4MOE_EARLY_GEMM2=0: off, for A/B.
       s2.prologue_before_pdl_wait = early_gemm2_enabled_;
-      if (routed && gemm1_routes) {  // the offsets are GEMM1's (the previous launch): route again, or wait first
-        if (gemm2_routes) s2.one_token_route = &gemm2_route;
-        else s2.prologue_before_pdl_wait = false;
+      if (routed && gemm1_routes) {  // the offsets are GEMM1's (the previous launch): wait first
+        s2.prologue_before_pdl_wait = false;
+        if (gemm2_routes) s2.one_token_route = &gemm2_route;  // then read GEMM1's ids instead of seeking
       }
       // The dynamic tile schedule (same bits; the SMs end within about a tile of each other).
       if (dynamic_tiles_enabled_) {

@@ -229,10 +229,10 @@ class CudaMoeLayer final : public MoeLayer {
   bool t1_broadcast_enabled_ = true;
   // At T = 1 with router logits and the broadcast-row GEMM1 (above), GEMM1 routes the token itself
   // (Sm90GemmArgs::one_token_route: every CTA runs the block routing, CTA 0 writes the ids, weights and plan) and
-  // no routing launch runs; GEMM2 routes it again before its PDL wait (its pieces known without the offsets that
-  // GEMM1 writes) where its config has that kernel, else waits first. NVFP4MOE_T1_ROUTE_IN_GEMM=0 (read at
-  // creation): the routing launch, for A/B and the bitwise test; NVFP4MOE_T1_ROUTE_IN_GEMM2=0: GEMM2 seeks the
-  // offsets after its wait instead of routing.
+  // no routing launch runs (H100: -1.0..-2.7 us a layer, bench/results/3bf2a7d-t1-route-in-gemm-ab-h100). GEMM2
+  // then waits for GEMM1 first (the offsets are GEMM1's now) and reads the k ids GEMM1 wrote (read_ids) where its
+  // config has that kernel. NVFP4MOE_T1_ROUTE_IN_GEMM=0 (read at creation): the routing launch, for A/B and the
+  // bitwise test; NVFP4MOE_T1_ROUTE_IN_GEMM2=0: GEMM2 seeks the offsets after its wait.
   bool t1_route_in_gemm_enabled_ = true;
   bool t1_route_in_gemm2_enabled_ = true;
   // NVFP4MOE_WS_GATHER=1 (read at creation; measured slower on the H200, +1..9%, bench/results/1316906-ws-gather-ab,

@@ -70,9 +70,9 @@ cudaError_t fail(const std::string& msg) {
   X(16, 4, 2, 1, 2)                          \
   X(16, 6, 1, 0, 1)
 
-// The configs with a kernel that routes one token itself (Sm90GemmArgs::one_token_route): those that T = 1 picks,
-// X(warps, depth, spw, unrolled, bpw, gemm2): the broadcast-row GEMM1 kernels (SwiGLU, relu^2) of all three,
-// the direct-row f32 GEMM2 kernel where gemm2 is 1 (the heuristic keeps GEMM2 on two blocks a warp).
+// The configs with Sm90GemmArgs::one_token_route kernels: those that T = 1 picks, X(warps, depth, spw, unrolled,
+// bpw, gemm2): the broadcast-row GEMM1 kernels (SwiGLU, relu^2; routing) of all three, the direct-row f32 GEMM2
+// kernel (read_ids) where gemm2 is 1 (the heuristic keeps GEMM2 on two blocks a warp).
 #define NVFP4MOE_SM90_ONE_TOKEN_ROUTE_CONFIGS(X) \
   X(16, 6, 1, 0, 2, 1)                           \
   X(16, 6, 1, 1, 2, 1)                           \
@@ -199,7 +199,7 @@ cudaError_t launch_warp_stream(const Sm90GemmArgs& args, const sm90::GemmParams&
                   " needs a block of " + std::to_string(kernels::block_route_stride(E)) + " threads; config " +
                   to_string(Sm90GemmConfig{sm90::kWsTokens, DEPTH, WARPS / 4, 1, false, true, SPW, UNROLLED, BPW}) +
                   " has " + std::to_string(Tr::kThreads));
-    if (sm90::one_token_route_scratch_bytes(E, K) > Tr::kHandoffOffset)
+    if (!r.read_ids && sm90::one_token_route_scratch_bytes(E, K) > Tr::kHandoffOffset)
       return fail("sm90_nvfp4_grouped_gemm: one_token_route: the routing's scratch (" +
                   std::to_string(sm90::one_token_route_scratch_bytes(E, K)) + " bytes for " + std::to_string(E) +
                   " experts) exceeds the ring slots (" + std::to_string(Tr::kHandoffOffset) + " bytes)");
@@ -597,13 +597,20 @@ std::string check_one_token_route(const Sm90GemmArgs& args, const Sm90GemmConfig
            (broadcast ? "broadcast-row activation epilogue" : "direct-row f32 epilogue") +
            " (sm90_one_token_route_available)";
   if (args.a_gather_src != nullptr) return w + ": not with a_gather_src";
+  if (r.read_ids == broadcast)
+    return w + (broadcast ? ": read_ids with a_broadcast_row (GEMM1 routes the token; GEMM2 reads its ids)"
+                          : ": routing in a direct-row launch (only GEMM1 with a_broadcast_row routes; GEMM2 reads "
+                            "its ids: read_ids)");
+  if (!r.read_ids && args.prologue_before_pdl_wait)
+    return w + ": prologue_before_pdl_wait with the routing in the launch (the logits come from the previous "
+               "kernel: the routing follows the wait)";
   if (r.route.tokens != 0 && r.route.tokens != 1)
     return w + ": route.tokens must be 1 (or 0: nothing routed); got " + std::to_string(r.route.tokens);
   const int E = r.route.experts, K = r.route.top_k;
   if (E < 1 || E > kMaxExperts || K < 1 || K > 32 || K > E)
     return w + ": need 1 <= route.top_k <= min(32, route.experts) and route.experts <= " +
            std::to_string(kMaxExperts) + "; got top_k " + std::to_string(K) + ", experts " + std::to_string(E);
-  if (r.route.logits == nullptr) return w + ": route.logits is null";
+  if (!r.read_ids && r.route.logits == nullptr) return w + ": route.logits is null";
   if (r.plan.experts != E || r.plan.top_k != K || r.plan.tokens != r.route.tokens)
     return w + ": plan.experts / top_k / tokens must be route's (" + std::to_string(E) + ", " + std::to_string(K) +
            ", " + std::to_string(r.route.tokens) + "); got " + std::to_string(r.plan.experts) + ", " +
@@ -612,11 +619,11 @@ std::string check_one_token_route(const Sm90GemmArgs& args, const Sm90GemmConfig
   if (args.shape.num_experts != launch_experts)
     return w + ": shape.num_experts must be route.experts" + (r.plan.append_shared ? " + 1 (append_shared)" : "") +
            " = " + std::to_string(launch_experts) + "; got " + std::to_string(args.shape.num_experts);
-  if (r.write_outputs &&
-      (r.route.topk_ids == nullptr || r.route.topk_weights == nullptr || r.plan.counts == nullptr ||
-       r.plan.offsets == nullptr || r.plan.tile_offsets == nullptr || r.plan.perm == nullptr || r.plan.inv == nullptr))
-    return w + ": write_outputs needs route.topk_ids / topk_weights and plan.counts / offsets / tile_offsets / perm / "
-               "inv";
+  if (r.route.topk_ids == nullptr ||
+      (!r.read_ids && (r.route.topk_weights == nullptr || r.plan.counts == nullptr || r.plan.offsets == nullptr ||
+                       r.plan.tile_offsets == nullptr || r.plan.perm == nullptr || r.plan.inv == nullptr)))
+    return w + ": null among route.topk_ids and (routing) route.topk_weights, plan.counts / offsets / tile_offsets / "
+               "perm / inv";
   return "";
 }
 

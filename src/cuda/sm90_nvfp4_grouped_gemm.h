@@ -109,9 +109,12 @@ double sm90_expected_tile_passes(double mean_rows, int block_t);
 
 // The routing of one token inside a warp-streaming GEMM launch (Sm90GemmArgs::one_token_route).
 struct Sm90OneTokenRoute {
-  RouteArgs route;   // tokens 1 (or 0: nothing routed); its topk_ids / topk_weights written by CTA 0 with write_outputs
-  PlanArgs plan;     // the plan's outputs (CTA 0 with write_outputs); experts, top_k and append_shared as route's
-  bool write_outputs = false;
+  RouteArgs route;   // tokens 1 (or 0: nothing routed); topk_ids / topk_weights: written by CTA 0 (not read_ids)
+  PlanArgs plan;     // the plan's outputs, written by CTA 0 (not read_ids); experts, top_k and append_shared as route's
+  // false (GEMM1): every CTA routes the token from route.logits after its PDL wait, CTA 0 writes the routing's and
+  // the plan's outputs. true (GEMM2 after such a GEMM1): after its PDL wait every warp reads the k ids that launch
+  // wrote (route.topk_ids) instead of seeking its pieces in the offsets.
+  bool read_ids = false;
 };
 
 struct Sm90GemmArgs {
@@ -170,22 +173,21 @@ struct Sm90GemmArgs {
   // state, so the layer passes `hidden` itself and no gather runs. The same bits as `a` holding copies of row 0.
   // The row is kept in the CTA's shared memory for the whole launch: shape.k <= sm90_broadcast_row_max_k(config).
   bool a_broadcast_row = false;
-  // The T = 1 routing in the launch itself (nullptr: the offsets are the plan's, read from `offsets`). Every CTA
+  // The T = 1 routing in the launch itself (nullptr: the offsets are the plan's, read from `offsets`). GEMM1
+  // (a_broadcast_row; waits for the previous kernel first, prologue_before_pdl_wait must be false): every CTA
   // routes the token from its logits with the block routing (route_block: the same ids and weights, bit for bit,
-  // as the routing launch) and maps the launch's pieces to the experts from the k ids in registers (expert
-  // order: the one-token plan's offsets, each chosen expert one row, the merged shared expert last): no routing
-  // launch, no offsets read, no seek. With write_outputs, CTA 0 also writes the routing's ids and weights and the
-  // whole plan (PlanArgs: counts, offsets, tile offsets, perm, inv, the shared expert's), exactly what the
-  // routing launch writes, for the launches after it (GEMM2, the combine). Only sm90_one_token_route_available
-  // configs; T = 1 (route.tokens == 1; 0: a launch that routes nothing and runs no piece, the layer's warm-up).
-  // GEMM1 (broadcast row, write_outputs) waits for the previous kernel first (the logits are its input); GEMM2
-  // (prologue_before_pdl_wait, no write_outputs) routes before its wait, from logits written before GEMM1 began.
+  // as the routing launch), and CTA 0 writes the routing's ids and weights and the whole plan (PlanArgs: counts,
+  // offsets, tile offsets, perm, inv, the shared expert's), exactly what the routing launch writes, for the
+  // launches after it. GEMM2 (read_ids, f32 epilogue): after its wait every warp reads those k ids. Either way
+  // each warp maps the launch's pieces to the experts from the k ids in registers (expert order: the one-token
+  // plan's offsets, each chosen expert one row, the merged shared expert last): no routing launch, no seek in
+  // the offsets. Only sm90_one_token_route_available configs; T = 1 (route.tokens == 1; 0: a launch that routes
+  // nothing and runs no piece, the layer's warm-up).
   const Sm90OneTokenRoute* one_token_route = nullptr;
 };
-// Whether config has the kernel that routes one token itself (Sm90GemmArgs::one_token_route) for this epilogue
-// and rows: the activation epilogues with a broadcast row (GEMM1 at T = 1) and the f32 epilogue with direct rows
-// (GEMM2), for the warp-streaming configs that T = 1 picks (ws8_s6_w16, ws8_s6_w16_u, and ws8_s6_w16_b1 for
-// GEMM1).
+// Whether config has the kernel with Sm90GemmArgs::one_token_route for this epilogue and rows: the activation
+// epilogues with a broadcast row (GEMM1 at T = 1, routing) and the f32 epilogue with direct rows (GEMM2, read_ids),
+// for the warp-streaming configs that T = 1 picks (ws8_s6_w16, ws8_s6_w16_u, and ws8_s6_w16_b1 for GEMM1).
 bool sm90_one_token_route_available(const Sm90GemmConfig& config, Sm90GemmEpilogue epilogue, bool broadcast_row);
 // Whether that kernel can route `experts` experts, top_k of them: a thread per expert (rounded up to warps) in
 // its CTA, and the routing's scratch within its ring slots (512 experts and more do not fit ws8's 16 warps).

@@ -1021,7 +1021,7 @@ PlanDump dump_plan(const Harness& h, int64_t T) {
 
 // T = 1 with router logits routed inside GEMM1 (the default; NVFP4MOE_T1_ROUTE_IN_GEMM=0: the routing launch):
 // every CTA of the warp-streaming GEMM1 routes the token with the block routing and maps its pieces from the ids,
-// CTA 0 writes the ids, weights and plan; GEMM2 routes again before its wait (NVFP4MOE_T1_ROUTE_IN_GEMM2=0: it
+// CTA 0 writes the ids, weights and plan; GEMM2 reads those ids after its wait (NVFP4MOE_T1_ROUTE_IN_GEMM2=0: it
 // seeks GEMM1's offsets after its wait). Both give the routing launch's ids, weights, plan and output bits:
 // softmax (40, 128 experts), sigmoid with a separate shared expert, the shared expert merged as expert E (32 and
 // 256 experts in groups, as DeepSeek-V3), relu^2 with a K tail; random logits, ties everywhere (every logit equal:
@@ -1077,7 +1077,7 @@ TEST(CudaLayer, T1RouteInGemmBitIdenticalToRoutingLaunch) {
     expect_replays_bit_identical(h.switched, h2.switched, 1, 3500);
   }
   EXPECT_GE(gemm1_points, 5) << "GEMM1 routed at too few points: the test checks little";
-  EXPECT_GE(gemm2_points, 4) << "GEMM2 routed at too few points: the test checks little";
+  EXPECT_GE(gemm2_points, 4) << "GEMM2 read GEMM1's ids at too few points: the test checks little";
   EXPECT_GE(b1_points, 1) << "no routed GEMM1 with one block a warp: its kernel is untested";
 }
 
