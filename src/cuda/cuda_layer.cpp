@@ -295,7 +295,7 @@ CudaMoeLayer::CudaMoeLayer(MoeWeights w, const MoeLayerOptions& options, GemmPat
       t1_broadcast_enabled_ = env_switch("NVFP4MOE_T1_BROADCAST");  // A/B: "0" = the gather copies at T = 1
       ws_gather_enabled_ = env_opt_in("NVFP4MOE_WS_GATHER");  // A/B: "1" = decode GEMM1 gathers
       t1_route_in_gemm_enabled_ = env_switch("NVFP4MOE_T1_ROUTE_IN_GEMM");    // A/B: "0" = the routing launch
-      t1_route_in_gemm2_enabled_ = env_switch("NVFP4MOE_T1_ROUTE_IN_GEMM2");  // A/B: "0" = GEMM2 seeks
+      t1_gemm2_reads_ids_ = env_opt_in("NVFP4MOE_T1_GEMM2_READS_IDS");  // A/B: "1" = GEMM2 reads GEMM1's ids
       // Zero once; every chained launch leaves its counters zero (sm90_nvfp4_chained_gemms), every dynamically
       // scheduled one its tile counter.
       const size_t routed_n = sm90_chain_counter_count(static_cast<int>(spec_.num_experts) + 1);
@@ -627,6 +627,7 @@ void CudaMoeLayer::warm_up_sm90() {
           rt.plan.perm = perm_;
           rt.plan.inv = inv_;
           rt.plan.append_shared = shared_in_routed_;
+          rt.write_outputs = true;
           gb.one_token_route = &rt;
           check_sm90(sm90_nvfp4_grouped_gemm(gb, c, nullptr, device_sm_count()), "sm90 gemm1 routed (warm-up)");
           if (sm90_one_token_route_available(c, Sm90GemmEpilogue::kF32, false)) {
@@ -640,6 +641,7 @@ void CudaMoeLayer::warm_up_sm90() {
             g2r.out = y_;
             g2r.epilogue = Sm90GemmEpilogue::kF32;
             rt.read_ids = true;
+            rt.write_outputs = false;
             check_sm90(sm90_nvfp4_grouped_gemm(g2r, c, nullptr, device_sm_count()), "sm90 gemm2 routed (warm-up)");
           }
         }
@@ -843,14 +845,16 @@ void CudaMoeLayer::forward(const TensorRef& hidden, const RoutingArgs& routing, 
                       !(route && fused_gather_enabled_ && route_plan_gather_fuses(*route, pl, routed_gather));
   }
   // T = 1 with logits: GEMM1 routes the token itself (one_token_route) and no routing launch runs. GEMM2 then
-  // waits for GEMM1 (the previous launch: its offsets cannot be read before the wait) and reads the k ids GEMM1
-  // wrote (its config's read_ids kernel), or seeks the offsets.
-  const bool gemm1_routes = decode.gemm1_routes, gemm2_routes = decode.gemm2_routes;
+  // waits for GEMM1 (the previous launch: its offsets cannot be read before the wait) and seeks the offsets, or
+  // (NVFP4MOE_T1_GEMM2_READS_IDS=1) reads the k ids GEMM1 wrote (its config's read_ids kernel).
+  const bool gemm1_routes = decode.gemm1_routes, gemm2_reads_ids = decode.gemm2_reads_ids;
   Sm90OneTokenRoute gemm1_route{}, gemm2_route{};
   if (gemm1_routes) {
     gemm1_route.route = *route;
     gemm1_route.plan = pl;
+    gemm1_route.write_outputs = true;
     gemm2_route = gemm1_route;
+    gemm2_route.write_outputs = false;
     gemm2_route.read_ids = true;  // (GEMM1's CTA 0 wrote them)
   }
   if (gemm1_routes) {
@@ -943,7 +947,7 @@ void CudaMoeLayer::forward(const TensorRef& hidden, const RoutingArgs& routing, 
       s2.prologue_before_pdl_wait = early_gemm2_enabled_;
       if (routed && gemm1_routes) {  // the offsets are GEMM1's (the previous launch): wait first
         s2.prologue_before_pdl_wait = false;
-        if (gemm2_routes) s2.one_token_route = &gemm2_route;  // then read GEMM1's ids instead of seeking
+        if (gemm2_reads_ids) s2.one_token_route = &gemm2_route;  // then read GEMM1's ids instead of seeking
       }
       // The dynamic tile schedule (same bits; the SMs end within about a tile of each other).
       if (dynamic_tiles_enabled_) {
@@ -1054,7 +1058,7 @@ CudaMoeLayer::DecodeRouting CudaMoeLayer::decode_routing(int64_t T, bool f32_hid
   const Sm90GemmEpilogue epi1 = routed_.gated ? Sm90GemmEpilogue::kSwiGLU : Sm90GemmEpilogue::kRelu2;
   d.gemm1_routes = d.gemm1_broadcasts && router_logits && t1_route_in_gemm_enabled_ &&
                    sm90_one_token_route_available(c1, epi1, true) && sm90_one_token_route_fits(c1, E, K);
-  d.gemm2_routes = d.gemm1_routes && t1_route_in_gemm2_enabled_ &&
+  d.gemm2_reads_ids = d.gemm1_routes && t1_gemm2_reads_ids_ &&
                    sm90_one_token_route_available(c2, Sm90GemmEpilogue::kF32, false) &&
                    sm90_one_token_route_fits(c2, E, K);
   return d;

@@ -138,9 +138,9 @@ class CudaMoeLayer final : public MoeLayer {
   std::vector<Sm90Launch> sm90_launches(int64_t T) const;
   // How forward() runs the routed group at decode (T tokens, w4a16 / w4a4, bf16 or f32 hidden, router logits or
   // caller ids), chosen exactly as forward() chooses: GEMM1 reads `hidden` as a broadcast row (T = 1), GEMM1
-  // routes the token itself (Sm90GemmArgs::one_token_route, no routing launch), GEMM2 routes it again.
+  // routes the token itself (Sm90GemmArgs::one_token_route, no routing launch), GEMM2 reads GEMM1's ids.
   struct DecodeRouting {
-    bool gemm1_broadcasts = false, gemm1_routes = false, gemm2_routes = false;
+    bool gemm1_broadcasts = false, gemm1_routes = false, gemm2_reads_ids = false;
   };
   DecodeRouting decode_routing(int64_t T, bool f32_hidden, bool router_logits) const;
 
@@ -230,11 +230,11 @@ class CudaMoeLayer final : public MoeLayer {
   // At T = 1 with router logits and the broadcast-row GEMM1 (above), GEMM1 routes the token itself
   // (Sm90GemmArgs::one_token_route: every CTA runs the block routing, CTA 0 writes the ids, weights and plan) and
   // no routing launch runs (H100: -1.0..-2.7 us a layer, bench/results/3bf2a7d-t1-route-in-gemm-ab-h100). GEMM2
-  // then waits for GEMM1 first (the offsets are GEMM1's now) and reads the k ids GEMM1 wrote (read_ids) where its
-  // config has that kernel. NVFP4MOE_T1_ROUTE_IN_GEMM=0 (read at creation): the routing launch, for A/B and the
-  // bitwise test; NVFP4MOE_T1_ROUTE_IN_GEMM2=0: GEMM2 seeks the offsets after its wait.
+  // then waits for GEMM1 first (the offsets are GEMM1's now) and seeks them. NVFP4MOE_T1_ROUTE_IN_GEMM=0 (read at
+  // creation): the routing launch, for A/B and the bitwise test. NVFP4MOE_T1_GEMM2_READS_IDS=1 (opt-in until
+  // measured on a GPU): GEMM2 reads the k ids GEMM1 wrote (read_ids) instead of seeking the offsets.
   bool t1_route_in_gemm_enabled_ = true;
-  bool t1_route_in_gemm2_enabled_ = true;
+  bool t1_gemm2_reads_ids_ = false;
   // NVFP4MOE_WS_GATHER=1 (read at creation; measured slower on the H200, +1..9%, bench/results/1316906-ws-gather-ab,
   // so off): at decode (a warp-streaming GEMM1, T > 1; w4a16, bf16 hidden, not calibrating) GEMM1 reads `hidden`
   // through the plan's permutation (Sm90GemmArgs::a_gather_src) and no gather step runs (the fused routing kernel

@@ -601,9 +601,12 @@ std::string check_one_token_route(const Sm90GemmArgs& args, const Sm90GemmConfig
     return w + (broadcast ? ": read_ids with a_broadcast_row (GEMM1 routes the token; GEMM2 reads its ids)"
                           : ": routing in a direct-row launch (only GEMM1 with a_broadcast_row routes; GEMM2 reads "
                             "its ids: read_ids)");
-  if (!r.read_ids && args.prologue_before_pdl_wait)
-    return w + ": prologue_before_pdl_wait with the routing in the launch (the logits come from the previous "
-               "kernel: the routing follows the wait)";
+  if (args.prologue_before_pdl_wait)
+    return w + (r.read_ids ? ": prologue_before_pdl_wait with read_ids (the previous launch writes the ids: they are "
+                             "read after the wait)"
+                           : ": prologue_before_pdl_wait with the routing in the launch (the logits come from the "
+                             "previous kernel: the routing follows the wait)");
+  if (r.read_ids && r.write_outputs) return w + ": write_outputs with read_ids (nothing is routed)";
   if (r.route.tokens != 0 && r.route.tokens != 1)
     return w + ": route.tokens must be 1 (or 0: nothing routed); got " + std::to_string(r.route.tokens);
   const int E = r.route.experts, K = r.route.top_k;
@@ -619,11 +622,11 @@ std::string check_one_token_route(const Sm90GemmArgs& args, const Sm90GemmConfig
   if (args.shape.num_experts != launch_experts)
     return w + ": shape.num_experts must be route.experts" + (r.plan.append_shared ? " + 1 (append_shared)" : "") +
            " = " + std::to_string(launch_experts) + "; got " + std::to_string(args.shape.num_experts);
-  if (r.route.topk_ids == nullptr ||
-      (!r.read_ids && (r.route.topk_weights == nullptr || r.plan.counts == nullptr || r.plan.offsets == nullptr ||
-                       r.plan.tile_offsets == nullptr || r.plan.perm == nullptr || r.plan.inv == nullptr)))
-    return w + ": null among route.topk_ids and (routing) route.topk_weights, plan.counts / offsets / tile_offsets / "
-               "perm / inv";
+  if ((r.read_ids || r.write_outputs) && r.route.topk_ids == nullptr) return w + ": route.topk_ids is null";
+  if (r.write_outputs && (r.route.topk_weights == nullptr || r.plan.counts == nullptr || r.plan.offsets == nullptr ||
+                          r.plan.tile_offsets == nullptr || r.plan.perm == nullptr || r.plan.inv == nullptr))
+    return w + ": write_outputs with a null among route.topk_weights, plan.counts / offsets / tile_offsets / perm / "
+               "inv";
   return "";
 }
 

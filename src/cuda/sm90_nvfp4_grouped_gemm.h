@@ -109,11 +109,13 @@ double sm90_expected_tile_passes(double mean_rows, int block_t);
 
 // The routing of one token inside a warp-streaming GEMM launch (Sm90GemmArgs::one_token_route).
 struct Sm90OneTokenRoute {
-  RouteArgs route;   // tokens 1 (or 0: nothing routed); topk_ids / topk_weights: written by CTA 0 (not read_ids)
-  PlanArgs plan;     // the plan's outputs, written by CTA 0 (not read_ids); experts, top_k and append_shared as route's
-  // false (GEMM1): every CTA routes the token from route.logits after its PDL wait, CTA 0 writes the routing's and
-  // the plan's outputs. true (GEMM2 after such a GEMM1): after its PDL wait every warp reads the k ids that launch
-  // wrote (route.topk_ids) instead of seeking its pieces in the offsets.
+  RouteArgs route;   // tokens 1 (or 0: nothing routed); topk_ids / topk_weights written by CTA 0 with write_outputs
+  PlanArgs plan;     // the plan's outputs (CTA 0 with write_outputs); experts, top_k and append_shared as route's
+  // Routing (GEMM1, read_ids false): with write_outputs CTA 0 writes the routing's and the plan's outputs (without
+  // it the launch routes for itself only).
+  bool write_outputs = false;
+  // GEMM2 after such a GEMM1: after its PDL wait every warp reads the k ids that launch wrote (route.topk_ids)
+  // instead of seeking its pieces in the offsets; nothing is routed or written.
   bool read_ids = false;
 };
 
@@ -176,9 +178,10 @@ struct Sm90GemmArgs {
   // The T = 1 routing in the launch itself (nullptr: the offsets are the plan's, read from `offsets`). GEMM1
   // (a_broadcast_row; waits for the previous kernel first, prologue_before_pdl_wait must be false): every CTA
   // routes the token from its logits with the block routing (route_block: the same ids and weights, bit for bit,
-  // as the routing launch), and CTA 0 writes the routing's ids and weights and the whole plan (PlanArgs: counts,
-  // offsets, tile offsets, perm, inv, the shared expert's), exactly what the routing launch writes, for the
-  // launches after it. GEMM2 (read_ids, f32 epilogue): after its wait every warp reads those k ids. Either way
+  // as the routing launch), and with write_outputs CTA 0 writes the routing's ids and weights and the whole plan
+  // (PlanArgs: counts, offsets, tile offsets, perm, inv, the shared expert's), exactly what the routing launch
+  // writes, for the launches after it. GEMM2 (read_ids, f32 epilogue; prologue_before_pdl_wait must be false):
+  // after its wait every warp reads those k ids. Either way
   // each warp maps the launch's pieces to the experts from the k ids in registers (expert order: the one-token
   // plan's offsets, each chosen expert one row, the merged shared expert last): no routing launch, no seek in
   // the offsets. Only sm90_one_token_route_available configs; T = 1 (route.tokens == 1; 0: a launch that routes

@@ -544,11 +544,12 @@ __device__ __forceinline__ WsTokenRows ws_gathered_token_rows(const GemmParams& 
 // of each (the SwiGLU gate), the second block 1 (up); the second hands its accumulators to the first through
 // shared memory and the first runs the epilogue on exactly the values one warp with both blocks would hold.
 //
-// ROUTED (Sm90GemmArgs::one_token_route, T = 1): the CTA routes the token itself after its PDL wait (route_block,
-// all its threads, in its ring slots before any weight copy; CTA 0 also writes the routing's and the plan's
-// outputs), or with rt.read_ids every warp reads the k ids the previous launch wrote, and each warp maps a piece
-// index to its expert from the k ids in registers (routed_seek) in place of TileCursor::seek over the offsets:
-// the same pieces, experts and rows as the plan's offsets give.
+// ROUTED (Sm90GemmArgs::one_token_route, T = 1): the broadcast-row kernels (GEMM1) route the token themselves after
+// their PDL wait (route_block, all the CTA's threads, in its ring slots before any weight copy; CTA 0 also writes
+// the routing's and the plan's outputs with rt.write_outputs), the direct-row ones (GEMM2, rt.read_ids) read the k
+// ids the previous launch wrote after their wait; each warp then maps a piece index to its expert from the k ids
+// in registers (routed_seek) in place of TileCursor::seek over the offsets: the same pieces, experts and rows as
+// the plan's offsets give.
 template <int WARPS, int DEPTH, int SPW, bool UNROLLED, Epilogue EPI, WsRows ROWS = WsRows::kDirect, int BPW = 2,
           bool ROUTED = false>
 __global__ void __launch_bounds__(WARPS * 32, 1)
@@ -585,7 +586,7 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
   // rows `a` come from the previous kernel) the first piece's seek, factors and ring weights go before it (the
   // rolled loop waits after its weight copies, the unrolled one at its start; a warp without a piece exits
   // without reading anything the previous kernel writes). Its epilogue's stores follow the wait either way.
-  bool waited = ROWS == WsRows::kGathered || !before_wait || (ROUTED && rt.read_ids);
+  bool waited = ROWS == WsRows::kGathered || !before_wait;
   if (waited) kernels::pdl_wait_then_allow_next();
   // Where the launch waited first, the row's copy goes out now, before any seek (its round trip then overlaps
   // the seek's and the weights'); otherwise warp 0 issues it right after its PDL wait (row_ready below).
@@ -604,19 +605,22 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
   [[maybe_unused]] int route_id = -1, route_pos = 0, routed_experts = 0;
   if constexpr (ROUTED) {
     if (rt.route.tokens == 1) {
-      const int K = rt.route.top_k;
-      if (rt.read_ids) {  // (after the wait: the previous launch wrote them)
-        route_id = lane < K ? __ldg(rt.route.topk_ids + lane) : -1;
-      } else {
-        int32_t* ids_smem =
-            reinterpret_cast<int32_t*>(ws_smem + one_token_route_ids_offset(rt.route.experts, K));
-        const bool writes = blockIdx.x == 0;
+      if constexpr (kResidentRow) {  // GEMM1: route (after the wait: the logits come from the previous kernel)
+        int32_t* ids_smem = reinterpret_cast<int32_t*>(ws_smem + one_token_route_ids_offset(rt.route.experts,
+                                                                                           rt.route.top_k));
+        const bool writes = rt.write_outputs && blockIdx.x == 0;
         kernels::route_block(rt.route, ws_smem, ids_smem, writes);  // the ids are visible after its last barrier
         if (writes) kernels::plan_one_token_block(rt.plan, ids_smem, true, nullptr, nullptr);
+        const int K = rt.route.top_k;
         route_id = lane < K ? ids_smem[lane] : -1;
+        if (route_id >= rt.route.experts) route_id = -1;
         __syncthreads();  // every warp has read the scratch: the ring slots are the rings' from here on
+      } else {  // GEMM2, read_ids (it waited first: the previous launch wrote them)
+        const int K = rt.route.top_k;
+        route_id = lane < K ? __ldg(rt.route.topk_ids + lane) : -1;
+        if (route_id < 0 || route_id >= rt.route.experts) route_id = -1;
       }
-      if (route_id < 0 || route_id >= rt.route.experts) route_id = -1;
+      const int K = rt.route.top_k;
       for (int j = 0; j < K; ++j) {
         const int other = __shfl_sync(0xFFFFFFFFu, route_id, j);
         route_pos += (other >= 0 && other < route_id) ? 1 : 0;
