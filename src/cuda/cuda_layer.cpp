@@ -295,7 +295,7 @@ CudaMoeLayer::CudaMoeLayer(MoeWeights w, const MoeLayerOptions& options, GemmPat
       t1_broadcast_enabled_ = env_switch("NVFP4MOE_T1_BROADCAST");  // A/B: "0" = the gather copies at T = 1
       ws_gather_enabled_ = env_opt_in("NVFP4MOE_WS_GATHER");  // A/B: "1" = decode GEMM1 gathers
       t1_route_in_gemm_enabled_ = env_switch("NVFP4MOE_T1_ROUTE_IN_GEMM");    // A/B: "0" = the routing launch
-      t1_gemm2_reads_ids_ = env_opt_in("NVFP4MOE_T1_GEMM2_READS_IDS");  // A/B: "1" = GEMM2 reads GEMM1's ids
+      t1_gemm2_reads_ids_ = env_switch("NVFP4MOE_T1_GEMM2_READS_IDS");  // A/B: "0" = GEMM2 seeks the offsets
       // Zero once; every chained launch leaves its counters zero (sm90_nvfp4_chained_gemms), every dynamically
       // scheduled one its tile counter.
       const size_t routed_n = sm90_chain_counter_count(static_cast<int>(spec_.num_experts) + 1);
@@ -845,8 +845,8 @@ void CudaMoeLayer::forward(const TensorRef& hidden, const RoutingArgs& routing, 
                       !(route && fused_gather_enabled_ && route_plan_gather_fuses(*route, pl, routed_gather));
   }
   // T = 1 with logits: GEMM1 routes the token itself (one_token_route) and no routing launch runs. GEMM2 then
-  // waits for GEMM1 (the previous launch: its offsets cannot be read before the wait) and seeks the offsets, or
-  // (NVFP4MOE_T1_GEMM2_READS_IDS=1) reads the k ids GEMM1 wrote (its config's read_ids kernel).
+  // waits for GEMM1 (the previous launch: its offsets cannot be read before the wait) and reads the k ids GEMM1
+  // wrote (its config's read_ids kernel), or (NVFP4MOE_T1_GEMM2_READS_IDS=0) seeks the offsets.
   const bool gemm1_routes = decode.gemm1_routes, gemm2_reads_ids = decode.gemm2_reads_ids;
   Sm90OneTokenRoute gemm1_route{}, gemm2_route{};
   if (gemm1_routes) {

@@ -229,12 +229,13 @@ class CudaMoeLayer final : public MoeLayer {
   bool t1_broadcast_enabled_ = true;
   // At T = 1 with router logits and the broadcast-row GEMM1 (above), GEMM1 routes the token itself
   // (Sm90GemmArgs::one_token_route: every CTA runs the block routing, CTA 0 writes the ids, weights and plan) and
-  // no routing launch runs (H100: -1.0..-2.7 us a layer, bench/results/3bf2a7d-t1-route-in-gemm-ab-h100). GEMM2
-  // then waits for GEMM1 first (the offsets are GEMM1's now) and seeks them. NVFP4MOE_T1_ROUTE_IN_GEMM=0 (read at
-  // creation): the routing launch, for A/B and the bitwise test. NVFP4MOE_T1_GEMM2_READS_IDS=1 (opt-in until
-  // measured on a GPU): GEMM2 reads the k ids GEMM1 wrote (read_ids) instead of seeking the offsets.
+  // no routing launch runs. GEMM2 then waits for GEMM1 first (the offsets are GEMM1's now) and reads the k ids
+  // GEMM1 wrote (read_ids) where its config has that kernel. H100, against the routing launch: -1.2..-2.9 us a
+  // layer (bench/results/d2edde0-t1-gemm2-reads-ids-ab-h100). NVFP4MOE_T1_ROUTE_IN_GEMM=0 (read at creation): the
+  // routing launch, for A/B and the bitwise test; NVFP4MOE_T1_GEMM2_READS_IDS=0: GEMM2 seeks the offsets
+  // (0.15..0.5 us slower).
   bool t1_route_in_gemm_enabled_ = true;
-  bool t1_gemm2_reads_ids_ = false;
+  bool t1_gemm2_reads_ids_ = true;
   // NVFP4MOE_WS_GATHER=1 (read at creation; measured slower on the H200, +1..9%, bench/results/1316906-ws-gather-ab,
   // so off): at decode (a warp-streaming GEMM1, T > 1; w4a16, bf16 hidden, not calibrating) GEMM1 reads `hidden`
   // through the plan's permutation (Sm90GemmArgs::a_gather_src) and no gather step runs (the fused routing kernel

@@ -1021,8 +1021,8 @@ PlanDump dump_plan(const Harness& h, int64_t T) {
 
 // T = 1 with router logits routed inside GEMM1 (the default; NVFP4MOE_T1_ROUTE_IN_GEMM=0: the routing launch):
 // every CTA of the warp-streaming GEMM1 routes the token with the block routing and maps its pieces from the ids,
-// CTA 0 writes the ids, weights and plan; GEMM2 seeks GEMM1's offsets after its wait (NVFP4MOE_T1_GEMM2_READS_IDS=1:
-// it reads GEMM1's ids instead). Both give the routing launch's ids, weights, plan and output bits:
+// CTA 0 writes the ids, weights and plan; GEMM2 reads those ids after its wait (NVFP4MOE_T1_GEMM2_READS_IDS=0: it
+// seeks GEMM1's offsets instead). Both give the routing launch's ids, weights, plan and output bits:
 // softmax (40, 128 experts), sigmoid with a separate shared expert, the shared expert merged as expert E (32 and
 // 256 experts in groups, as DeepSeek-V3), relu^2 with a K tail; random logits, ties everywhere (every logit equal:
 // the lowest ids win), NaN logits (never chosen) and all-NaN logits (no expert: every slot -1, only a merged
@@ -1038,14 +1038,14 @@ TEST(CudaLayer, T1RouteInGemmBitIdenticalToRoutingLaunch) {
   for (const LayerDims& d : dims) {
     SCOPED_TRACE(d.name);
     SwitchPair h("NVFP4MOE_T1_ROUTE_IN_GEMM", "0", d, Mode::W4A16, 64, 59);  // base: routes in GEMM1, switched: launch
-    SwitchPair h2("NVFP4MOE_T1_GEMM2_READS_IDS", "1", d, Mode::W4A16, 64, 59);  // switched: GEMM2 reads the ids
+    SwitchPair h2("NVFP4MOE_T1_GEMM2_READS_IDS", "0", d, Mode::W4A16, 64, 59);  // switched: GEMM2 seeks
     const auto routing = h.base.cuda->decode_routing(1, false, true);
     EXPECT_FALSE(h.switched.cuda->decode_routing(1, false, true).gemm1_routes);
-    EXPECT_FALSE(routing.gemm2_reads_ids);  // (opt-in)
+    EXPECT_FALSE(h2.switched.cuda->decode_routing(1, false, true).gemm2_reads_ids);
     EXPECT_FALSE(h.base.cuda->decode_routing(2, false, true).gemm1_routes);  // T = 1 only
     EXPECT_FALSE(h.base.cuda->decode_routing(1, false, false).gemm1_routes);  // router logits only
     gemm1_points += routing.gemm1_routes;
-    gemm2_points += h2.switched.cuda->decode_routing(1, false, true).gemm2_reads_ids;
+    gemm2_points += routing.gemm2_reads_ids;
     const auto launches = h.base.cuda->sm90_launches(1);
     b1_points += routing.gemm1_routes && !launches.empty() && launches[0].config.blocks_per_warp == 1;
     const int64_t E = d.E, H = d.H;
@@ -1066,10 +1066,10 @@ TEST(CudaLayer, T1RouteInGemmBitIdenticalToRoutingLaunch) {
       CUDA_OK(cudaDeviceSynchronize());
       const PlanDump launch_plan = dump_plan(h.switched, 1);
       EXPECT_EQ(dump_plan(h.base, 1), launch_plan) << "routed in GEMM1 against the routing launch";
-      EXPECT_EQ(dump_plan(h2.switched, 1), launch_plan) << "GEMM2 reading the ids against the routing launch";
+      EXPECT_EQ(dump_plan(h2.switched, 1), launch_plan) << "GEMM2 seeking against the routing launch";
       const auto ref = h.switched.out.get(H);
       EXPECT_EQ(std::memcmp(h.base.out.get(H).data(), ref.data(), H * 4), 0) << "output, routed in GEMM1";
-      EXPECT_EQ(std::memcmp(h2.switched.out.get(H).data(), ref.data(), H * 4), 0) << "output, GEMM2 reading the ids";
+      EXPECT_EQ(std::memcmp(h2.switched.out.get(H).data(), ref.data(), H * 4), 0) << "output, GEMM2 seeking";
       if (trial == 3) EXPECT_EQ(launch_plan.offsets[E], 0) << "all-NaN logits choose no expert";
     }
     expect_forwards_bit_identical(h.switched, h.base, 1, 3300, true);  // (caller ids: the copy launch, as before)
