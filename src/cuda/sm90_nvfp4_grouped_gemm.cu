@@ -220,7 +220,7 @@ cudaError_t refuse_f32_variant(const char* arg, const char* kernels) {
 template <int WARPS, int DEPTH, int SPW, bool UNROLLED, int BPW, sm90::WsRows ROWS>
 cudaError_t launch_warp_stream_epi(const Sm90GemmArgs& args, const sm90::GemmParams& p, int grid,
                                    cudaStream_t stream) {
-  if (args.one_token_route != nullptr) {  // (sm90_one_token_route_available: checked by the caller)
+  if (args.one_token_route != nullptr) {  // (check_one_token_route ran: these refusals are the last line)
     if constexpr (ROWS == sm90::WsRows::kGathered ||
                   !one_token_route_instantiated(WARPS, DEPTH, SPW, UNROLLED, BPW, ROWS == sm90::WsRows::kBroadcast)) {
       return fail("sm90_nvfp4_grouped_gemm: one_token_route: no routed kernel for this config");
@@ -236,7 +236,7 @@ cudaError_t launch_warp_stream_epi(const Sm90GemmArgs& args, const sm90::GemmPar
       if (args.epilogue == Sm90GemmEpilogue::kF32)
         return launch_warp_stream<WARPS, DEPTH, SPW, UNROLLED, BPW, sm90::Epilogue::kF32, ROWS, true>(args, p, grid,
                                                                                                     stream);
-      return fail("sm90_nvfp4_grouped_gemm: one_token_route: with direct rows only the f32 epilogue (GEMM2) routes");
+      return fail("sm90_nvfp4_grouped_gemm: one_token_route: with direct rows only the f32 epilogue (GEMM2, read_ids)");
     }
   }
   switch (args.epilogue) {

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <functional>
 #include <string>
 
 #include "cuda/cuda_layer.h"
@@ -369,6 +370,100 @@ TEST(ConsumerStagger, BadValuesAreRefusedNamingTheVariableAndTheValue) {
       EXPECT_NE(what.find("'" + bad + "'"), std::string::npos) << what;
       EXPECT_NE(what.find(std::to_string(kSm90MaxConsumerStaggerNs)), std::string::npos) << what;
     }
+  }
+}
+
+// The T = 1 routing in the warp-streaming launch (Sm90GemmArgs::one_token_route): which configs have its kernels
+// (GEMM1's broadcast-row activation kernels routing; GEMM2's direct-row f32 kernels reading GEMM1's ids), what
+// fits their 512-thread CTAs and ring slots, and the launcher's refusals, each by name and before any device call
+// (host-only: the pointers below are never dereferenced).
+TEST(Sm90OneTokenRoute, AvailabilityFitAndRefusals) {
+  Sm90GemmConfig ws, ws_u, b1, x2, tile;
+  ASSERT_TRUE(sm90_gemm_config_by_name("ws8_s6_w16", &ws));
+  ASSERT_TRUE(sm90_gemm_config_by_name("ws8_s6_w16_u", &ws_u));
+  ASSERT_TRUE(sm90_gemm_config_by_name("ws8_s6_w16_b1", &b1));
+  ASSERT_TRUE(sm90_gemm_config_by_name("ws8_s4_w16_x2", &x2));
+  ASSERT_TRUE(sm90_gemm_config_by_name("bt16_s9_wg4", &tile));
+  for (const Sm90GemmConfig& c : {ws, ws_u, b1}) {
+    EXPECT_TRUE(sm90_one_token_route_available(c, Sm90GemmEpilogue::kSwiGLU, true)) << to_string(c);
+    EXPECT_TRUE(sm90_one_token_route_available(c, Sm90GemmEpilogue::kRelu2, true)) << to_string(c);
+    EXPECT_FALSE(sm90_one_token_route_available(c, Sm90GemmEpilogue::kF32, true)) << to_string(c);
+    EXPECT_FALSE(sm90_one_token_route_available(c, Sm90GemmEpilogue::kSwiGLU, false)) << to_string(c);
+    EXPECT_TRUE(sm90_one_token_route_fits(c, 256, 8)) << to_string(c);  // deepseek-v3
+    EXPECT_TRUE(sm90_one_token_route_fits(c, 512, 32)) << to_string(c);
+    EXPECT_FALSE(sm90_one_token_route_fits(c, 513, 8)) << to_string(c);  // a thread an expert: 16 warps
+    EXPECT_FALSE(sm90_one_token_route_fits(c, 128, 33)) << to_string(c);
+    EXPECT_FALSE(sm90_one_token_route_fits(c, 4, 8)) << to_string(c);   // top_k > experts
+  }
+  EXPECT_TRUE(sm90_one_token_route_available(ws, Sm90GemmEpilogue::kF32, false));
+  EXPECT_TRUE(sm90_one_token_route_available(ws_u, Sm90GemmEpilogue::kF32, false));
+  EXPECT_FALSE(sm90_one_token_route_available(b1, Sm90GemmEpilogue::kF32, false));  // (GEMM2 keeps two blocks)
+  EXPECT_FALSE(sm90_one_token_route_available(x2, Sm90GemmEpilogue::kSwiGLU, true));
+  EXPECT_FALSE(sm90_one_token_route_available(tile, Sm90GemmEpilogue::kSwiGLU, true));
+  EXPECT_FALSE(sm90_one_token_route_fits(tile, 128, 8));
+
+  alignas(16) static uint16_t a[64];
+  alignas(16) static uint8_t w[64];
+  static int32_t ids[8], counts[128], offsets[130], perm[8], inv[8];
+  static float alpha[129], weights[8], logits[128];
+  Sm90OneTokenRoute rt;
+  rt.route.logits = logits;
+  rt.route.tokens = 1;
+  rt.route.experts = 128;
+  rt.route.top_k = 8;
+  rt.route.topk_ids = ids;
+  rt.route.topk_weights = weights;
+  rt.plan.tokens = 1;
+  rt.plan.experts = 128;
+  rt.plan.top_k = 8;
+  rt.plan.counts = counts;
+  rt.plan.offsets = offsets;
+  rt.plan.tile_offsets = offsets;
+  rt.plan.perm = perm;
+  rt.plan.inv = inv;
+  rt.write_outputs = true;
+  Sm90GemmArgs g;
+  g.a = a;
+  g.a_rows_capacity = 1;
+  g.w = w;
+  g.shape = sm90_prepared_shape(128, 1536, 2048, true);
+  g.offsets = offsets;
+  g.alpha0 = alpha;
+  g.alpha1 = alpha;
+  g.out = a;
+  g.epilogue = Sm90GemmEpilogue::kSwiGLU;
+  g.a_broadcast_row = true;
+  g.one_token_route = &rt;
+  struct Case {
+    const char* what;
+    std::function<void(Sm90GemmArgs&, Sm90OneTokenRoute&, Sm90GemmConfig&)> bend;
+    const char* expect;
+  };
+  const Case cases[] = {
+      {"a config without routed kernels", [&](auto&, auto&, auto& c) { c = x2; }, "has no routed kernel"},
+      {"read_ids with a broadcast row", [](auto&, auto& r, auto&) { r.read_ids = true; }, "read_ids with a_broadcast_row"},
+      {"routing with direct rows", [](auto& a, auto&, auto&) { a.a_broadcast_row = false; a.epilogue = Sm90GemmEpilogue::kF32;
+                                                             a.shape = sm90_prepared_shape(128, 2048, 768, false); },
+       "routing in a direct-row launch"},
+      {"the prologue before the wait", [](auto& a, auto&, auto&) { a.prologue_before_pdl_wait = true; },
+       "prologue_before_pdl_wait"},
+      {"two tokens", [](auto&, auto& r, auto&) { r.route.tokens = 2; r.plan.tokens = 2; }, "route.tokens must be 1"},
+      {"top_k 33", [](auto&, auto& r, auto&) { r.route.top_k = 33; }, "route.top_k"},
+      {"no logits", [](auto&, auto& r, auto&) { r.route.logits = nullptr; }, "route.logits is null"},
+      {"the plan's experts", [](auto&, auto& r, auto&) { r.plan.experts = 64; }, "plan.experts / top_k / tokens"},
+      {"the launch's experts", [](auto&, auto& r, auto&) { r.plan.append_shared = true; }, "shape.num_experts must be"},
+      {"no plan outputs", [](auto&, auto& r, auto&) { r.plan.perm = nullptr; }, "write_outputs with a null"},
+  };
+  for (const Case& k : cases) {
+    Sm90GemmArgs args = g;
+    Sm90OneTokenRoute r = rt;
+    Sm90GemmConfig c = ws;
+    args.one_token_route = &r;
+    k.bend(args, r, c);
+    EXPECT_EQ(sm90_nvfp4_grouped_gemm(args, c, nullptr, 132), cudaErrorInvalidValue) << k.what;
+    const std::string msg = sm90_gemm_last_error_message();
+    EXPECT_NE(msg.find("one_token_route"), std::string::npos) << k.what << ": " << msg;
+    EXPECT_NE(msg.find(k.expect), std::string::npos) << k.what << ": " << msg;
   }
 }
 
