@@ -611,22 +611,9 @@ void CudaMoeLayer::warm_up_sm90() {
         const int E = static_cast<int>(spec_.num_experts), K = static_cast<int>(spec_.top_k);
         if (t1_route_in_gemm_enabled_ && sm90_one_token_route_available(c, g1.epilogue, true) &&
             sm90_one_token_route_fits(c, E, K)) {  // its routed kernels, routing no token
-          Sm90OneTokenRoute rt{};  // (no token: nothing is read or written)
-          rt.route.logits = topk_weights_;
-          rt.route.tokens = 0;
-          rt.route.experts = E;
-          rt.route.top_k = K;
-          rt.route.topk_ids = topk_ids_;
-          rt.route.topk_weights = topk_weights_;
-          rt.plan.tokens = 0;
-          rt.plan.experts = E;
-          rt.plan.top_k = K;
-          rt.plan.counts = counts_;
-          rt.plan.offsets = offsets_;
-          rt.plan.tile_offsets = tile_offsets_;
-          rt.plan.perm = perm_;
-          rt.plan.inv = inv_;
-          rt.plan.append_shared = shared_in_routed_;
+          Sm90OneTokenRoute rt{};  // forward()'s, with no token: nothing is read or written
+          rt.route = route_args(topk_weights_, 0);
+          rt.plan = plan_args(0);
           rt.write_outputs = true;
           gb.one_token_route = &rt;
           check_sm90(sm90_nvfp4_grouped_gemm(gb, c, nullptr, device_sm_count()), "sm90 gemm1 routed (warm-up)");
@@ -753,20 +740,7 @@ void CudaMoeLayer::forward(const TensorRef& hidden, const RoutingArgs& routing, 
   // 1. routing (with logits: launched together with the plan, fused into one kernel at decode)
   std::optional<RouteArgs> route;
   if (routing.router_logits) {
-    RouteArgs r;
-    r.kind = spec_.routing == Routing::SoftmaxTopK ? RouteKind::kSoftmax : RouteKind::kSigmoidGrouped;
-    r.logits = static_cast<const float*>(routing.router_logits->data);
-    r.bias = spec_.has_router_bias ? router_bias_ : nullptr;
-    r.tokens = T;
-    r.experts = E;
-    r.top_k = K;
-    r.renormalize = spec_.norm_topk_prob;
-    r.n_group = static_cast<int>(spec_.n_group);
-    r.topk_group = static_cast<int>(spec_.topk_group);
-    r.scaling = spec_.routed_scaling_factor;
-    r.topk_ids = topk_ids_;
-    r.topk_weights = topk_weights_;
-    route = r;
+    route = route_args(static_cast<const float*>(routing.router_logits->data), T);
   } else {
     check_launch(launch_copy_topk(static_cast<const int32_t*>(routing.topk_ids->data),
                                   static_cast<const float*>(routing.topk_weights->data), pairs, E, topk_ids_,
@@ -776,20 +750,7 @@ void CudaMoeLayer::forward(const TensorRef& hidden, const RoutingArgs& routing, 
 
   // 2. plan (the shared expert's plan comes with it: expert E, or its own {0, T})
   const bool merged = shared_in_routed_;
-  PlanArgs pl;
-  pl.topk_ids = topk_ids_;
-  pl.tokens = T;
-  pl.top_k = K;
-  pl.experts = E;
-  pl.chunk_counts = chunk_counts_;
-  pl.counts = counts_;
-  pl.offsets = offsets_;
-  pl.tile_offsets = tile_offsets_;
-  pl.perm = perm_;
-  pl.inv = inv_;
-  pl.shared_offsets = (shared_.num_experts && !merged) ? shared_offsets_ : nullptr;
-  pl.shared_tile_offsets = (shared_.num_experts && !merged) ? shared_tile_offsets_ : nullptr;
-  pl.append_shared = merged;
+  const PlanArgs pl = plan_args(T);
   // 3-5. gather(+quant) -> GEMM1(+act+quant) -> GEMM2, for the routed experts (with the shared one as expert E
   // when merged) and then the shared expert's own launches.
   // experts: of the launch (E, E + 1, or 1); max_rows: this forward's upper bound of its rows; capacity: the
@@ -834,7 +795,7 @@ void CudaMoeLayer::forward(const TensorRef& hidden, const RoutingArgs& routing, 
   }
   bool gemm1_gathers = false;
   const bool quantized_once = a4 && routed_uniform_gs13_;
-  const DecodeRouting decode = decode_routing(T, f32_in, route.has_value());
+  const DecodeRouting decode = decode_routing(T, f32_in, route.has_value(), routed_c1, routed_c2);
   const bool gemm1_broadcasts = decode.gemm1_broadcasts;
   if (gemm_ == GemmPath::kSm90Wgmma && (!a4 || quantized_once) && !calibrating_) {
     if (routed_c1.warp_stream)  // decode: w4a16 only (a w4a4 row quantized once would need a launch of its own)
@@ -849,16 +810,13 @@ void CudaMoeLayer::forward(const TensorRef& hidden, const RoutingArgs& routing, 
   // wrote (its config's read_ids kernel), or (NVFP4MOE_T1_GEMM2_READS_IDS=0) seeks the offsets.
   const bool gemm1_routes = decode.gemm1_routes, gemm2_reads_ids = decode.gemm2_reads_ids;
   Sm90OneTokenRoute gemm1_route{}, gemm2_route{};
-  if (gemm1_routes) {
+  if (gemm1_routes) {  // no routing launch: GEMM1 writes the ids, weights and plan
     gemm1_route.route = *route;
     gemm1_route.plan = pl;
     gemm1_route.write_outputs = true;
     gemm2_route = gemm1_route;
     gemm2_route.write_outputs = false;
     gemm2_route.read_ids = true;  // (GEMM1's CTA 0 wrote them)
-  }
-  if (gemm1_routes) {
-    // (no routing launch: GEMM1 writes the ids, weights and plan)
   } else if (route) {
     if (gemm1_gathers || gemm1_broadcasts) {
       check_launch(launch_route_plan(*route, pl, stream), "route + plan");
@@ -1045,14 +1003,21 @@ void CudaMoeLayer::forward(const TensorRef& hidden, const RoutingArgs& routing, 
 }
 
 CudaMoeLayer::DecodeRouting CudaMoeLayer::decode_routing(int64_t T, bool f32_hidden, bool router_logits) const {
+  if (gemm_ != GemmPath::kSm90Wgmma) return {};
+  const int64_t experts = spec_.num_experts + (shared_in_routed_ ? 1 : 0);
+  const int64_t max_rows = T * spec_.top_k + (shared_in_routed_ ? T : 0);
+  return decode_routing(T, f32_hidden, router_logits,
+                        pick_sm90(routed_launch_shape(routed_.w13_shape), max_rows, experts, true),
+                        pick_sm90(routed_launch_shape(routed_.w2_shape), max_rows, experts, false));
+}
+
+CudaMoeLayer::DecodeRouting CudaMoeLayer::decode_routing(int64_t T, bool f32_hidden, bool router_logits,
+                                                         const Sm90GemmConfig& c1, const Sm90GemmConfig& c2) const {
   DecodeRouting d;
   if (gemm_ != GemmPath::kSm90Wgmma || T != 1 || options_.mode != Mode::W4A16 || f32_hidden || calibrating_ ||
       !t1_broadcast_enabled_)
     return d;
   const int E = static_cast<int>(spec_.num_experts), K = static_cast<int>(spec_.top_k);
-  const int64_t experts = E + (shared_in_routed_ ? 1 : 0), max_rows = K + (shared_in_routed_ ? 1 : 0);
-  const Sm90GemmConfig c1 = pick_sm90(routed_launch_shape(routed_.w13_shape), max_rows, experts, true);
-  const Sm90GemmConfig c2 = pick_sm90(routed_launch_shape(routed_.w2_shape), max_rows, experts, false);
   // (the row kept in shared memory: K up to sm90_broadcast_row_max_k, 50k+; past it the gather path)
   d.gemm1_broadcasts = c1.warp_stream && routed_.w13_shape.k <= sm90_broadcast_row_max_k(c1);
   const Sm90GemmEpilogue epi1 = routed_.gated ? Sm90GemmEpilogue::kSwiGLU : Sm90GemmEpilogue::kRelu2;
@@ -1062,6 +1027,42 @@ CudaMoeLayer::DecodeRouting CudaMoeLayer::decode_routing(int64_t T, bool f32_hid
                    sm90_one_token_route_available(c2, Sm90GemmEpilogue::kF32, false) &&
                    sm90_one_token_route_fits(c2, E, K);
   return d;
+}
+
+RouteArgs CudaMoeLayer::route_args(const float* logits, int T) const {
+  RouteArgs r;
+  r.kind = spec_.routing == Routing::SoftmaxTopK ? RouteKind::kSoftmax : RouteKind::kSigmoidGrouped;
+  r.logits = logits;
+  r.bias = spec_.has_router_bias ? router_bias_ : nullptr;
+  r.tokens = T;
+  r.experts = static_cast<int>(spec_.num_experts);
+  r.top_k = static_cast<int>(spec_.top_k);
+  r.renormalize = spec_.norm_topk_prob;
+  r.n_group = static_cast<int>(spec_.n_group);
+  r.topk_group = static_cast<int>(spec_.topk_group);
+  r.scaling = spec_.routed_scaling_factor;
+  r.topk_ids = topk_ids_;
+  r.topk_weights = topk_weights_;
+  return r;
+}
+
+PlanArgs CudaMoeLayer::plan_args(int T) const {
+  const bool merged = shared_in_routed_;
+  PlanArgs pl;
+  pl.topk_ids = topk_ids_;
+  pl.tokens = T;
+  pl.top_k = static_cast<int>(spec_.top_k);
+  pl.experts = static_cast<int>(spec_.num_experts);
+  pl.chunk_counts = chunk_counts_;
+  pl.counts = counts_;
+  pl.offsets = offsets_;
+  pl.tile_offsets = tile_offsets_;
+  pl.perm = perm_;
+  pl.inv = inv_;
+  pl.shared_offsets = (shared_.num_experts && !merged) ? shared_offsets_ : nullptr;
+  pl.shared_tile_offsets = (shared_.num_experts && !merged) ? shared_tile_offsets_ : nullptr;
+  pl.append_shared = merged;
+  return pl;
 }
 
 int64_t CudaMoeLayer::routed_rows_capacity() const {

@@ -150,6 +150,12 @@ class CudaMoeLayer final : public MoeLayer {
   void update_routed_uniform_gs13();
   void layout_workspace(bool allocate);
   void warm_up_sm90();
+  // The routing's and the plan's arguments of a forward of T tokens (the workspace's outputs; logits: the router's).
+  RouteArgs route_args(const float* logits, int T) const;
+  PlanArgs plan_args(int T) const;
+  // decode_routing with the routed group's two configs already picked (forward() has them).
+  DecodeRouting decode_routing(int64_t T, bool f32_hidden, bool router_logits, const Sm90GemmConfig& c1,
+                               const Sm90GemmConfig& c2) const;
   // Rows the routed launches' operand buffers hold (the TMA descriptors' bound): max_tokens * k, plus
   // max_tokens when the shared expert is expert E.
   int64_t routed_rows_capacity() const;

@@ -190,21 +190,8 @@ cudaError_t launch_warp_stream(const Sm90GemmArgs& args, const sm90::GemmParams&
   if (const cudaError_t e = kernel_ready<ReadyTr>(kernel, &fit, kResidentRow ? sm90::kMaxSmemPerBlock : Tr::kSmemBytes);
       e != cudaSuccess)
     return e;
-  Sm90OneTokenRoute rt{};  // (read by the routed kernels only)
-  if constexpr (ROUTED) {
-    const Sm90OneTokenRoute& r = *args.one_token_route;
-    const int E = r.route.experts, K = r.route.top_k;
-    if (Tr::kThreads < kernels::block_route_stride(E))
-      return fail("sm90_nvfp4_grouped_gemm: one_token_route: route.experts = " + std::to_string(E) +
-                  " needs a block of " + std::to_string(kernels::block_route_stride(E)) + " threads; config " +
-                  to_string(Sm90GemmConfig{sm90::kWsTokens, DEPTH, WARPS / 4, 1, false, true, SPW, UNROLLED, BPW}) +
-                  " has " + std::to_string(Tr::kThreads));
-    if (!r.read_ids && sm90::one_token_route_scratch_bytes(E, K) > Tr::kHandoffOffset)
-      return fail("sm90_nvfp4_grouped_gemm: one_token_route: the routing's scratch (" +
-                  std::to_string(sm90::one_token_route_scratch_bytes(E, K)) + " bytes for " + std::to_string(E) +
-                  " experts) exceeds the ring slots (" + std::to_string(Tr::kHandoffOffset) + " bytes)");
-    rt = r;
-  }
+  Sm90OneTokenRoute rt{};  // (read by the routed kernels only; checked by check_one_token_route)
+  if constexpr (ROUTED) rt = *args.one_token_route;
   return launch_pdl(kernel, dim3(grid), dim3(Tr::kThreads), smem, stream, args.a, args.shape.k, p,
                     args.prologue_before_pdl_wait, rt);
 }
@@ -610,9 +597,10 @@ std::string check_one_token_route(const Sm90GemmArgs& args, const Sm90GemmConfig
   if (r.route.tokens != 0 && r.route.tokens != 1)
     return w + ": route.tokens must be 1 (or 0: nothing routed); got " + std::to_string(r.route.tokens);
   const int E = r.route.experts, K = r.route.top_k;
-  if (E < 1 || E > kMaxExperts || K < 1 || K > 32 || K > E)
-    return w + ": need 1 <= route.top_k <= min(32, route.experts) and route.experts <= " +
-           std::to_string(kMaxExperts) + "; got top_k " + std::to_string(K) + ", experts " + std::to_string(E);
+  if (!sm90_one_token_route_fits(config, E, K))
+    return w + ": route.experts = " + std::to_string(E) + ", route.top_k = " + std::to_string(K) + " do not fit " +
+           to_string(config) + " (sm90_one_token_route_fits: 1 <= top_k <= min(32, experts), a thread an expert, "
+           "the routing's scratch in the ring slots)";
   if (!r.read_ids && r.route.logits == nullptr) return w + ": route.logits is null";
   if (r.plan.experts != E || r.plan.top_k != K || r.plan.tokens != r.route.tokens)
     return w + ": plan.experts / top_k / tokens must be route's (" + std::to_string(E) + ", " + std::to_string(K) +

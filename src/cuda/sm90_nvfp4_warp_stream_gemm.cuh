@@ -605,19 +605,19 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
   [[maybe_unused]] int route_id = -1, route_pos = 0, routed_experts = 0;
   if constexpr (ROUTED) {
     if (rt.route.tokens == 1) {
+      // (K is read after the routing in GEMM1's branch: read before it, ptxas scheduled the routed kernels
+      // differently from the GPU-tested 3bf2a7d build, whose machine code this keeps)
       if constexpr (kResidentRow) {  // GEMM1: route (after the wait: the logits come from the previous kernel)
         int32_t* ids_smem = reinterpret_cast<int32_t*>(ws_smem + one_token_route_ids_offset(rt.route.experts,
                                                                                            rt.route.top_k));
         const bool writes = rt.write_outputs && blockIdx.x == 0;
         kernels::route_block(rt.route, ws_smem, ids_smem, writes);  // the ids are visible after its last barrier
         if (writes) kernels::plan_one_token_block(rt.plan, ids_smem, true, nullptr, nullptr);
-        const int K = rt.route.top_k;
-        route_id = lane < K ? ids_smem[lane] : -1;
+        route_id = rt.route.top_k > lane ? ids_smem[lane] : -1;  // (route_block's ids: an expert or -1)
         if (route_id >= rt.route.experts) route_id = -1;
         __syncthreads();  // every warp has read the scratch: the ring slots are the rings' from here on
       } else {  // GEMM2, read_ids (it waited first: the previous launch wrote them)
-        const int K = rt.route.top_k;
-        route_id = lane < K ? __ldg(rt.route.topk_ids + lane) : -1;
+        route_id = rt.route.top_k > lane ? __ldg(rt.route.topk_ids + lane) : -1;
         if (route_id < 0 || route_id >= rt.route.experts) route_id = -1;
       }
       const int K = rt.route.top_k;

@@ -449,6 +449,7 @@ TEST(Sm90OneTokenRoute, AvailabilityFitAndRefusals) {
        "prologue_before_pdl_wait"},
       {"two tokens", [](auto&, auto& r, auto&) { r.route.tokens = 2; r.plan.tokens = 2; }, "route.tokens must be 1"},
       {"top_k 33", [](auto&, auto& r, auto&) { r.route.top_k = 33; }, "route.top_k"},
+      {"600 experts", [](auto&, auto& r, auto&) { r.route.experts = 600; r.plan.experts = 600; }, "do not fit"},
       {"no logits", [](auto&, auto& r, auto&) { r.route.logits = nullptr; }, "route.logits is null"},
       {"the plan's experts", [](auto&, auto& r, auto&) { r.plan.experts = 64; }, "plan.experts / top_k / tokens"},
       {"the launch's experts", [](auto&, auto& r, auto&) { r.plan.append_shared = true; }, "shape.num_experts must be"},
