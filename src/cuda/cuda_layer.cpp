@@ -296,6 +296,7 @@ CudaMoeLayer::CudaMoeLayer(MoeWeights w, const MoeLayerOptions& options, GemmPat
       ws_gather_enabled_ = env_opt_in("NVFP4MOE_WS_GATHER");  // A/B: "1" = decode GEMM1 gathers
       t1_route_in_gemm_enabled_ = env_switch("NVFP4MOE_T1_ROUTE_IN_GEMM");    // A/B: "0" = the routing launch
       t1_gemm2_reads_ids_ = env_switch("NVFP4MOE_T1_GEMM2_READS_IDS");  // A/B: "0" = GEMM2 seeks the offsets
+      t1_gemm2_guesses_ids_ = env_switch("NVFP4MOE_T1_GEMM2_GUESSES_IDS");  // A/B: "0" = reads them after its wait
       // Zero once; every chained launch leaves its counters zero (sm90_nvfp4_chained_gemms), every dynamically
       // scheduled one its tile counter.
       const size_t routed_n = sm90_chain_counter_count(static_cast<int>(spec_.num_experts) + 1);
@@ -807,7 +808,8 @@ void CudaMoeLayer::forward(const TensorRef& hidden, const RoutingArgs& routing, 
   }
   // T = 1 with logits: GEMM1 routes the token itself (one_token_route) and no routing launch runs. GEMM2 then
   // waits for GEMM1 (the previous launch: its offsets cannot be read before the wait) and reads the k ids GEMM1
-  // wrote (its config's read_ids kernel), or (NVFP4MOE_T1_GEMM2_READS_IDS=0) seeks the offsets.
+  // wrote (its config's read_ids kernel; guessed before its wait, checked after it, Sm90OneTokenRoute::read_ids),
+  // or (NVFP4MOE_T1_GEMM2_READS_IDS=0) seeks the offsets.
   const bool gemm1_routes = decode.gemm1_routes, gemm2_reads_ids = decode.gemm2_reads_ids;
   Sm90OneTokenRoute gemm1_route{}, gemm2_route{};
   if (gemm1_routes) {  // no routing launch: GEMM1 writes the ids, weights and plan
@@ -905,7 +907,10 @@ void CudaMoeLayer::forward(const TensorRef& hidden, const RoutingArgs& routing, 
       s2.prologue_before_pdl_wait = early_gemm2_enabled_;
       if (routed && gemm1_routes) {  // the offsets are GEMM1's (the previous launch): wait first
         s2.prologue_before_pdl_wait = false;
-        if (gemm2_reads_ids) s2.one_token_route = &gemm2_route;  // then read GEMM1's ids instead of seeking
+        if (gemm2_reads_ids) {  // then read GEMM1's ids instead of seeking: guessed before the wait, checked after
+          s2.one_token_route = &gemm2_route;
+          s2.prologue_before_pdl_wait = early_gemm2_enabled_ && t1_gemm2_guesses_ids_;
+        }
       }
       // The dynamic tile schedule (same bits; the SMs end within about a tile of each other).
       if (dynamic_tiles_enabled_) {

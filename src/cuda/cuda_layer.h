@@ -242,6 +242,10 @@ class CudaMoeLayer final : public MoeLayer {
   // (0.15..0.5 us slower).
   bool t1_route_in_gemm_enabled_ = true;
   bool t1_gemm2_reads_ids_ = true;
+  // GEMM2 reading GEMM1's ids guesses them before its PDL wait (prologue_before_pdl_wait with read_ids: its first
+  // piece's weights during GEMM1's tail; checked after the wait, the same bits either way).
+  // NVFP4MOE_T1_GEMM2_GUESSES_IDS=0 (read at creation): reads them after the wait, for A/B and the bitwise test.
+  bool t1_gemm2_guesses_ids_ = true;
   // NVFP4MOE_WS_GATHER=1 (read at creation; measured slower on the H200, +1..9%, bench/results/1316906-ws-gather-ab,
   // so off): at decode (a warp-streaming GEMM1, T > 1; w4a16, bf16 hidden, not calibrating) GEMM1 reads `hidden`
   // through the plan's permutation (Sm90GemmArgs::a_gather_src) and no gather step runs (the fused routing kernel

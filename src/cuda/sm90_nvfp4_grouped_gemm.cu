@@ -588,11 +588,9 @@ std::string check_one_token_route(const Sm90GemmArgs& args, const Sm90GemmConfig
     return w + (broadcast ? ": read_ids with a_broadcast_row (GEMM1 routes the token; GEMM2 reads its ids)"
                           : ": routing in a direct-row launch (only GEMM1 with a_broadcast_row routes; GEMM2 reads "
                             "its ids: read_ids)");
-  if (args.prologue_before_pdl_wait)
-    return w + (r.read_ids ? ": prologue_before_pdl_wait with read_ids (the previous launch writes the ids: they are "
-                             "read after the wait)"
-                           : ": prologue_before_pdl_wait with the routing in the launch (the logits come from the "
-                             "previous kernel: the routing follows the wait)");
+  if (args.prologue_before_pdl_wait && !r.read_ids)  // (with read_ids: the ids guessed before the wait, checked after)
+    return w + ": prologue_before_pdl_wait with the routing in the launch (the logits come from the previous "
+               "kernel: the routing follows the wait)";
   if (r.read_ids && r.write_outputs) return w + ": write_outputs with read_ids (nothing is routed)";
   if (r.route.tokens != 0 && r.route.tokens != 1)
     return w + ": route.tokens must be 1 (or 0: nothing routed); got " + std::to_string(r.route.tokens);

@@ -115,8 +115,13 @@ struct Sm90OneTokenRoute {
   // it the launch routes for itself only).
   bool write_outputs = false;
   // GEMM2 after such a GEMM1: after its PDL wait every warp reads the k ids that launch wrote (route.topk_ids)
-  // instead of seeking its pieces in the offsets; nothing is routed or written.
+  // instead of seeking its pieces in the offsets; nothing is routed or written. With prologue_before_pdl_wait the
+  // ids are read before the wait as a guess (GEMM1 writes them early; a GEMM2 CTA becomes resident only as GEMM1's
+  // CTAs exit): each warp issues its first piece's weights before the wait and checks the ids after it, running
+  // its pieces again from the first with the checked ids where any differs (the same result either way).
   bool read_ids = false;
+  // Optional (tests): every warp whose guess was wrong adds 1 here (device int32; nullptr: not counted).
+  int32_t* misspeculations = nullptr;
 };
 
 struct Sm90GemmArgs {
@@ -180,8 +185,8 @@ struct Sm90GemmArgs {
   // routes the token from its logits with the block routing (route_block: the same ids and weights, bit for bit,
   // as the routing launch), and with write_outputs CTA 0 writes the routing's ids and weights and the whole plan
   // (PlanArgs: counts, offsets, tile offsets, perm, inv, the shared expert's), exactly what the routing launch
-  // writes, for the launches after it. GEMM2 (read_ids, f32 epilogue; prologue_before_pdl_wait must be false):
-  // after its wait every warp reads those k ids. Either way
+  // writes, for the launches after it. GEMM2 (read_ids, f32 epilogue): after its wait every warp reads those k
+  // ids, or with prologue_before_pdl_wait guesses them before it (Sm90OneTokenRoute::read_ids). Either way
   // each warp maps the launch's pieces to the experts from the k ids in registers (expert order: the one-token
   // plan's offsets, each chosen expert one row, the merged shared expert last): no routing launch, no seek in
   // the offsets. Only sm90_one_token_route_available configs; T = 1 (route.tokens == 1; 0: a launch that routes

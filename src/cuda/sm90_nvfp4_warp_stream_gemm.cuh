@@ -220,11 +220,15 @@ __device__ __forceinline__ void ws_mma_slot(const WsSlotRegs<SPW, BPW>& r, float
 // rows are not known yet (split, or before the PDL wait: !waited): the weights of those k-tiles first, then the
 // wait (if not waited), token_rows() (which may load them: their round trip overlaps the weights' copies), and
 // the token tiles. after_prologue() runs once the prologue's copies are issued (the next piece's lookups).
-template <int DEPTH, int SPW, int BPW, class TokenRowsFn, class AfterPrologueFn>
-__device__ __forceinline__ void ws_piece_k_loop_rolled(const int k, const GemmParams& p, const uint32_t ring,
+// speculation_holds(): where the loop waits (in its prologue), once the prologue's copies are issued: false when
+// the piece was chosen from ids read before the wait that the wait proved stale (the guessing GEMM2 at T = 1): the
+// loop then drains its copies and returns false (acc undefined; the caller runs its pieces again with the ids it
+// now has).
+template <int DEPTH, int SPW, int BPW, class TokenRowsFn, class AfterPrologueFn, class SpeculationFn>
+__device__ __forceinline__ bool ws_piece_k_loop_rolled(const int k, const GemmParams& p, const uint32_t ring,
     const int lane, const int g, const int t, const uint32_t ldsm_off, const uint8_t* wunit, const int slice0,
     const bool split, bool& waited, TokenRowsFn&& token_rows, AfterPrologueFn&& after_prologue,
-    float (&acc)[SPW][2][4]) {
+    SpeculationFn&& speculation_holds, float (&acc)[SPW][2][4]) {
   using Slot = WarpStreamSlot<SPW, BPW>;
   // Running sources of the next k-tile to fill (issue() is called for k-tiles 0, 1, 2, ... in order): this
   // lane's code bytes of both blocks, its scale word, and its two chunks of the token tile (chunk lane and
@@ -295,9 +299,11 @@ __device__ __forceinline__ void ws_piece_k_loop_rolled(const int k, const GemmPa
 #pragma unroll
     for (int d = 0; d < DEPTH - 1; ++d)
       if (d < p.k_tiles) copy_weights(slot_of(d), d);
+    bool guessed = false;
     if (!waited) {
       kernels::pdl_wait_then_allow_next();
       waited = true;
+      guessed = true;
     }
     if (split) set_rows(token_rows());
 #pragma unroll
@@ -306,6 +312,11 @@ __device__ __forceinline__ void ws_piece_k_loop_rolled(const int k, const GemmPa
       cp_async_commit();
     }
     advance(min(DEPTH - 1, p.k_tiles));
+    // (checked once the token copies are out: the check's round trip overlaps theirs)
+    if (guessed && !speculation_holds()) {
+      cp_async_wait_all();  // the copies of a piece that is not this launch's: in before the slots are reused
+      return false;
+    }
   }
   after_prologue();
   int s_read = 0, s_fill = DEPTH - 1;
@@ -321,6 +332,7 @@ __device__ __forceinline__ void ws_piece_k_loop_rolled(const int k, const GemmPa
     if (++s_fill == DEPTH) s_fill = 0;
     ws_mma_slot<SPW, BPW>(r, acc);
   }
+  return true;
 }
 
 // Unrolled by DEPTH: every slot address is the ring's base plus a constant, the sources advance once per DEPTH
@@ -328,15 +340,16 @@ __device__ __forceinline__ void ws_piece_k_loop_rolled(const int k, const GemmPa
 // (~13% fewer executed SASS per k-tile; measured faster with two slices per warp, and with one where the warps
 // share their schedulers: deepseek-v3 T = 1, 5c66c7a-ws-unroll-ab). token_rows, split, after_prologue: as in
 // the rolled form (without split, the PDL wait comes first: no early weights in this form).
-template <int DEPTH, int SPW, int BPW, class TokenRowsFn, class AfterPrologueFn>
-__device__ __forceinline__ void ws_piece_k_loop_unrolled(const int k, const GemmParams& p, const uint32_t ring,
+template <int DEPTH, int SPW, int BPW, class TokenRowsFn, class AfterPrologueFn, class SpeculationFn>
+__device__ __forceinline__ bool ws_piece_k_loop_unrolled(const int k, const GemmParams& p, const uint32_t ring,
     const int lane, const int g, const int t, const uint32_t ldsm_off, const uint8_t* wunit, const int slice0,
     const bool split, bool& waited, TokenRowsFn&& token_rows, AfterPrologueFn&& after_prologue,
-    float (&acc)[SPW][2][4]) {
+    SpeculationFn&& speculation_holds, float (&acc)[SPW][2][4]) {
   using Slot = WarpStreamSlot<SPW, BPW>;
   if (!split && !waited) {
     kernels::pdl_wait_then_allow_next();
     waited = true;
+    if (!speculation_holds()) return false;  // (nothing issued yet)
   }
   // Sources of k-tile kt0 + d (kt0: the first k-tile of the current group of DEPTH; d < 2 DEPTH - 1, a compile-
   // time offset once the loop below is unrolled): this lane's code bytes of both blocks, its scale word, and its
@@ -400,15 +413,21 @@ __device__ __forceinline__ void ws_piece_k_loop_unrolled(const int k, const Gemm
     static_for<DEPTH - 1>([&](auto d) { fill(0, d, ring + decltype(d)::value * Slot::kBytes); });
   } else {  // the weights first; group 0 holds them all and the first token tile (as in the rolled form)
     static_for<DEPTH - 1>([&](auto d) { fill_weights(0, d, ring + decltype(d)::value * Slot::kBytes); });
+    bool guessed = false;
     if (!waited) {
       kernels::pdl_wait_then_allow_next();
       waited = true;
+      guessed = true;
     }
     set_rows(token_rows());
     static_for<DEPTH - 1>([&](auto d) {
       fill_tokens(0, d, ring + decltype(d)::value * Slot::kBytes);
       cp_async_commit();
     });
+    if (guessed && !speculation_holds()) {  // (as in the rolled form)
+      cp_async_wait_all();
+      return false;
+    }
   }
   after_prologue();
   for (int kt0 = 0; kt0 < k_tiles; kt0 += DEPTH) {
@@ -430,6 +449,7 @@ __device__ __forceinline__ void ws_piece_k_loop_unrolled(const int k, const Gemm
 #pragma unroll
     for (int h = 0; h < 2; ++h) asrc[h] += DEPTH * kBlockK;
   }
+  return true;
 }
 
 // The k-loop of one piece of a broadcast-row kernel (WsRows::kBroadcast, T = 1: every token row is row 0 of `a`,
@@ -603,6 +623,44 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
   // one-token plan's offsets[e]); routed_experts: the launch's experts with a row (the chosen ones, then the merged
   // shared expert as expert E).
   [[maybe_unused]] int route_id = -1, route_pos = 0, routed_experts = 0;
+  [[maybe_unused]] auto derive_route_places = [&] {
+    const int K = rt.route.top_k;
+    route_pos = 0;
+    for (int j = 0; j < K; ++j) {
+      const int other = __shfl_sync(0xFFFFFFFFu, route_id, j);
+      route_pos += (other >= 0 && other < route_id) ? 1 : 0;
+    }
+    routed_experts = __popc(__ballot_sync(0xFFFFFFFFu, route_id >= 0)) + (rt.plan.append_shared ? 1 : 0);
+  };
+  // The speculative GEMM2 (read_ids with before_wait: kSpeculates and not waited): GEMM1's CTA 0 writes the ids
+  // ~2 us into GEMM1, and a GEMM2 CTA becomes resident only as a GEMM1 CTA exits (one CTA an SM), so the ids read
+  // before the PDL wait are nearly always this forward's: each warp maps its first piece from them and issues that
+  // piece's weights before the wait, as prologue_before_pdl_wait does with the offsets at T >= 2. They may still
+  // be stale (a slow CTA 0, another forward's, anything in a fresh workspace): they are only a guess (a strong
+  // relaxed load: no cached copy, any value; out-of-range ids read as none), checked once the wait has made
+  // GEMM1's writes visible. If any of the warp's k ids differ, the warp drains its copies and runs its pieces again
+  // from the first with the confirmed ids; nothing was stored (the epilogue follows the wait), so the result is
+  // the non-speculative one in every case.
+  constexpr bool kSpeculates = ROUTED && !kResidentRow && BPW == 2;
+  [[maybe_unused]] auto route_id_at = [&](const bool strong) {
+    int id = -1;
+    if (rt.route.top_k > lane) id = strong ? ld_relaxed_gpu(rt.route.topk_ids + lane) : __ldg(rt.route.topk_ids + lane);
+    return id < 0 || id >= rt.route.experts ? -1 : id;
+  };
+  [[maybe_unused]] auto speculative_route_id = [&] { return route_id_at(true); };
+  auto speculation_holds = [&]() -> bool {
+    if constexpr (kSpeculates) {
+      if (rt.route.tokens != 1) return true;  // (nothing routed: no piece, nothing guessed)
+      const int confirmed = route_id_at(true);
+      if (__all_sync(0xFFFFFFFFu, confirmed == route_id)) return true;
+      route_id = confirmed;
+      derive_route_places();
+      if (rt.misspeculations != nullptr && lane == 0) atomicAdd(rt.misspeculations, 1);
+      return false;
+    } else {
+      return true;
+    }
+  };
   if constexpr (ROUTED) {
     if (rt.route.tokens == 1) {
       // (K is read after the routing in GEMM1's branch: read before it, ptxas scheduled the routed kernels
@@ -616,16 +674,13 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
         route_id = rt.route.top_k > lane ? ids_smem[lane] : -1;  // (route_block's ids: an expert or -1)
         if (route_id >= rt.route.experts) route_id = -1;
         __syncthreads();  // every warp has read the scratch: the ring slots are the rings' from here on
-      } else {  // GEMM2, read_ids (it waited first: the previous launch wrote them)
+      } else if (waited) {  // GEMM2, read_ids, after its wait (the previous launch wrote them)
         route_id = rt.route.top_k > lane ? __ldg(rt.route.topk_ids + lane) : -1;
         if (route_id < 0 || route_id >= rt.route.experts) route_id = -1;
+      } else {
+        route_id = speculative_route_id();  // before the wait: confirmed after it (speculation_holds)
       }
-      const int K = rt.route.top_k;
-      for (int j = 0; j < K; ++j) {
-        const int other = __shfl_sync(0xFFFFFFFFu, route_id, j);
-        route_pos += (other >= 0 && other < route_id) ? 1 : 0;
-      }
-      routed_experts = __popc(__ballot_sync(0xFFFFFFFFu, route_id >= 0)) + (rt.plan.append_shared ? 1 : 0);
+      derive_route_places();
     }
   }
   // Piece idx of a routed kernel: expert place q = idx / n_pieces, one row (row q) and one token tile each.
@@ -704,12 +759,15 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
       const uint32_t tok = row_lane ? row_smem + 16 * (lane >> 3) : row_zero;
       ws_piece_k_loop_resident_row<DEPTH, SPW, BPW>(p, ring, lane, g, t, tok, row_lane ? 128u : 0u, wunit, slice0,
                                                     row_ready, after_prologue, acc);
-    } else if constexpr (!UNROLLED)
-      ws_piece_k_loop_rolled<DEPTH, SPW, BPW>(k, p, ring, lane, g, t, ldsm_off, wunit, slice0, split, waited,
-                                              token_rows, after_prologue, acc);
-    else
-      ws_piece_k_loop_unrolled<DEPTH, SPW, BPW>(k, p, ring, lane, g, t, ldsm_off, wunit, slice0, split, waited,
-                                                token_rows, after_prologue, acc);
+    } else if constexpr (!UNROLLED) {
+      if (!ws_piece_k_loop_rolled<DEPTH, SPW, BPW>(k, p, ring, lane, g, t, ldsm_off, wunit, slice0, split, waited,
+                                                   token_rows, after_prologue, speculation_holds, acc))
+        return false;
+    } else {
+      if (!ws_piece_k_loop_unrolled<DEPTH, SPW, BPW>(k, p, ring, lane, g, t, ldsm_off, wunit, slice0, split, waited,
+                                                     token_rows, after_prologue, speculation_holds, acc))
+        return false;
+    }
     cp_async_wait<0>();  // the empty groups past K (nothing in flight into a slot the next piece reuses)
     if constexpr (BPW == 1) {
       // Block 1's accumulators (acc[sj][0] of the second warp) to the first warp's acc[sj][1]. One named barrier
@@ -724,7 +782,7 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
           sts128(hand + sj * 16, __float_as_int(acc[sj][0][0]), __float_as_int(acc[sj][0][1]),
                  __float_as_int(acc[sj][0][2]), __float_as_int(acc[sj][0][3]));
         named_bar_sync(1 + walker, 64);
-        return;
+        return true;
       }
       named_bar_sync(1 + walker, 64);
 #pragma unroll
@@ -787,6 +845,7 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
         }
       }
     }  // slices of the piece
+    return true;
   };
 
   TileCursor<kWsTokens> cur;
@@ -806,7 +865,30 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
       return tr;
     };
     auto nothing = [] {};
-    for (; next_piece(cur, idx); idx += stride) run_piece(cur, idx, rows_of, false, nothing);
+    if constexpr (kSpeculates) {
+      // A warp whose guess was wrong (run_piece false, or the wait of a warp that found no piece under it) runs
+      // again from its first piece with the confirmed ids. A piece chosen before the wait is split (its weights
+      // before the wait, in the unrolled form too).
+      const int idx0 = idx;
+      for (;;) {
+        bool again = false;
+        for (; next_piece(cur, idx); idx += stride) {
+          if (!run_piece(cur, idx, rows_of, !waited, nothing)) {
+            again = true;
+            break;
+          }
+        }
+        if (!again && !waited) {
+          kernels::pdl_wait_then_allow_next();
+          waited = true;
+          again = !speculation_holds();
+        }
+        if (!again) break;
+        idx = idx0;
+      }
+    } else {
+      for (; next_piece(cur, idx); idx += stride) run_piece(cur, idx, rows_of, false, nothing);
+    }
   } else {
     // offsets[gather_perm_experts]: the rows past it are the appended shared expert's (none without a permutation)
     const int perm_rows = p.gather_perm != nullptr ? __ldg(p.offsets + p.gather_perm_experts) : 0;

@@ -1021,8 +1021,10 @@ PlanDump dump_plan(const Harness& h, int64_t T) {
 
 // T = 1 with router logits routed inside GEMM1 (the default; NVFP4MOE_T1_ROUTE_IN_GEMM=0: the routing launch):
 // every CTA of the warp-streaming GEMM1 routes the token with the block routing and maps its pieces from the ids,
-// CTA 0 writes the ids, weights and plan; GEMM2 reads those ids after its wait (NVFP4MOE_T1_GEMM2_READS_IDS=0: it
-// seeks GEMM1's offsets instead). Both give the routing launch's ids, weights, plan and output bits:
+// CTA 0 writes the ids, weights and plan; GEMM2 guesses those ids before its wait and checks them after it
+// (NVFP4MOE_T1_GEMM2_GUESSES_IDS=0: reads them after its wait; NVFP4MOE_T1_GEMM2_READS_IDS=0: seeks GEMM1's
+// offsets instead; a poisoned workspace makes the first guesses wrong). All give the routing launch's ids,
+// weights, plan and output bits:
 // softmax (40, 128 experts), sigmoid with a separate shared expert, the shared expert merged as expert E (32 and
 // 256 experts in groups, as DeepSeek-V3), relu^2 with a K tail; random logits, ties everywhere (every logit equal:
 // the lowest ids win), NaN logits (never chosen) and all-NaN logits (no expert: every slot -1, only a merged
@@ -1039,6 +1041,8 @@ TEST(CudaLayer, T1RouteInGemmBitIdenticalToRoutingLaunch) {
     SCOPED_TRACE(d.name);
     SwitchPair h("NVFP4MOE_T1_ROUTE_IN_GEMM", "0", d, Mode::W4A16, 64, 59);  // base: routes in GEMM1, switched: launch
     SwitchPair h2("NVFP4MOE_T1_GEMM2_READS_IDS", "0", d, Mode::W4A16, 64, 59);  // switched: GEMM2 seeks
+    // switched: GEMM2 reads GEMM1's ids after its wait (base: guesses them before it)
+    SwitchPair h3("NVFP4MOE_T1_GEMM2_GUESSES_IDS", "0", d, Mode::W4A16, 64, 59);
     const auto routing = h.base.cuda->decode_routing(1, false, true);
     EXPECT_FALSE(h.switched.cuda->decode_routing(1, false, true).gemm1_routes);
     EXPECT_FALSE(h2.switched.cuda->decode_routing(1, false, true).gemm2_reads_ids);
@@ -1057,8 +1061,8 @@ TEST(CudaLayer, T1RouteInGemmBitIdenticalToRoutingLaunch) {
         for (int64_t e = 0; e < E; e += 3) logits[e] = std::numeric_limits<float>::quiet_NaN();
       if (trial == 3) std::fill(logits.begin(), logits.end(), std::numeric_limits<float>::quiet_NaN());
       const auto hidden = random_hidden(1, H, 3200 + trial);
-      put_inputs({&h.base, &h.switched, &h2.base, &h2.switched}, hidden, logits);
-      for (Harness* x : {&h.base, &h.switched, &h2.switched}) {
+      put_inputs({&h.base, &h.switched, &h2.base, &h2.switched, &h3.base, &h3.switched}, hidden, logits);
+      for (Harness* x : {&h.base, &h.switched, &h2.switched, &h3.switched}) {
         CUDA_OK(cudaMemset(x->cuda->workspace(), 0xD5, x->layer->workspace_bytes()));
         CUDA_OK(cudaMemset(x->out.p, 0x7F, x->out.n * 4));
         x->forward_logits(1, x->out.p, DType::F32);
@@ -1067,14 +1071,18 @@ TEST(CudaLayer, T1RouteInGemmBitIdenticalToRoutingLaunch) {
       const PlanDump launch_plan = dump_plan(h.switched, 1);
       EXPECT_EQ(dump_plan(h.base, 1), launch_plan) << "routed in GEMM1 against the routing launch";
       EXPECT_EQ(dump_plan(h2.switched, 1), launch_plan) << "GEMM2 seeking against the routing launch";
+      EXPECT_EQ(dump_plan(h3.switched, 1), launch_plan) << "GEMM2 reading after its wait against the routing launch";
       const auto ref = h.switched.out.get(H);
       EXPECT_EQ(std::memcmp(h.base.out.get(H).data(), ref.data(), H * 4), 0) << "output, routed in GEMM1";
       EXPECT_EQ(std::memcmp(h2.switched.out.get(H).data(), ref.data(), H * 4), 0) << "output, GEMM2 seeking";
+      EXPECT_EQ(std::memcmp(h3.switched.out.get(H).data(), ref.data(), H * 4), 0)
+          << "output, GEMM2 reading the ids after its wait";
       if (trial == 3) EXPECT_EQ(launch_plan.offsets[E], 0) << "all-NaN logits choose no expert";
     }
     expect_forwards_bit_identical(h.switched, h.base, 1, 3300, true);  // (caller ids: the copy launch, as before)
     expect_replays_bit_identical(h.switched, h.base, 1, 3400);
     expect_replays_bit_identical(h.switched, h2.switched, 1, 3500);
+    expect_replays_bit_identical(h.switched, h3.switched, 1, 3600);
   }
   EXPECT_GE(gemm1_points, 5) << "GEMM1 routed at too few points: the test checks little";
   EXPECT_GE(gemm2_points, 4) << "GEMM2 read GEMM1's ids at too few points: the test checks little";

@@ -871,6 +871,132 @@ TEST(Sm90GroupedGemm, WarpStreamWithoutPiecesWaitsForThePreviousKernel) {
                     "overlap the three launches, so the check above could not have failed here";
 }
 
+// The T = 1 GEMM2 that reads GEMM1's k ids (Sm90OneTokenRoute::read_ids), with prologue_before_pdl_wait: each warp
+// guesses the ids before its PDL wait, issues its first piece's weights, and checks the ids after the wait,
+// running its pieces again where the guess was wrong. Every direct-row routed config, K of 2 k-tiles (fewer than
+// the ring's prologue), a ragged K and 7 k-tiles, with and without a merged shared expert (expert E), k ids all
+// valid or partly -1, against the plain kernel over the same rows' offsets, bitwise, with nothing written past the
+// rows. What the buffer holds when the launch starts: the right ids (the guess holds: no warp runs again), or a
+// kernel before it lets the launch start at once, spins, and only then writes the right ids over other experts,
+// 0xD5 poison (no expert: a warp finds no piece under its guess), the same experts in another slot order, or
+// fewer valid ids; the launch must then count its wrong guesses (Sm90OneTokenRoute::misspeculations: the rerun
+// path ran) and still give the plain kernel's bits. Without prologue_before_pdl_wait nothing is guessed.
+__global__ void trigger_then_spin_then_copy_ids(const int32_t* src, int32_t* ids, int n, long long spin_ns) {
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  long long start, now;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
+  do {
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+  } while (now - start < spin_ns);
+  for (int i = static_cast<int>(threadIdx.x); i < n; i += static_cast<int>(blockDim.x)) ids[i] = src[i];
+}
+
+TEST(Sm90GroupedGemm, T1SpeculativeIdsBitIdenticalToIdsAfterTheWait) {
+  cudaStream_t stream;
+  CUDA_GEMM_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  const int E = 40, top_k = 8, N = 320;
+  std::vector<Sm90GemmConfig> configs;
+  for (const auto& cfg : sm90_gemm_configs())
+    if (sm90_one_token_route_available(cfg, Sm90GemmEpilogue::kF32, false)) configs.push_back(cfg);
+  ASSERT_GE(configs.size(), 2u) << "the direct-row routed kernels (ws8_s6_w16, its unrolled form)";
+  int checked = 0, rerun_checked = 0;
+  for (const int K : {128, 208, 448})
+    for (const bool shared : {false, true})
+      for (const int valid : {top_k, 5}) {
+        std::mt19937 rng(900 + K + 7 * shared + valid);
+        std::vector<int32_t> experts(E);
+        for (int e = 0; e < E; ++e) experts[e] = e;
+        std::shuffle(experts.begin(), experts.end(), rng);
+        std::vector<int32_t> right(experts.begin(), experts.begin() + top_k);  // (slot order: not expert order)
+        for (int j = valid; j < top_k; ++j) right[j] = -1;
+        const int launch_experts = E + (shared ? 1 : 0);
+        std::vector<int> counts(launch_experts, 0);
+        for (const int32_t id : right)
+          if (id >= 0) counts[id] = 1;
+        if (shared) counts[E] = 1;
+        Problem p = make_problem(launch_experts, N, K, false, counts, 950 + K + shared + valid);
+        SCOPED_TRACE(::testing::Message() << "K=" << K << " shared=" << shared << " valid ids=" << valid);
+        std::vector<int32_t> other(experts.begin() + top_k, experts.begin() + 2 * top_k);
+        std::vector<int32_t> reordered(right.rbegin(), right.rend());
+        std::vector<int32_t> fewer = right;
+        for (int j = 2; j < top_k; ++j) fewer[j] = -1;
+        const std::vector<int32_t> poison(top_k, static_cast<int32_t>(0xD5D5D5D5u));
+        struct Stale {
+          const char* what;
+          const std::vector<int32_t>* ids;
+        };
+        const Stale stales[] = {{"the right ids", &right},
+                                {"other experts", &other},
+                                {"0xD5 poison", &poison},
+                                {"another slot order", &reordered},
+                                {"fewer valid ids", &fewer}};
+        const Sm90PreparedShape shape = sm90_prepared_shape(launch_experts, N, K, false);
+        DevBuf<uint8_t> packed(p.packed), scales(p.scales), w(shape.bytes);
+        DevBuf<uint16_t> a(p.a);
+        DevBuf<int32_t> off(p.offsets), ids(top_k), right_ids(right), misspeculations(1);
+        DevBuf<float> al0(p.alpha0), al1(p.alpha1), out(static_cast<size_t>(p.cap) * N);
+        ASSERT_TRUE(packed.p && scales.p && w.p && a.p && off.p && ids.p && right_ids.p && misspeculations.p &&
+                    al0.p && al1.p && out.p);
+        CUDA_GEMM_OK(sm90_prepare_weights(packed.p, scales.p, shape, w.p, nullptr));
+        Sm90OneTokenRoute rt;
+        rt.route.tokens = 1;
+        rt.route.experts = E;
+        rt.route.top_k = top_k;
+        rt.route.topk_ids = ids.p;
+        rt.plan.tokens = 1;
+        rt.plan.experts = E;
+        rt.plan.top_k = top_k;
+        rt.plan.append_shared = shared;
+        rt.read_ids = true;
+        rt.misspeculations = misspeculations.p;
+        for (const auto& cfg : configs) {
+          SCOPED_TRACE(to_string(cfg));
+          GpuRun plain;
+          run_gpu(p, Sm90GemmEpilogue::kF32, false, cfg, plain);  // the offsets' pieces, no routing
+          if (HasFatalFailure()) return;
+          ASSERT_EQ(plain.unwritten, 0);
+          const size_t row_words = static_cast<size_t>(p.offsets[launch_experts]) * N;
+          for (const bool before_wait : {false, true})
+            for (const Stale& st : stales) {
+              SCOPED_TRACE(::testing::Message() << "before_wait=" << before_wait << ", the buffer holds " << st.what);
+              Sm90GemmArgs args =
+                  problem_args(p, shape, a.p, w.p, off.p, al0.p, al1.p, out.p, Sm90GemmEpilogue::kF32);
+              args.one_token_route = &rt;
+              args.prologue_before_pdl_wait = before_wait;
+              CUDA_GEMM_OK(cudaMemset(out.p, 0xFF, out.n * 4));
+              CUDA_GEMM_OK(cudaMemset(misspeculations.p, 0, 4));
+              ids.put(*st.ids);
+              CUDA_GEMM_OK(cudaDeviceSynchronize());
+              const bool late = st.ids != &right;
+              trigger_then_spin_then_copy_ids<<<1, 32, 0, stream>>>(right_ids.p, ids.p, top_k, late ? 200'000 : 0);
+              CUDA_GEMM_OK(cudaGetLastError());
+              CUDA_GEMM_OK(sm90_nvfp4_grouped_gemm(args, cfg, stream));
+              CUDA_GEMM_OK(cudaStreamSynchronize(stream));
+              const std::vector<float> got = out.get();
+              std::vector<uint32_t> bits(got.size());
+              std::memcpy(bits.data(), got.data(), got.size() * 4);
+              int64_t differ = 0, past = 0;
+              for (size_t i = 0; i < bits.size(); ++i) {
+                if (i < row_words) differ += bits[i] != plain.bits[i];
+                else past += bits[i] != 0xFFFFFFFFu;
+              }
+              EXPECT_EQ(differ, 0) << "elements differing from the plain kernel's";
+              EXPECT_EQ(past, 0) << "elements written past the rows";
+              const int32_t wrong = misspeculations.get()[0];
+              if (!before_wait || !late) EXPECT_EQ(wrong, 0) << "warps that ran again without a wrong guess";
+              if (before_wait && late && pdl_enabled()) {
+                EXPECT_GT(wrong, 0) << "no warp guessed the stale ids: the rerun path did not run";
+                ++rerun_checked;
+              }
+              ++checked;
+            }
+        }
+      }
+  CUDA_GEMM_OK(cudaStreamDestroy(stream));
+  EXPECT_EQ(checked, 3 * 2 * 2 * static_cast<int>(configs.size()) * 2 * 5);
+  if (pdl_enabled()) EXPECT_EQ(rerun_checked, 3 * 2 * 2 * static_cast<int>(configs.size()) * 4);
+}
+
 // GEMM1 -> GEMM2 in one launch (sm90_nvfp4_chained_gemms) against the two launches, bitwise: GEMM1's
 // activations (bf16, NVFP4-quantized or not) and GEMM2's f32 rows, every chained config, SwiGLU and relu^2,
 // masked units and K tails, empty experts, experts with several token tiles, all rows in one expert, the
