@@ -362,7 +362,10 @@ __device__ __forceinline__ void route_block(const RouteArgs& a, uint8_t* smem, i
     }
     kt[e] = k;
   }
-  for (int i = tid; i < T * K; i += blockDim.x) slot[i] = -1;
+  for (int i = tid; i < T * K; i += blockDim.x) {
+    slot[i] = -1;
+    if (ids_mirror) ids_mirror[i] = -1;
+  }
   __syncthreads();
   const int G = softmax ? 1 : a.n_group;
   // The softmax statistics are read only by the weights, after the ranks' barrier: where the block has a warp per
@@ -370,7 +373,7 @@ __device__ __forceinline__ void route_block(const RouteArgs& a, uint8_t* smem, i
   // else the token's first warp does, before the ranks.
   const bool stats_beside = block_route_stats_warps(T, E, softmax) &&
                             static_cast<int>(blockDim.x) >= block_route_threads(T, E, softmax);
-  if (softmax) {
+  if (softmax && write_global) {  // (only the weights read them: a block that writes nothing needs the ids alone)
     const int ts = stats_beside ? (tid - T * Ep) >> 5 : t;  // the token whose statistics this warp computes
     if (stats_beside ? (tid >= T * Ep && ts < T) : (active && e < 32)) {  // max and normalizer, as the warp path
       const float* ks = key + ts * Ep;
@@ -434,23 +437,28 @@ __device__ __forceinline__ void route_block(const RouteArgs& a, uint8_t* smem, i
     if (k == k) {
       const int id = ci[e];
       const int rank = rank_among_candidates(ck, ci, nc4, id, k);
-      if (rank < K) slot[t * K + rank] = id;
+      if (rank < K) {
+        slot[t * K + rank] = id;
+        if (ids_mirror) ids_mirror[t * K + rank] = id;
+      }
     }
   }
   __syncthreads();
+  // A block that writes nothing (the GEMM1 CTAs past CTA 0 at T = 1, the fused decode kernels' blocks past the
+  // first) needs only the ids, complete in ids_mirror from the barrier above: no weights, no last barrier.
+  if (!write_global) return;
   float* wts = gsw;  // the group scores are consumed
   for (int i = tid; i < T * K; i += blockDim.x) {
     const int tt = i / K, id = slot[i];
     float w = 0.0f;
     if (id >= 0) w = softmax ? expf(key[tt * Ep + id] - stat[2 * tt]) / stat[2 * tt + 1] : aux[tt * Ep + id];
     wts[tt * Ep + (i - tt * K)] = w;
-    if (ids_mirror) ids_mirror[i] = id;
-    if (write_global) a.topk_ids[i] = id;
+    a.topk_ids[i] = id;
   }
   __syncthreads();
   // Thread (t, j) writes token t's weight j; each of the token's k threads sums its k weights in slot order (the
   // warp path's sum, so the same bits), instead of one thread dividing and storing k times in a row.
-  if (write_global && tid < T * K) {
+  if (tid < T * K) {
     const int tt = tid / K, j = tid - tt * K;
     const float* wt = wts + tt * Ep;
     float wsum = 0.0f;
