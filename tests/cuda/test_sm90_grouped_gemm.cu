@@ -795,13 +795,17 @@ TEST(Sm90GroupedGemm, WarpStreamPrologueBeforePdlWaitBitIdentical) {
 // flag. A control run puts a kernel that exits without waiting (the bug's shape) in the middle: where it sees the
 // flag unset, the device overlaps the three launches and the check can fail; where it does not, the check cannot
 // see the bug on this device and the test says so.
-__global__ void trigger_then_spin_then_flag(int* flag, long long spin_ns) {
+// Lets the next launch of the stream start (PDL), then spins spin_ns of %globaltimer.
+__device__ void trigger_then_spin(long long spin_ns) {
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
   long long start, now;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
   do {
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
   } while (now - start < spin_ns);
+}
+__global__ void trigger_then_spin_then_flag(int* flag, long long spin_ns) {
+  trigger_then_spin(spin_ns);
   __threadfence();
   *reinterpret_cast<volatile int*>(flag) = 1;
 }
@@ -882,12 +886,7 @@ TEST(Sm90GroupedGemm, WarpStreamWithoutPiecesWaitsForThePreviousKernel) {
 // fewer valid ids; the launch must then count its wrong guesses (Sm90OneTokenRoute::misspeculations: the rerun
 // path ran) and still give the plain kernel's bits. Without prologue_before_pdl_wait nothing is guessed.
 __global__ void trigger_then_spin_then_copy_ids(const int32_t* src, int32_t* ids, int n, long long spin_ns) {
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-  long long start, now;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
-  do {
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
-  } while (now - start < spin_ns);
+  trigger_then_spin(spin_ns);
   for (int i = static_cast<int>(threadIdx.x); i < n; i += static_cast<int>(blockDim.x)) ids[i] = src[i];
 }
 
