@@ -674,11 +674,19 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
         route_id = rt.route.top_k > lane ? ids_smem[lane] : -1;  // (route_block's ids: an expert or -1)
         if (route_id >= rt.route.experts) route_id = -1;
         __syncthreads();  // every warp has read the scratch: the ring slots are the rings' from here on
-      } else if (waited) {  // GEMM2, read_ids, after its wait (the previous launch wrote them)
-        route_id = rt.route.top_k > lane ? __ldg(rt.route.topk_ids + lane) : -1;
-        if (route_id < 0 || route_id >= rt.route.experts) route_id = -1;
       } else {
-        route_id = speculative_route_id();  // before the wait: confirmed after it (speculation_holds)
+        if constexpr (!kSpeculates) {  // (a kernel that cannot check a guess waits first)
+          if (!waited) {
+            kernels::pdl_wait_then_allow_next();
+            waited = true;
+          }
+        }
+        if (waited) {  // GEMM2, read_ids, after its wait (the previous launch wrote them)
+          route_id = rt.route.top_k > lane ? __ldg(rt.route.topk_ids + lane) : -1;
+          if (route_id < 0 || route_id >= rt.route.experts) route_id = -1;
+        } else {
+          route_id = speculative_route_id();  // before the wait: checked after it (speculation_holds)
+        }
       }
       derive_route_places();
     }
