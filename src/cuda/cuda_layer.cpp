@@ -806,10 +806,10 @@ void CudaMoeLayer::forward(const TensorRef& hidden, const RoutingArgs& routing, 
                       !chained(routed_c1, routed_c2, T, routed_.gated) && (quantized_once || !f32_in) &&
                       !(route && fused_gather_enabled_ && route_plan_gather_fuses(*route, pl, routed_gather));
   }
-  // T = 1 with logits: GEMM1 routes the token itself (one_token_route) and no routing launch runs. GEMM2 then
-  // waits for GEMM1 (the previous launch: its offsets cannot be read before the wait) and reads the k ids GEMM1
-  // wrote (its config's read_ids kernel; guessed before its wait, checked after it, Sm90OneTokenRoute::read_ids),
-  // or (NVFP4MOE_T1_GEMM2_READS_IDS=0) seeks the offsets.
+  // T = 1 with logits: GEMM1 routes the token itself (one_token_route) and no routing launch runs. GEMM2's offsets
+  // are then the previous launch's (not readable before its wait): it reads the k ids GEMM1 wrote (its config's
+  // read_ids kernel; guessed before its wait, checked after it, Sm90OneTokenRoute::read_ids), or
+  // (NVFP4MOE_T1_GEMM2_READS_IDS=0) waits and seeks the offsets.
   const bool gemm1_routes = decode.gemm1_routes, gemm2_reads_ids = decode.gemm2_reads_ids;
   Sm90OneTokenRoute gemm1_route{}, gemm2_route{};
   if (gemm1_routes) {  // no routing launch: GEMM1 writes the ids, weights and plan
@@ -905,9 +905,9 @@ void CudaMoeLayer::forward(const TensorRef& hidden, const RoutingArgs& routing, 
       // GEMM2's offsets are the plan's (two or more launches back: GEMM1, and act_amax when calibrating, ran
       // since); only its operand rows come from the previous kernel. NVFP4MOE_EARLY_GEMM2=0: off, for A/B.
       s2.prologue_before_pdl_wait = early_gemm2_enabled_;
-      if (routed && gemm1_routes) {  // the offsets are GEMM1's (the previous launch): wait first
+      if (routed && gemm1_routes) {  // the offsets are GEMM1's (the previous launch): seek only after the wait
         s2.prologue_before_pdl_wait = false;
-        if (gemm2_reads_ids) {  // then read GEMM1's ids instead of seeking: guessed before the wait, checked after
+        if (gemm2_reads_ids) {  // or read GEMM1's ids instead: guessed before the wait, checked after it
           s2.one_token_route = &gemm2_route;
           s2.prologue_before_pdl_wait = early_gemm2_enabled_ && t1_gemm2_guesses_ids_;
         }

@@ -567,7 +567,8 @@ __device__ __forceinline__ WsTokenRows ws_gathered_token_rows(const GemmParams& 
 // ROUTED (Sm90GemmArgs::one_token_route, T = 1): the broadcast-row kernels (GEMM1) route the token themselves after
 // their PDL wait (route_block, all the CTA's threads, in its ring slots before any weight copy; CTA 0 also writes
 // the routing's and the plan's outputs with rt.write_outputs), the direct-row ones (GEMM2, rt.read_ids) read the k
-// ids the previous launch wrote after their wait; each warp then maps a piece index to its expert from the k ids
+// ids the previous launch wrote, after their wait or (before_wait) as a guess before it, checked after it (below,
+// kSpeculates); each warp then maps a piece index to its expert from the k ids
 // in registers (routed_seek) in place of TileCursor::seek over the offsets: the same pieces, experts and rows as
 // the plan's offsets give.
 template <int WARPS, int DEPTH, int SPW, bool UNROLLED, Epilogue EPI, WsRows ROWS = WsRows::kDirect, int BPW = 2,
@@ -642,16 +643,15 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
   // from the first with the confirmed ids; nothing was stored (the epilogue follows the wait), so the result is
   // the non-speculative one in every case.
   constexpr bool kSpeculates = ROUTED && !kResidentRow && BPW == 2;
-  [[maybe_unused]] auto route_id_at = [&](const bool strong) {
-    int id = -1;
-    if (rt.route.top_k > lane) id = strong ? ld_relaxed_gpu(rt.route.topk_ids + lane) : __ldg(rt.route.topk_ids + lane);
+  // This lane's slot of the ids by a strong load (before the wait: a guess; after it: the ids GEMM1 wrote).
+  [[maybe_unused]] auto strong_route_id = [&] {
+    const int id = rt.route.top_k > lane ? ld_relaxed_gpu(rt.route.topk_ids + lane) : -1;
     return id < 0 || id >= rt.route.experts ? -1 : id;
   };
-  [[maybe_unused]] auto speculative_route_id = [&] { return route_id_at(true); };
   auto speculation_holds = [&]() -> bool {
     if constexpr (kSpeculates) {
       if (rt.route.tokens != 1) return true;  // (nothing routed: no piece, nothing guessed)
-      const int confirmed = route_id_at(true);
+      const int confirmed = strong_route_id();
       if (__all_sync(0xFFFFFFFFu, confirmed == route_id)) return true;
       route_id = confirmed;
       derive_route_places();
@@ -685,7 +685,7 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
           route_id = rt.route.top_k > lane ? __ldg(rt.route.topk_ids + lane) : -1;
           if (route_id < 0 || route_id >= rt.route.experts) route_id = -1;
         } else {
-          route_id = speculative_route_id();  // before the wait: checked after it (speculation_holds)
+          route_id = strong_route_id();  // before the wait: checked after it (speculation_holds)
         }
       }
       derive_route_places();
