@@ -445,8 +445,8 @@ TEST(Sm90OneTokenRoute, AvailabilityFitAndRefusals) {
       {"routing with direct rows", [](auto& a, auto&, auto&) { a.a_broadcast_row = false; a.epilogue = Sm90GemmEpilogue::kF32;
                                                              a.shape = sm90_prepared_shape(128, 2048, 768, false); },
        "routing in a direct-row launch"},
-      {"the prologue before the wait with the routing", [](auto& a, auto&, auto&) { a.prologue_before_pdl_wait = true; },
-       "prologue_before_pdl_wait with the routing"},
+      {"the prologue before the wait with the routing",
+       [](auto& a, auto&, auto&) { a.prologue_before_pdl_wait = true; }, "prologue_before_pdl_wait with the routing"},
       {"two tokens", [](auto&, auto& r, auto&) { r.route.tokens = 2; r.plan.tokens = 2; }, "route.tokens must be 1"},
       {"top_k 33", [](auto&, auto& r, auto&) { r.route.top_k = 33; }, "route.top_k"},
       {"600 experts", [](auto&, auto& r, auto&) { r.route.experts = 600; r.plan.experts = 600; }, "do not fit"},
