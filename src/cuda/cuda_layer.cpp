@@ -811,6 +811,7 @@ void CudaMoeLayer::forward(const TensorRef& hidden, const RoutingArgs& routing, 
   // read_ids kernel; guessed before its wait, checked after it, Sm90OneTokenRoute::read_ids), or
   // (NVFP4MOE_T1_GEMM2_READS_IDS=0) waits and seeks the offsets.
   const bool gemm1_routes = decode.gemm1_routes, gemm2_reads_ids = decode.gemm2_reads_ids;
+  const bool gemm2_guesses_ids = decode.gemm2_guesses_ids;
   Sm90OneTokenRoute gemm1_route{}, gemm2_route{};
   if (gemm1_routes) {  // no routing launch: GEMM1 writes the ids, weights and plan
     gemm1_route.route = *route;
@@ -909,7 +910,7 @@ void CudaMoeLayer::forward(const TensorRef& hidden, const RoutingArgs& routing, 
         s2.prologue_before_pdl_wait = false;
         if (gemm2_reads_ids) {  // or read GEMM1's ids instead: guessed before the wait, checked after it
           s2.one_token_route = &gemm2_route;
-          s2.prologue_before_pdl_wait = early_gemm2_enabled_ && t1_gemm2_guesses_ids_;
+          s2.prologue_before_pdl_wait = gemm2_guesses_ids;
         }
       }
       // The dynamic tile schedule (same bits; the SMs end within about a tile of each other).
@@ -1031,6 +1032,7 @@ CudaMoeLayer::DecodeRouting CudaMoeLayer::decode_routing(int64_t T, bool f32_hid
   d.gemm2_reads_ids = d.gemm1_routes && t1_gemm2_reads_ids_ &&
                    sm90_one_token_route_available(c2, Sm90GemmEpilogue::kF32, false) &&
                    sm90_one_token_route_fits(c2, E, K);
+  d.gemm2_guesses_ids = d.gemm2_reads_ids && early_gemm2_enabled_ && t1_gemm2_guesses_ids_;
   return d;
 }
 

@@ -138,9 +138,11 @@ class CudaMoeLayer final : public MoeLayer {
   std::vector<Sm90Launch> sm90_launches(int64_t T) const;
   // How forward() runs the routed group at decode (T tokens, w4a16 / w4a4, bf16 or f32 hidden, router logits or
   // caller ids), chosen exactly as forward() chooses: GEMM1 reads `hidden` as a broadcast row (T = 1), GEMM1
-  // routes the token itself (Sm90GemmArgs::one_token_route, no routing launch), GEMM2 reads GEMM1's ids.
+  // routes the token itself (Sm90GemmArgs::one_token_route, no routing launch), GEMM2 reads GEMM1's ids (guessing
+  // them before its PDL wait).
   struct DecodeRouting {
     bool gemm1_broadcasts = false, gemm1_routes = false, gemm2_reads_ids = false;
+    bool gemm2_guesses_ids = false;  // reads them before its PDL wait as a guess, checked after it
   };
   DecodeRouting decode_routing(int64_t T, bool f32_hidden, bool router_logits) const;
 

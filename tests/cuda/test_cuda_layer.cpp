@@ -1046,6 +1046,8 @@ TEST(CudaLayer, T1RouteInGemmBitIdenticalToRoutingLaunch) {
     const auto routing = h.base.cuda->decode_routing(1, false, true);
     EXPECT_FALSE(h.switched.cuda->decode_routing(1, false, true).gemm1_routes);
     EXPECT_FALSE(h2.switched.cuda->decode_routing(1, false, true).gemm2_reads_ids);
+    EXPECT_EQ(routing.gemm2_guesses_ids, routing.gemm2_reads_ids) << "GEMM2 reading the ids guesses them by default";
+    EXPECT_FALSE(h3.switched.cuda->decode_routing(1, false, true).gemm2_guesses_ids);
     EXPECT_FALSE(h.base.cuda->decode_routing(2, false, true).gemm1_routes);  // T = 1 only
     EXPECT_FALSE(h.base.cuda->decode_routing(1, false, false).gemm1_routes);  // router logits only
     gemm1_points += routing.gemm1_routes;
