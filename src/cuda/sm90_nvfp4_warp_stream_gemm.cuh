@@ -349,7 +349,8 @@ __device__ __forceinline__ bool ws_piece_k_loop_unrolled(const int k, const Gemm
   if (!split && !waited) {
     kernels::pdl_wait_then_allow_next();
     waited = true;
-    if (!speculation_holds()) return false;  // (nothing issued yet)
+    // (the guessing kernel splits its first piece, so it checks below; here for any caller that does not)
+    if (!speculation_holds()) return false;
   }
   // Sources of k-tile kt0 + d (kt0: the first k-tile of the current group of DEPTH; d < 2 DEPTH - 1, a compile-
   // time offset once the loop below is unrolled): this lane's code bytes of both blocks, its scale word, and its
