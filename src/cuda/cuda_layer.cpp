@@ -297,6 +297,7 @@ CudaMoeLayer::CudaMoeLayer(MoeWeights w, const MoeLayerOptions& options, GemmPat
       t1_route_in_gemm_enabled_ = env_switch("NVFP4MOE_T1_ROUTE_IN_GEMM");    // A/B: "0" = the routing launch
       t1_gemm2_reads_ids_ = env_switch("NVFP4MOE_T1_GEMM2_READS_IDS");  // A/B: "0" = GEMM2 seeks the offsets
       t1_gemm2_guesses_ids_ = env_switch("NVFP4MOE_T1_GEMM2_GUESSES_IDS");  // A/B: "0" = reads them after its wait
+      t1_w4a4_quant_rows_enabled_ = env_switch("NVFP4MOE_T1_W4A4_QUANT_ROWS");  // A/B: "0" = w4a4 T = 1 gathers
       // Zero once; every chained launch leaves its counters zero (sm90_nvfp4_chained_gemms), every dynamically
       // scheduled one its tile counter.
       const size_t routed_n = sm90_chain_counter_count(static_cast<int>(spec_.num_experts) + 1);
@@ -618,6 +619,12 @@ void CudaMoeLayer::warm_up_sm90() {
           rt.write_outputs = true;
           gb.one_token_route = &rt;
           check_sm90(sm90_nvfp4_grouped_gemm(gb, c, nullptr, device_sm_count()), "sm90 gemm1 routed (warm-up)");
+          if (t1_quant_rows_fit(c)) {  // w4a4: the routed kernel quantizing the row per expert
+            Sm90GemmArgs gq = gb;
+            gq.a_broadcast_quant_gs = d->gs13;
+            check_sm90(sm90_nvfp4_grouped_gemm(gq, c, nullptr, device_sm_count()),
+                       "sm90 gemm1 routed, quantized rows (warm-up)");
+          }
           if (sm90_one_token_route_available(c, Sm90GemmEpilogue::kF32, false)) {
             Sm90GemmArgs g2r = gb;
             g2r.a = act_;
@@ -882,6 +889,7 @@ void CudaMoeLayer::forward(const TensorRef& hidden, const RoutingArgs& routing, 
         s1.a_rows_capacity = 1;
         s1.a_broadcast_row = true;
         if (gemm1_routes) s1.one_token_route = &gemm1_route;
+        if (decode.gemm1_quantizes_rows) s1.a_broadcast_quant_gs = d.gs13;  // w4a4: quantized per routed expert
       }
       if (routed && gemm1_gathers) {  // row r = src[perm[r] / k], the merged shared expert's r - offsets[E]
         // src: hidden itself (w4a16), or its rows quantized once (w4a4 with one GEMM1 activation scale)
@@ -1020,8 +1028,11 @@ CudaMoeLayer::DecodeRouting CudaMoeLayer::decode_routing(int64_t T, bool f32_hid
 CudaMoeLayer::DecodeRouting CudaMoeLayer::decode_routing(int64_t T, bool f32_hidden, bool router_logits,
                                                          const Sm90GemmConfig& c1, const Sm90GemmConfig& c2) const {
   DecodeRouting d;
-  if (gemm_ != GemmPath::kSm90Wgmma || T != 1 || options_.mode != Mode::W4A16 || f32_hidden || calibrating_ ||
-      !t1_broadcast_enabled_)
+  // w4a4: only GEMM1 routing the token quantizes the broadcast row per expert (with caller ids, or where its
+  // kernel does not fit, the routing launch gathers the quantized rows: a w4a4 row is a function of the expert).
+  const bool a4 = options_.mode == Mode::W4A4;
+  if (gemm_ != GemmPath::kSm90Wgmma || T != 1 || (options_.mode != Mode::W4A16 && !a4) || f32_hidden ||
+      calibrating_ || !t1_broadcast_enabled_ || (a4 && (!router_logits || !t1_quant_rows_fit(c1))))
     return d;
   const int E = static_cast<int>(spec_.num_experts), K = static_cast<int>(spec_.top_k);
   // (the row kept in shared memory: K up to sm90_broadcast_row_max_k, 50k+; past it the gather path)
@@ -1029,11 +1040,20 @@ CudaMoeLayer::DecodeRouting CudaMoeLayer::decode_routing(int64_t T, bool f32_hid
   const Sm90GemmEpilogue epi1 = routed_.gated ? Sm90GemmEpilogue::kSwiGLU : Sm90GemmEpilogue::kRelu2;
   d.gemm1_routes = d.gemm1_broadcasts && router_logits && t1_route_in_gemm_enabled_ &&
                    sm90_one_token_route_available(c1, epi1, true) && sm90_one_token_route_fits(c1, E, K);
+  if (a4 && !d.gemm1_routes) return {};
+  d.gemm1_quantizes_rows = a4;
   d.gemm2_reads_ids = d.gemm1_routes && t1_gemm2_reads_ids_ &&
                    sm90_one_token_route_available(c2, Sm90GemmEpilogue::kF32, false) &&
                    sm90_one_token_route_fits(c2, E, K);
   d.gemm2_guesses_ids = d.gemm2_reads_ids && early_gemm2_enabled_ && t1_gemm2_guesses_ids_;
   return d;
+}
+
+bool CudaMoeLayer::t1_quant_rows_fit(const Sm90GemmConfig& c1) const {
+  const int routed = static_cast<int>(spec_.top_k) + (shared_in_routed_ ? 1 : 0);
+  return options_.mode == Mode::W4A4 && t1_w4a4_quant_rows_enabled_ && gemm_ == GemmPath::kSm90Wgmma &&
+         c1.warp_stream && routed_.w13_shape.k <= sm90_broadcast_row_max_k(c1, true) &&
+         sm90_broadcast_quant_rows_fit(c1, routed_launch_shape(routed_.w13_shape).units, routed, device_sm_count());
 }
 
 RouteArgs CudaMoeLayer::route_args(const float* logits, int T) const {

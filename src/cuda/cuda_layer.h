@@ -143,6 +143,8 @@ class CudaMoeLayer final : public MoeLayer {
   struct DecodeRouting {
     bool gemm1_broadcasts = false, gemm1_routes = false, gemm2_reads_ids = false;
     bool gemm2_guesses_ids = false;  // reads them before its PDL wait as a guess, checked after it
+    // w4a4: the routing GEMM1 quantizes the broadcast row per routed expert (Sm90GemmArgs::a_broadcast_quant_gs)
+    bool gemm1_quantizes_rows = false;
   };
   DecodeRouting decode_routing(int64_t T, bool f32_hidden, bool router_logits) const;
 
@@ -158,6 +160,9 @@ class CudaMoeLayer final : public MoeLayer {
   // decode_routing with the routed group's two configs already picked (forward() has them).
   DecodeRouting decode_routing(int64_t T, bool f32_hidden, bool router_logits, const Sm90GemmConfig& c1,
                                const Sm90GemmConfig& c2) const;
+  // w4a4 at T = 1: whether the routing GEMM1 (config c1) can quantize the broadcast row per routed expert (enabled,
+  // its rows in shared memory, each CTA's pieces within two experts on this device's SMs).
+  bool t1_quant_rows_fit(const Sm90GemmConfig& c1) const;
   // Rows the routed launches' operand buffers hold (the TMA descriptors' bound): max_tokens * k, plus
   // max_tokens when the shared expert is expert E.
   int64_t routed_rows_capacity() const;
@@ -248,6 +253,7 @@ class CudaMoeLayer final : public MoeLayer {
   // piece's weights during GEMM1's tail; checked after the wait, the same bits either way).
   // NVFP4MOE_T1_GEMM2_GUESSES_IDS=0 (read at creation): reads them after the wait, for A/B and the bitwise test.
   bool t1_gemm2_guesses_ids_ = true;
+  bool t1_w4a4_quant_rows_enabled_ = true;  // NVFP4MOE_T1_W4A4_QUANT_ROWS=0: w4a4 at T = 1 gathers after a routing launch
   // NVFP4MOE_WS_GATHER=1 (read at creation; measured slower on the H200, +1..9%, bench/results/1316906-ws-gather-ab,
   // so off): at decode (a warp-streaming GEMM1, T > 1; w4a16, bf16 hidden, not calibrating) GEMM1 reads `hidden`
   // through the plan's permutation (Sm90GemmArgs::a_gather_src) and no gather step runs (the fused routing kernel

@@ -179,13 +179,15 @@ template <int WARPS, int DEPTH, int SPW, bool UNROLLED, int BPW, sm90::Epilogue 
           sm90::WsRows ROWS = sm90::WsRows::kDirect, bool ROUTED = false>
 cudaError_t launch_warp_stream(const Sm90GemmArgs& args, const sm90::GemmParams& p, int grid, cudaStream_t stream) {
   // The broadcast-row kernels keep the row in shared memory (WarpStreamTraits::kResidentRow): k_tiles x 128 bytes
-  // more than their fixed part, sized here.
-  constexpr bool kResidentRow = ROWS == sm90::WsRows::kBroadcast;
+  // more than their fixed part, sized here (the quantizing ones: the raw row and kWsMaxQuantRows quantized ones).
+  constexpr bool kQuantRows = ROWS == sm90::WsRows::kBroadcastQuantized;
+  constexpr bool kResidentRow = ROWS == sm90::WsRows::kBroadcast || kQuantRows;
   using Tr = sm90::WarpStreamTraits<WARPS, DEPTH, SPW, UNROLLED, EPI, BPW, kResidentRow>;
   using ReadyTr = std::conditional_t<ROWS == sm90::WsRows::kDirect && !ROUTED, Tr,
                                      VariantTraits<Tr, static_cast<int>(ROWS) + (ROUTED ? 8 : 0)>>;
   auto kernel = sm90::sm90_nvfp4_warp_stream_gemm_kernel<WARPS, DEPTH, SPW, UNROLLED, EPI, ROWS, BPW, ROUTED>;
-  const int smem = Tr::kSmemBytes + Tr::resident_row_bytes(p.k_tiles);  // (checked: sm90_broadcast_row_max_k)
+  const int smem = Tr::kSmemBytes + Tr::resident_row_bytes(p.k_tiles) * (kQuantRows ? 1 + sm90::kWsMaxQuantRows : 1);
+  // (checked: sm90_broadcast_row_max_k)
   int fit = 0;
   if (const cudaError_t e = kernel_ready<ReadyTr>(kernel, &fit, kResidentRow ? sm90::kMaxSmemPerBlock : Tr::kSmemBytes);
       e != cudaSuccess)
@@ -193,7 +195,7 @@ cudaError_t launch_warp_stream(const Sm90GemmArgs& args, const sm90::GemmParams&
   Sm90OneTokenRoute rt{};  // (read by the routed kernels only; checked by check_one_token_route)
   if constexpr (ROUTED) rt = *args.one_token_route;
   return launch_pdl(kernel, dim3(grid), dim3(Tr::kThreads), smem, stream, args.a, args.shape.k, p,
-                    args.prologue_before_pdl_wait, rt);
+                    args.prologue_before_pdl_wait, rt, kQuantRows ? args.a_broadcast_quant_gs : nullptr);
 }
 
 // The refusal of a variant kernel (gathered A, broadcast row) for the f32 epilogue: it exists for GEMM1 only.
@@ -203,15 +205,16 @@ cudaError_t refuse_f32_variant(const char* arg, const char* kernels) {
 }
 
 // ROWS: the broadcast-row and gathered-A kernels (Sm90GemmArgs::a_broadcast_row, a_gather_src; activation
-// epilogues only) besides the direct one.
+// epilogues only) besides the direct one; the quantized broadcast rows (a_broadcast_quant_gs) routed only.
 template <int WARPS, int DEPTH, int SPW, bool UNROLLED, int BPW, sm90::WsRows ROWS>
 cudaError_t launch_warp_stream_epi(const Sm90GemmArgs& args, const sm90::GemmParams& p, int grid,
                                    cudaStream_t stream) {
+  constexpr bool kBroadcast = ROWS == sm90::WsRows::kBroadcast || ROWS == sm90::WsRows::kBroadcastQuantized;
   if (args.one_token_route != nullptr) {  // (check_one_token_route ran: these refusals are the last line)
     if constexpr (ROWS == sm90::WsRows::kGathered ||
-                  !one_token_route_instantiated(WARPS, DEPTH, SPW, UNROLLED, BPW, ROWS == sm90::WsRows::kBroadcast)) {
+                  !one_token_route_instantiated(WARPS, DEPTH, SPW, UNROLLED, BPW, kBroadcast)) {
       return fail("sm90_nvfp4_grouped_gemm: one_token_route: no routed kernel for this config");
-    } else if constexpr (ROWS == sm90::WsRows::kBroadcast) {
+    } else if constexpr (kBroadcast) {
       if (args.epilogue == Sm90GemmEpilogue::kSwiGLU)
         return launch_warp_stream<WARPS, DEPTH, SPW, UNROLLED, BPW, sm90::Epilogue::kSwiGLU, ROWS, true>(args, p, grid,
                                                                                                        stream);
@@ -226,19 +229,23 @@ cudaError_t launch_warp_stream_epi(const Sm90GemmArgs& args, const sm90::GemmPar
       return fail("sm90_nvfp4_grouped_gemm: one_token_route: with direct rows only the f32 epilogue (GEMM2, read_ids)");
     }
   }
-  switch (args.epilogue) {
-    case Sm90GemmEpilogue::kF32:
-      if constexpr (ROWS == sm90::WsRows::kBroadcast) return refuse_f32_variant("a_broadcast_row", "broadcast-row");
-      else if constexpr (ROWS == sm90::WsRows::kGathered) return refuse_f32_variant("a_gather_src", "gathered-A");
-      else return launch_warp_stream<WARPS, DEPTH, SPW, UNROLLED, BPW, sm90::Epilogue::kF32>(args, p, grid, stream);
-    case Sm90GemmEpilogue::kSwiGLU:
-      return launch_warp_stream<WARPS, DEPTH, SPW, UNROLLED, BPW, sm90::Epilogue::kSwiGLU, ROWS>(args, p, grid,
-                                                                                                 stream);
-    case Sm90GemmEpilogue::kRelu2:
-      return launch_warp_stream<WARPS, DEPTH, SPW, UNROLLED, BPW, sm90::Epilogue::kRelu2, ROWS>(args, p, grid,
-                                                                                                stream);
+  if constexpr (ROWS == sm90::WsRows::kBroadcastQuantized) {
+    return fail("sm90_nvfp4_grouped_gemm: a_broadcast_quant_gs: only with a routing one_token_route");
+  } else {
+    switch (args.epilogue) {
+      case Sm90GemmEpilogue::kF32:
+        if constexpr (ROWS == sm90::WsRows::kBroadcast) return refuse_f32_variant("a_broadcast_row", "broadcast-row");
+        else if constexpr (ROWS == sm90::WsRows::kGathered) return refuse_f32_variant("a_gather_src", "gathered-A");
+        else return launch_warp_stream<WARPS, DEPTH, SPW, UNROLLED, BPW, sm90::Epilogue::kF32>(args, p, grid, stream);
+      case Sm90GemmEpilogue::kSwiGLU:
+        return launch_warp_stream<WARPS, DEPTH, SPW, UNROLLED, BPW, sm90::Epilogue::kSwiGLU, ROWS>(args, p, grid,
+                                                                                                   stream);
+      case Sm90GemmEpilogue::kRelu2:
+        return launch_warp_stream<WARPS, DEPTH, SPW, UNROLLED, BPW, sm90::Epilogue::kRelu2, ROWS>(args, p, grid,
+                                                                                                  stream);
+    }
+    return fail("sm90_nvfp4_grouped_gemm: unknown epilogue");
   }
-  return fail("sm90_nvfp4_grouped_gemm: unknown epilogue");
 }
 
 // GATHER: the gathered-A kernels (Sm90GemmArgs::a_gather_src; activation epilogues only, no descriptor).
@@ -675,12 +682,13 @@ cudaError_t device_sm_count(int* sms) {
 
 }  // namespace
 
-int sm90_broadcast_row_max_k(const Sm90GemmConfig& config) {
+int sm90_broadcast_row_max_k(const Sm90GemmConfig& config, bool quantized_rows) {
   if (!config.warp_stream) return 0;
+  const int rows = quantized_rows ? 1 + sm90::kWsMaxQuantRows : 1;
 #define NVFP4MOE_X(warps, depth, spw, unrolled, bpw)                                                                \
   if (is_warp_stream_config(config, warps, depth, spw, unrolled != 0, bpw)) {                                      \
     using Tr = sm90::WarpStreamTraits<warps, depth, spw, unrolled != 0, sm90::Epilogue::kSwiGLU, bpw, true>;     \
-    return (sm90::kMaxSmemPerBlock - Tr::kSmemBytes) / Tr::resident_row_bytes(1) * sm90::kBlockK;               \
+    return (sm90::kMaxSmemPerBlock - Tr::kSmemBytes) / (rows * Tr::resident_row_bytes(1)) * sm90::kBlockK;      \
   }
   NVFP4MOE_SM90_WARP_STREAM_CONFIGS(NVFP4MOE_X)
 #undef NVFP4MOE_X
@@ -695,6 +703,17 @@ bool sm90_one_token_route_available(const Sm90GemmConfig& config, Sm90GemmEpilog
   NVFP4MOE_SM90_WARP_STREAM_CONFIGS(NVFP4MOE_X)
 #undef NVFP4MOE_X
   return false;
+}
+
+bool sm90_broadcast_quant_rows_fit(const Sm90GemmConfig& config, int units, int routed_experts, int num_sms) {
+  if (!sm90_one_token_route_available(config, Sm90GemmEpilogue::kSwiGLU, true) || units < 1 || routed_experts < 0 ||
+      num_sms < 1)
+    return false;
+  // The kernel's ranges: CTA b runs pieces [b P / C, (b + 1) P / C) of P = routed experts x pieces an expert; a
+  // range of L pieces spans at most 1 + ceil((L - 1) / pieces an expert) experts, L <= ceil(P / C).
+  const int64_t per_expert = static_cast<int64_t>(units) * (4 / config.slices_per_warp);
+  const int64_t longest = (routed_experts * per_expert + num_sms - 1) / num_sms;
+  return longest <= 1 || 1 + (longest - 1 + per_expert - 1) / per_expert <= sm90::kWsMaxQuantRows;
 }
 
 bool sm90_one_token_route_fits(const Sm90GemmConfig& config, int experts, int top_k) {
@@ -734,10 +753,28 @@ cudaError_t sm90_nvfp4_grouped_gemm(const Sm90GemmArgs& args, const Sm90GemmConf
   const sm90::GemmParams p = make_params(args);
   if (num_sms <= 0)
     if (const cudaError_t e = device_sm_count(&num_sms); e != cudaSuccess) return e;
+  if (args.a_broadcast_quant_gs != nullptr) {
+    if (!args.a_broadcast_row || args.one_token_route == nullptr || args.one_token_route->read_ids)
+      return fail(who + ": a_broadcast_quant_gs: only with a_broadcast_row and a routing one_token_route (GEMM1 at "
+                        "T = 1); got a_broadcast_row = " + (args.a_broadcast_row ? "true" : "false") +
+                  ", one_token_route " + (args.one_token_route == nullptr ? "null" : "with read_ids"));
+    if (args.shape.k > sm90_broadcast_row_max_k(config, true))
+      return fail(who + ": a_broadcast_quant_gs: shape.k = " + std::to_string(args.shape.k) + " exceeds " +
+                  std::to_string(sm90_broadcast_row_max_k(config, true)) + ", the longest row whose raw and two "
+                  "quantized copies config " + to_string(config) + " keeps beside its weight rings");
+    const int routed = args.one_token_route->route.top_k + (args.one_token_route->plan.append_shared ? 1 : 0);
+    if (!sm90_broadcast_quant_rows_fit(config, args.shape.units, routed, num_sms))
+      return fail(who + ": a_broadcast_quant_gs: " + std::to_string(routed) + " routed experts of " +
+                  std::to_string(args.shape.units) + " units on " + std::to_string(num_sms) + " CTAs of config " +
+                  to_string(config) + " put more than two experts' pieces on a CTA (sm90_broadcast_quant_rows_fit)");
+  }
   if (config.warp_stream) {  // no TMA: every warp copies its own rows; its pieces are spread statically
 #define NVFP4MOE_X(warps, depth, spw, unrolled, bpw)                                                  \
     if (is_warp_stream_config(config, warps, depth, spw, unrolled != 0, bpw))                           \
-      return args.a_broadcast_row                                                                       \
+      return args.a_broadcast_quant_gs != nullptr                                                       \
+                 ? launch_warp_stream_epi<warps, depth, spw, unrolled != 0, bpw,                        \
+                                          sm90::WsRows::kBroadcastQuantized>(args, p, num_sms, stream)  \
+             : args.a_broadcast_row                                                                     \
                  ? launch_warp_stream_epi<warps, depth, spw, unrolled != 0, bpw, sm90::WsRows::kBroadcast>( \
                        args, p, num_sms, stream)                                                        \
              : args.a_gather_src != nullptr                                                             \
@@ -810,8 +847,9 @@ cudaError_t sm90_nvfp4_chained_gemms(const Sm90GemmArgs& gemm1, const Sm90GemmAr
     return fail(who + ": gemm2 must read gemm1's output (gemm2.a == gemm1.out, gemm2 K = " + std::to_string(n_out1) +
                 "; got K = " + std::to_string(gemm2.shape.k) + ")");
   if (gemm1.a_gather_src != nullptr || gemm2.a_gather_src != nullptr || gemm1.a_broadcast_row ||
-      gemm2.a_broadcast_row)
-    return fail(who + ": a_gather_src / a_broadcast_row: a chained launch reads A through its TMA descriptors only");
+      gemm2.a_broadcast_row || gemm1.a_broadcast_quant_gs != nullptr || gemm2.a_broadcast_quant_gs != nullptr)
+    return fail(who + ": a_gather_src / a_broadcast_row / a_broadcast_quant_gs: a chained launch reads A through its "
+                      "TMA descriptors only");
   if (chain_counters == nullptr || (reinterpret_cast<uintptr_t>(chain_counters) & 3) != 0)
     return fail(who + ": chain_counters must be a 4-byte aligned device buffer of sm90_chain_counter_count(E) int32");
   CUtensorMap map1, map2;

@@ -192,6 +192,14 @@ struct Sm90GemmArgs {
   // the offsets. Only sm90_one_token_route_available configs; T = 1 (route.tokens == 1; 0: a launch that routes
   // nothing and runs no piece, the layer's warm-up).
   const Sm90OneTokenRoute* one_token_route = nullptr;
+  // w4a4 at T = 1 (with a_broadcast_row and a routing one_token_route; nullptr: the raw row): [E (+ 1 with
+  // plan.append_shared)] device activation global scales; each routed expert's row is the broadcast row
+  // NVFP4-quantized with its own scale (the merged shared expert's at index E), as the layer's gather quantizes it
+  // (16 columns a block, the exact bf16 operands e2m1 x e4m3), so no gather launch runs. Each CTA runs a contiguous
+  // range of the pieces and quantizes the rows of its (at most two) experts into shared memory once: shape.k <=
+  // sm90_broadcast_row_max_k(config, true) and sm90_broadcast_quant_rows_fit. The same bits as `a` holding the
+  // gathered quantized rows.
+  const float* a_broadcast_quant_gs = nullptr;
 };
 // Whether config has the kernel with Sm90GemmArgs::one_token_route for this epilogue and rows: the activation
 // epilogues with a broadcast row (GEMM1 at T = 1, routing) and the f32 epilogue with direct rows (GEMM2, read_ids),
@@ -201,8 +209,14 @@ bool sm90_one_token_route_available(const Sm90GemmConfig& config, Sm90GemmEpilog
 // its CTA, and the routing's scratch within its ring slots (512 experts and more do not fit ws8's 16 warps).
 bool sm90_one_token_route_fits(const Sm90GemmConfig& config, int experts, int top_k);
 // The longest row (K) a config's broadcast-row kernel keeps in shared memory beside its weight rings (0: a tile
-// config, which has none). 50k+ for every warp-streaming config; a longer K needs the rows in `a`.
-int sm90_broadcast_row_max_k(const Sm90GemmConfig& config);
+// config, which has none). 50k+ for every warp-streaming config; a longer K needs the rows in `a`. quantized_rows:
+// the kernel of Sm90GemmArgs::a_broadcast_quant_gs, which keeps the raw row and two quantized ones (17k+).
+int sm90_broadcast_row_max_k(const Sm90GemmConfig& config, bool quantized_rows = false);
+// Whether a routed GEMM1 with Sm90GemmArgs::a_broadcast_quant_gs on num_sms CTAs finds each CTA's pieces within two
+// experts: up to routed_experts (top_k, + 1 with a merged shared expert) experts of `units` weight units
+// (Sm90PreparedShape::units) each, the pieces split into num_sms contiguous ranges. Also false where config has
+// no such kernel (the routed broadcast-row configs: sm90_one_token_route_available).
+bool sm90_broadcast_quant_rows_fit(const Sm90GemmConfig& config, int units, int routed_experts, int num_sms);
 inline constexpr int kSm90MaxConsumerStaggerNs = 1000000;  // 1 ms: PTX nanosleep's longest sleep
 
 // Launches the persistent grouped GEMM with config (one of sm90_gemm_configs()). Rows of out past offsets[E]

@@ -29,6 +29,7 @@
 #include <type_traits>
 #include <utility>
 
+#include "cuda/sm90_nvfp4_gather_quant.cuh"
 #include "cuda/sm90_nvfp4_grouped_gemm.cuh"
 #include "cuda/sm90_nvfp4_grouped_gemm.h"
 #include "cuda/sm90_nvfp4_plan_block.cuh"
@@ -104,9 +105,18 @@ __host__ __device__ inline int one_token_route_scratch_bytes(int experts, int to
 
 // Where a warp-streaming kernel's token rows come from: row r of `a` (kDirect, the gathered copy), row 0 of `a`
 // for every row (kBroadcast: Sm90GemmArgs::a_broadcast_row, T = 1; resident in shared memory), or GemmParams::gather_src through the plan's
-// permutation (kGathered: Sm90GemmArgs::a_gather_src, the decode GEMM1 without a gather step). Each its own
-// instantiation, so that the others keep their code.
-enum class WsRows { kDirect, kBroadcast, kGathered };
+// permutation (kGathered: Sm90GemmArgs::a_gather_src, the decode GEMM1 without a gather step), or row 0 of `a`
+// NVFP4-quantized with each routed expert's activation scale (kBroadcastQuantized: Sm90GemmArgs::
+// a_broadcast_quant_gs, the routed GEMM1 of w4a4 at T = 1; the quantized rows resident in shared memory). Each its
+// own instantiation, so that the others keep their code.
+enum class WsRows { kDirect, kBroadcast, kGathered, kBroadcastQuantized };
+
+// kBroadcastQuantized: a CTA runs one contiguous range of the launch's pieces (at most ceil(pieces / CTAs), far
+// fewer than an expert's pieces at T = 1), so its pieces belong to at most this many routed experts (the host
+// checks it: sm90_broadcast_quant_rows_fit), and it keeps that many quantized rows beside the raw one.
+inline constexpr int kWsMaxQuantRows = 2;
+// The named barrier of a CTA's quantizing warps (the warp pairs of BPW = 1 use 1 .. WARPS / 2).
+inline constexpr int kWsQuantRowsBarrier = 15;
 
 // A lane's two token chunks of a piece (chunk lane and lane + 32: tile row lane / 8 + 4 h, 16-byte column
 // lane % 8): where each chunk's row starts (column 0 of its source row; a valid address even when the row is
@@ -576,9 +586,12 @@ template <int WARPS, int DEPTH, int SPW, bool UNROLLED, Epilogue EPI, WsRows ROW
           bool ROUTED = false>
 __global__ void __launch_bounds__(WARPS * 32, 1)
     sm90_nvfp4_warp_stream_gemm_kernel(const uint16_t* __restrict__ a, const int k, const GemmParams p,
-                                       const bool before_wait, const Sm90OneTokenRoute rt) {
+                                       const bool before_wait, const Sm90OneTokenRoute rt,
+                                       const float* __restrict__ quant_gs) {
   static_assert(!ROUTED || ROWS != WsRows::kGathered, "the routed kernels read a broadcast row or direct rows");
-  constexpr bool kResidentRow = ROWS == WsRows::kBroadcast;
+  constexpr bool kQuantRows = ROWS == WsRows::kBroadcastQuantized;
+  static_assert(!kQuantRows || ROUTED, "the quantized rows follow the launch's own routing (GEMM1 at T = 1)");
+  constexpr bool kResidentRow = ROWS == WsRows::kBroadcast || kQuantRows;
   using Tr = WarpStreamTraits<WARPS, DEPTH, SPW, UNROLLED, EPI, BPW, kResidentRow>;
   using Slot = typename Tr::Slot;
   extern __shared__ __align__(128) uint8_t ws_smem[];
@@ -601,6 +614,11 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
     for (int w = tid; w < Tr::kRowZeroBytes / 4; w += Tr::kThreads) sts32(row_zero + 4 * w, 0);
     // the row's padding past K (its 2k bytes are k / 2 words)
     for (int w = k / 2 + tid; w < p.k_tiles * 32; w += Tr::kThreads) sts32(row_smem + 4 * w, 0);
+    if constexpr (kQuantRows) {  // and the quantized rows' (rows 1 .. kWsMaxQuantRows behind it, as long)
+      const int pad = p.k_tiles * 32 - k / 2;
+      for (int i = tid; i < kWsMaxQuantRows * pad; i += Tr::kThreads)
+        sts32(row_smem + static_cast<uint32_t>((1 + i / pad) * p.k_tiles * 128 + 4 * (k / 2 + i % pad)), 0);
+    }
     __syncthreads();
   }
   // PDL: by default every global access follows the wait for the previous kernel of the stream. With
@@ -692,7 +710,17 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
       derive_route_places();
     }
   }
-  // Piece idx of a routed kernel: expert place q = idx / n_pieces, one row (row q) and one token tile each.
+  // The expert at place q < routed_experts of a routed kernel (warp-uniform q): the chosen expert with q chosen
+  // experts below it, or past the chosen ones the merged shared expert (expert E).
+  [[maybe_unused]] auto expert_at_place = [&](const int q) {
+    const unsigned m = __ballot_sync(0xFFFFFFFFu, route_id >= 0 && route_pos == q);
+    const int from = m != 0u ? __ffs(m) - 1 : 0;
+    const int e = __shfl_sync(0xFFFFFFFFu, route_id, from);
+    return m != 0u ? e : rt.route.experts;
+  };
+  // Piece idx of a routed kernel: expert place q = idx / n_pieces, one row (row q) and one token tile each. (Its
+  // expert as expert_at_place finds it, written out: through that lambda ptxas scheduled the routed kernels
+  // differently from the measured and GPU-tested build.)
   [[maybe_unused]] auto routed_seek = [&](TileCursor<kWsTokens>& c, const int idx) {
     const int q = idx / n_pieces;
     if (q >= routed_experts) return false;
@@ -707,18 +735,72 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
     c.rows = 1;
     return true;
   };
-  auto next_piece = [&](TileCursor<kWsTokens>& c, const int idx) {
-    if constexpr (ROUTED) return routed_seek(c, idx);
-    else return c.template seek<kWsExpertsPerLane, true>(p, n_pieces, idx);
-  };
   // A piece's warps (2 with one block a warp): `walker` is the pair's place in the grid's round-robin of pieces,
   // `blk` the warp's block of each piece.
   constexpr int kWarpsPerPiece = 2 / BPW;
+  constexpr int kWalkers = WARPS / kWarpsPerPiece;  // per CTA
   const int walker = warp / kWarpsPerPiece, blk = warp % kWarpsPerPiece;
-  const int stride = WARPS / kWarpsPerPiece * static_cast<int>(gridDim.x);
+  // The quantized rows (kQuantRows): the CTA runs the contiguous pieces [piece_begin, piece_end) of the launch's
+  // routed_experts x n_pieces (as many as the round-robin gives it: floor or ceil of pieces / CTAs), walker w the
+  // pieces piece_begin + w + i * kWalkers; so its pieces are those of the expert places quant_place0 ..
+  // quant_place0 + quant_places - 1 (at most kWsMaxQuantRows: the host's sm90_broadcast_quant_rows_fit), whose
+  // rows it quantizes once into shared memory (quantize_rows, in the first row_ready of each of its warps with a
+  // piece: warps 0 .. quant_threads / 32 - 1). The round-robin of the other kernels (walker w of CTA b: pieces
+  // w x CTAs + b + i x stride) spreads a CTA's pieces over up to kWalkers experts.
+  [[maybe_unused]] int piece_begin = 0, piece_end = 0, quant_place0 = 0, quant_places = 0, quant_threads = 0;
+  [[maybe_unused]] float quant_gs0 = 0.0f, quant_gs1 = 0.0f;
+  if constexpr (kQuantRows) {
+    static_assert(kWsMaxQuantRows == 2 && (BPW == 2 || kWalkers < kWsQuantRowsBarrier),
+                  "two scales; a named barrier the warp pairs (1 .. kWalkers) leave free");
+    const int64_t pieces = static_cast<int64_t>(routed_experts) * n_pieces;
+    piece_begin = static_cast<int>(pieces * blockIdx.x / gridDim.x);
+    piece_end = static_cast<int>(pieces * (blockIdx.x + 1) / gridDim.x);
+    quant_place0 = piece_begin / n_pieces;
+    quant_places = piece_end > piece_begin ? (piece_end - 1) / n_pieces - quant_place0 + 1 : 0;
+    if (quant_places > kWsMaxQuantRows) __trap();  // (excluded by the host: sm90_broadcast_quant_rows_fit)
+    quant_threads = min(kWalkers, piece_end - piece_begin) * kWarpsPerPiece * 32;
+    // The places' activation scales, loaded now: their round trip overlaps the first weights' copies.
+    const int e0 = expert_at_place(quant_place0), e1 = expert_at_place(quant_place0 + 1);
+    if (quant_places > 0) quant_gs0 = __ldg(quant_gs + e0);
+    if (quant_places > 1) quant_gs1 = __ldg(quant_gs + e1);
+  }
+  auto next_piece = [&](TileCursor<kWsTokens>& c, const int idx) {
+    if constexpr (kQuantRows) {
+      if (idx >= piece_end) return false;
+    }
+    if constexpr (ROUTED) return routed_seek(c, idx);
+    else return c.template seek<kWsExpertsPerLane, true>(p, n_pieces, idx);
+  };
+  const int stride = kQuantRows ? kWalkers : kWalkers * static_cast<int>(gridDim.x);
   [[maybe_unused]] int pieces_run = 0;  // (BPW = 1: the parity of the pair's handoff buffer)
   // ldmatrix.x4 lane l addresses token row l % 8, 16-byte chunk 4h + l / 8 of the slot's token tile.
   const uint32_t ldsm_off = (lane & 7) * 128 + (((lane >> 3) ^ (lane & 7)) << 4);
+  // kQuantRows: the CTA's expert places' rows, quantized from the raw row (resident, its copy complete) as the
+  // gather quantizes them (kernels::quant_block16_operand per 16 columns with the expert's activation scale: the
+  // exact bf16 operands e2m1 x e4m3), into rows 1 and 2 of the resident rows; then the quantizing warps' barrier
+  // (each reads any row's columns in its k-loops). The padding past K stays zero (set at the start).
+  [[maybe_unused]] auto quantize_rows = [&] {
+    const int blocks = k / 16;  // per row
+    const uint32_t row_stride = static_cast<uint32_t>(p.k_tiles) * 128u;
+    for (int i = warp * 32 + lane; i < quant_places * blocks; i += quant_threads) {
+      const int r = i >= blocks ? 1 : 0;  // (quant_places <= 2)
+      const int b = i - r * blocks;
+      const uint4 v0 = lds128(row_smem + 32u * b), v1 = lds128(row_smem + 32u * b + 16u);
+      const uint32_t w[8] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w};
+      float x[16];
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        x[2 * j] = fmt::bits_float(w[j] << 16);
+        x[2 * j + 1] = fmt::bits_float(w[j] & 0xFFFF0000u);
+      }
+      uint32_t bits[8];
+      kernels::quant_block16_operand(x, r == 0 ? quant_gs0 : quant_gs1, bits);
+      const uint32_t dst = row_smem + (1u + r) * row_stride + 32u * b;
+      sts128(dst, bits[0], bits[1], bits[2], bits[3]);
+      sts128(dst + 16u, bits[4], bits[5], bits[6], bits[7]);
+    }
+    named_bar_sync(kWsQuantRowsBarrier, quant_threads);
+  };
   // Piece idx's first GEMM row and row count (cur: the cursor sought to idx).
   auto piece_rows = [&](const TileCursor<kWsTokens>& c, const int idx, int64_t& row_base, int& tile_rows) {
     const int local = idx - c.first;
@@ -762,10 +844,15 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
             bulk_load(row_smem, a, static_cast<uint32_t>(2 * k), row_bar);
           }
           mbar_wait(row_bar, 0);
+          if constexpr (kQuantRows) quantize_rows();
           row_seen = true;
         }
       };
-      const uint32_t tok = row_lane ? row_smem + 16 * (lane >> 3) : row_zero;
+      // (kQuantRows: the piece's expert place's quantized row, row 1 + q - quant_place0 of the resident rows)
+      const uint32_t row_base_smem =
+          kQuantRows ? row_smem + static_cast<uint32_t>((1 + static_cast<int>(row_base) - quant_place0) * p.k_tiles * 128)
+                     : row_smem;
+      const uint32_t tok = row_lane ? row_base_smem + 16 * (lane >> 3) : row_zero;
       ws_piece_k_loop_resident_row<DEPTH, SPW, BPW>(p, ring, lane, g, t, tok, row_lane ? 128u : 0u, wunit, slice0,
                                                     row_ready, after_prologue, acc);
     } else if constexpr (!UNROLLED) {
@@ -858,7 +945,7 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
   };
 
   TileCursor<kWsTokens> cur;
-  int idx = walker * static_cast<int>(gridDim.x) + static_cast<int>(blockIdx.x);
+  int idx = kQuantRows ? piece_begin + walker : walker * static_cast<int>(gridDim.x) + static_cast<int>(blockIdx.x);
   if constexpr (ROWS != WsRows::kGathered) {
     // Row r of a, zero-filled past the tile's rows (src-size 0 from the tile's first row). (kBroadcast reads its
     // resident row instead: run_piece never calls this there.)

@@ -634,6 +634,7 @@ TEST_P(ModeTest, PresetDims) {
       EXPECT_GE(h.layer->weight_bytes(), prepared);
       EXPECT_LE(h.layer->weight_bytes(), prepared + 64 * 1024);
     }
+    check_layer_logits(h, mode, 1, 299, 1, d.name);  // (T = 1: GEMM1 routes, and in w4a4 quantizes the row)
     check_layer_logits(h, mode, 9, 300, 9, d.name);
     check_layer_logits(h, mode, 300, 301, 4, d.name);
   }
@@ -971,7 +972,8 @@ TEST(CudaLayer, Gemm1GatheredABitIdenticalToGatherKernel) {
 // warp-streaming GEMM1 reads `hidden` as the row of all its rows, the routing kernel skips its gather step) gives
 // the gather's bits: softmax, sigmoid with a separate shared expert, the shared expert merged as expert E, relu^2
 // with a K tail; router logits and caller ids (distinct experts, one slot masked in two of the trials); a poisoned
-// workspace; a captured graph replayed with new inputs. w4a4 (whose gather quantizes per expert) is unchanged.
+// workspace; a captured graph replayed with new inputs. w4a4 with router logits: GEMM1 quantizing the row per
+// expert (T1W4A4QuantizedRowsBitIdenticalToGather) against the gather; with caller ids both gather.
 TEST(CudaLayer, T1BroadcastBitIdenticalToGather) {
   const LayerDims dims[] = {kSmallSoftmax, kSmallSigmoid, kMergedSigmoid, kRelu2MergedShared};
   int broadcast_points = 0;
@@ -1089,6 +1091,85 @@ TEST(CudaLayer, T1RouteInGemmBitIdenticalToRoutingLaunch) {
   EXPECT_GE(gemm1_points, 5) << "GEMM1 routed at too few points: the test checks little";
   EXPECT_GE(gemm2_points, 4) << "GEMM2 read GEMM1's ids at too few points: the test checks little";
   EXPECT_GE(b1_points, 1) << "no routed GEMM1 with one block a warp: its kernel is untested";
+}
+
+// w4a4 at T = 1 with router logits (the default; NVFP4MOE_T1_W4A4_QUANT_ROWS=0: the routing launch and the gather
+// of k quantized rows): GEMM1 routes the token, each CTA runs a contiguous range of the pieces and quantizes the
+// hidden row with the activation scale of each of its (at most two) experts into shared memory, GEMM2 reads (guesses)
+// GEMM1's ids. The same ids, weights, plan and output bits as the gather path: softmax, sigmoid with a separate
+// shared expert, the shared expert merged as expert E with its own scale (32 and 256 experts in groups), relu^2
+// with a K tail, a long K (one block a warp); per-expert activation scales; random rows and adversarial ones
+// (16-column blocks of zeros, one large outlier, tiny values, values past the e4m3 scale's range, values on and
+// halfway between e2m1 grid points), tied and NaN logits, all-NaN logits (no expert; only a merged shared expert runs); a poisoned
+// workspace; a captured graph replayed with new logits.
+TEST(CudaLayer, T1W4A4QuantizedRowsBitIdenticalToGather) {
+  const LayerDims kWideSoftmax{"softmax H2048 E128 k8", 2048, 64, 128, 8};
+  const LayerDims kDeepSeekLike{"sigmoid-grouped E256 k8 n8 g4 +shared(I) as expert E", 256, 64, 256, 8,
+                                Activation::SwiGLU, Routing::SigmoidGroupedTopK, 8, 4, 2.5f, true, 64};
+  const LayerDims kLongK{"softmax H2880 E32 k4 (one block a warp: K >= 40 k-tiles)", 2880, 64, 32, 4};
+  const LayerDims dims[] = {kSmallSoftmax, kSmallSigmoid, kMergedSigmoid, kRelu2MergedShared, kWideSoftmax,
+                            kDeepSeekLike, kLongK};
+  int quant_points = 0, b1_points = 0, merged_points = 0;
+  for (const LayerDims& d : dims) {
+    SCOPED_TRACE(d.name);
+    SwitchPair h("NVFP4MOE_T1_W4A4_QUANT_ROWS", "0", d, Mode::W4A4, 64, 61);  // switched: routing launch + gather
+    const auto routing = h.base.cuda->decode_routing(1, false, true);
+    EXPECT_FALSE(h.switched.cuda->decode_routing(1, false, true).gemm1_quantizes_rows);
+    EXPECT_FALSE(h.switched.cuda->decode_routing(1, false, true).gemm1_broadcasts) << "w4a4 broadcasts quantized only";
+    EXPECT_FALSE(h.base.cuda->decode_routing(1, false, false).gemm1_broadcasts) << "caller ids: the gather";
+    EXPECT_FALSE(h.base.cuda->decode_routing(2, false, true).gemm1_quantizes_rows);  // T = 1 only
+    if (routing.gemm1_quantizes_rows) {
+      EXPECT_TRUE(routing.gemm1_routes && routing.gemm1_broadcasts);
+      EXPECT_EQ(routing.gemm2_guesses_ids, routing.gemm2_reads_ids);
+    }
+    quant_points += routing.gemm1_quantizes_rows;
+    const auto launches = h.base.cuda->sm90_launches(1);
+    b1_points += routing.gemm1_quantizes_rows && !launches.empty() && launches[0].config.blocks_per_warp == 1;
+    merged_points += routing.gemm1_quantizes_rows && h.base.cuda->shared_in_routed();
+    const int64_t E = d.E, H = d.H;
+    for (int trial = 0; trial < 6; ++trial) {
+      SCOPED_TRACE("trial " + std::to_string(trial));
+      std::vector<float> logits = random_logits(1, E, 3700 + trial);
+      if (trial == 2) std::fill(logits.begin(), logits.end(), 0.25f);  // ties: the lowest ids, in id order
+      if (trial == 3)
+        for (int64_t e = 0; e < E; e += 3) logits[e] = std::numeric_limits<float>::quiet_NaN();
+      if (trial == 5) std::fill(logits.begin(), logits.end(), std::numeric_limits<float>::quiet_NaN());
+      auto hidden = random_hidden(1, H, 3800 + trial);
+      if (trial == 1 || trial == 4) {  // adversarial 16-column blocks
+        Rng r(3900 + trial);
+        for (int64_t b = 0; b < H / 16; ++b)
+          for (int64_t i = 0; i < 16; ++i) {
+            float v = r.normal();
+            switch ((b + trial) % 6) {
+              case 0: v = 0.0f; break;                                  // all zero: scale 0
+              case 1: v = i == 5 ? 300.0f : v; break;                   // one outlier
+              case 2: v *= 1e-6f; break;                                // tiny: the scale's low end
+              case 3: v *= 1e4f; break;                                 // past the e4m3 scale's range
+              case 4: v = (i % 2 ? -1.0f : 1.0f) * 0.5f * static_cast<float>(i % 8); break;  // on / between the grid
+              default: break;
+            }
+            hidden[b * 16 + i] = fmt::bf16_from_float(v);
+          }
+      }
+      put_inputs({&h.base, &h.switched}, hidden, logits);
+      for (Harness* x : {&h.base, &h.switched}) {
+        CUDA_OK(cudaMemset(x->cuda->workspace(), 0xD5, x->layer->workspace_bytes()));
+        CUDA_OK(cudaMemset(x->out.p, 0x7F, x->out.n * 4));
+        x->forward_logits(1, x->out.p, DType::F32);
+      }
+      CUDA_OK(cudaDeviceSynchronize());
+      const PlanDump gather_plan = dump_plan(h.switched, 1);
+      EXPECT_EQ(dump_plan(h.base, 1), gather_plan) << "quantized in GEMM1 against the routing launch";
+      const auto ref = h.switched.out.get(H);
+      EXPECT_EQ(std::memcmp(h.base.out.get(H).data(), ref.data(), H * 4), 0) << "output, quantized in GEMM1";
+      if (trial == 5) EXPECT_EQ(gather_plan.offsets[E], 0) << "all-NaN logits choose no expert";
+    }
+    expect_forwards_bit_identical(h.switched, h.base, 1, 4000, true);  // (caller ids: the gather in both)
+    expect_replays_bit_identical(h.switched, h.base, 1, 4100);
+  }
+  EXPECT_GE(quant_points, 5) << "GEMM1 quantized the rows at too few points: the test checks little";
+  EXPECT_GE(b1_points, 1) << "no quantizing GEMM1 with one block a warp: its kernel is untested";
+  EXPECT_GE(merged_points, 2) << "no merged shared expert (its own scale at index E) quantized in GEMM1";
 }
 
 // Decode with the warp-streaming GEMM1 gathering its own rows (NVFP4MOE_WS_GATHER=1: GEMM1 reads `hidden` through

@@ -468,5 +468,97 @@ TEST(Sm90OneTokenRoute, AvailabilityFitAndRefusals) {
   }
 }
 
+// w4a4 at T = 1: the routed GEMM1 quantizing the broadcast row per expert (Sm90GemmArgs::a_broadcast_quant_gs).
+// Its rows in shared memory (the raw row and two quantized ones: a third of the plain broadcast row's K), the
+// fit of each CTA's contiguous piece range within two experts (every preset on 132 SMs; too few SMs or too many
+// experts of few units do not), and the launcher's refusals by name, before any device call (host-only).
+TEST(Sm90BroadcastQuantRows, MaxKFitAndRefusals) {
+  Sm90GemmConfig ws, ws_u, b1, x2, tile;
+  ASSERT_TRUE(sm90_gemm_config_by_name("ws8_s6_w16", &ws));
+  ASSERT_TRUE(sm90_gemm_config_by_name("ws8_s6_w16_u", &ws_u));
+  ASSERT_TRUE(sm90_gemm_config_by_name("ws8_s6_w16_b1", &b1));
+  ASSERT_TRUE(sm90_gemm_config_by_name("ws8_s4_w16_x2", &x2));
+  ASSERT_TRUE(sm90_gemm_config_by_name("bt16_s9_wg4", &tile));
+  EXPECT_EQ(sm90_broadcast_row_max_k(ws, true), (232448 - (16 * 6 * 1152 + 144)) / (3 * 128) * 64);
+  EXPECT_EQ(sm90_broadcast_row_max_k(b1, true), (232448 - (16 * 6 * 640 + 8192 + 144)) / (3 * 128) * 64);
+  EXPECT_EQ(sm90_broadcast_row_max_k(tile, true), 0);
+  for (const Sm90GemmConfig& c : {ws, ws_u, b1}) {
+    EXPECT_GE(sm90_broadcast_row_max_k(c, true), 7168) << to_string(c) << ": every preset's hidden size must fit";
+    // (units: gated N / 2 / 64 or N / 128; routed experts: top_k + a merged shared expert)
+    EXPECT_TRUE(sm90_broadcast_quant_rows_fit(c, 32, 9, 132)) << to_string(c);   // deepseek-v3
+    EXPECT_TRUE(sm90_broadcast_quant_rows_fit(c, 24, 8, 132)) << to_string(c);   // qwen3-235b
+    EXPECT_TRUE(sm90_broadcast_quant_rows_fit(c, 12, 8, 132)) << to_string(c);   // qwen3-30b
+    EXPECT_TRUE(sm90_broadcast_quant_rows_fit(c, 45, 4, 132)) << to_string(c);   // gpt-oss-120b
+    EXPECT_TRUE(sm90_broadcast_quant_rows_fit(c, 15, 6, 132)) << to_string(c);   // nemotron-nano
+    EXPECT_TRUE(sm90_broadcast_quant_rows_fit(c, 1, 1, 1)) << to_string(c);      // 4 pieces on one CTA
+    EXPECT_TRUE(sm90_broadcast_quant_rows_fit(c, 32, 0, 132)) << to_string(c);   // nothing routed
+    // 8 experts x 4 pieces on 4 CTAs: 8 pieces a CTA span 3 experts where a range starts at an expert's last
+    EXPECT_FALSE(sm90_broadcast_quant_rows_fit(c, 1, 8, 4)) << to_string(c);
+    EXPECT_FALSE(sm90_broadcast_quant_rows_fit(c, 32, 9, 2)) << to_string(c);    // 576 pieces a CTA: up to 6
+  }
+  // 2 experts x 4 pieces on 2 CTAs: each CTA one expert; on 3 CTAs ranges of 2 / 3 / 3 pieces, within two
+  EXPECT_TRUE(sm90_broadcast_quant_rows_fit(ws, 1, 2, 2));
+  EXPECT_TRUE(sm90_broadcast_quant_rows_fit(ws, 1, 2, 3));
+  EXPECT_FALSE(sm90_broadcast_quant_rows_fit(x2, 32, 9, 132));    // no routed kernel
+  EXPECT_FALSE(sm90_broadcast_quant_rows_fit(tile, 32, 9, 132));
+
+  alignas(16) static uint16_t a[64];
+  alignas(16) static uint8_t w[64];
+  static int32_t ids[8], counts[128], offsets[130], perm[8], inv[8];
+  static float alpha[129], weights[8], logits[128], gs[129];
+  Sm90OneTokenRoute rt;
+  rt.route.logits = logits;
+  rt.route.tokens = 1;
+  rt.route.experts = 128;
+  rt.route.top_k = 8;
+  rt.route.topk_ids = ids;
+  rt.route.topk_weights = weights;
+  rt.plan.tokens = 1;
+  rt.plan.experts = 128;
+  rt.plan.top_k = 8;
+  rt.plan.counts = counts;
+  rt.plan.offsets = offsets;
+  rt.plan.tile_offsets = offsets;
+  rt.plan.perm = perm;
+  rt.plan.inv = inv;
+  rt.write_outputs = true;
+  Sm90GemmArgs g;
+  g.a = a;
+  g.a_rows_capacity = 1;
+  g.w = w;
+  g.shape = sm90_prepared_shape(128, 1536, 2048, true);
+  g.offsets = offsets;
+  g.alpha0 = alpha;
+  g.alpha1 = alpha;
+  g.gs = gs;
+  g.out = a;
+  g.epilogue = Sm90GemmEpilogue::kSwiGLU;
+  g.a_broadcast_row = true;
+  g.one_token_route = &rt;
+  g.a_broadcast_quant_gs = gs;
+  struct Case {
+    const char* what;
+    std::function<void(Sm90GemmArgs&, int&)> bend;
+    const char* expect;
+  };
+  const Case cases[] = {
+      {"no routing", [](auto& x, auto&) { x.one_token_route = nullptr; }, "only with a_broadcast_row and a routing"},
+      {"no broadcast row",
+       [](auto& x, auto&) { x.a_broadcast_row = false; x.one_token_route = nullptr; }, "got a_broadcast_row = false"},
+      {"a row past the limit",
+       [](auto& x, auto&) { x.shape = sm90_prepared_shape(128, 1536, 20480, true); }, "shape.k = 20480 exceeds"},
+      {"too few SMs", [](auto&, auto& sms) { sms = 2; }, "more than two experts' pieces on a CTA"},
+  };
+  for (const Case& k : cases) {
+    Sm90GemmArgs args = g;
+    int sms = 132;
+    k.bend(args, sms);
+    EXPECT_EQ(sm90_nvfp4_grouped_gemm(args, ws, nullptr, sms), cudaErrorInvalidValue) << k.what;
+    const std::string msg = sm90_gemm_last_error_message();
+    EXPECT_NE(msg.find("a_broadcast_quant_gs"), std::string::npos) << k.what << ": " << msg;
+    EXPECT_NE(msg.find(k.expect), std::string::npos) << k.what << ": " << msg;
+  }
+}
+
 }  // namespace
 }  // namespace nvfp4moe::cuda
