@@ -849,9 +849,8 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
         }
       };
       // (kQuantRows: the piece's expert place's quantized row, row 1 + q - quant_place0 of the resident rows)
-      const uint32_t row_base_smem =
-          kQuantRows ? row_smem + static_cast<uint32_t>((1 + static_cast<int>(row_base) - quant_place0) * p.k_tiles * 128)
-                     : row_smem;
+      const int row_index = kQuantRows ? 1 + static_cast<int>(row_base) - quant_place0 : 0;
+      const uint32_t row_base_smem = row_smem + static_cast<uint32_t>(row_index * p.k_tiles * 128);
       const uint32_t tok = row_lane ? row_base_smem + 16 * (lane >> 3) : row_zero;
       ws_piece_k_loop_resident_row<DEPTH, SPW, BPW>(p, ring, lane, g, t, tok, row_lane ? 128u : 0u, wunit, slice0,
                                                     row_ready, after_prologue, acc);

@@ -1021,6 +1021,27 @@ PlanDump dump_plan(const Harness& h, int64_t T) {
   return d;
 }
 
+// The T = 1 routing GEMM1's layers: softmax (40, 128 experts), sigmoid with a separate shared expert, the shared
+// expert merged as expert E (32 and 256 experts in groups, as DeepSeek-V3), relu^2 with a K tail, K = 2880 (one
+// block a warp: K >= 40 k-tiles).
+std::vector<LayerDims> t1_routing_dims() {
+  const LayerDims kWideSoftmax{"softmax H2048 E128 k8", 2048, 64, 128, 8};
+  const LayerDims kDeepSeekLike{"sigmoid-grouped E256 k8 n8 g4 +shared(I) as expert E", 256, 64, 256, 8,
+                                Activation::SwiGLU, Routing::SigmoidGroupedTopK, 8, 4, 2.5f, true, 64};
+  const LayerDims kLongK{"softmax H2880 E32 k4 (one block a warp: K >= 40 k-tiles)", 2880, 64, 32, 4};
+  return {kSmallSoftmax, kSmallSigmoid, kMergedSigmoid, kRelu2MergedShared, kWideSoftmax, kDeepSeekLike, kLongK};
+}
+// A T = 1 trial's logits: random (kind 0), every logit equal (1: ties, the lowest ids win, in id order), every third
+// NaN (2: never chosen), all NaN (3: no expert, every slot -1; only a merged shared expert runs).
+std::vector<float> t1_trial_logits(int64_t E, uint64_t seed, int kind) {
+  std::vector<float> logits = random_logits(1, E, seed);
+  if (kind == 1) std::fill(logits.begin(), logits.end(), 0.25f);
+  if (kind == 2)
+    for (int64_t e = 0; e < E; e += 3) logits[e] = std::numeric_limits<float>::quiet_NaN();
+  if (kind == 3) std::fill(logits.begin(), logits.end(), std::numeric_limits<float>::quiet_NaN());
+  return logits;
+}
+
 // T = 1 with router logits routed inside GEMM1 (the default; NVFP4MOE_T1_ROUTE_IN_GEMM=0: the routing launch):
 // every CTA of the warp-streaming GEMM1 routes the token with the block routing and maps its pieces from the ids,
 // CTA 0 writes the ids, weights and plan; GEMM2 guesses those ids before its wait and checks them after it
@@ -1032,12 +1053,7 @@ PlanDump dump_plan(const Harness& h, int64_t T) {
 // the lowest ids win), NaN logits (never chosen) and all-NaN logits (no expert: every slot -1, only a merged
 // shared expert runs); a poisoned workspace; a captured graph replayed with new logits.
 TEST(CudaLayer, T1RouteInGemmBitIdenticalToRoutingLaunch) {
-  const LayerDims kWideSoftmax{"softmax H2048 E128 k8", 2048, 64, 128, 8};
-  const LayerDims kDeepSeekLike{"sigmoid-grouped E256 k8 n8 g4 +shared(I) as expert E", 256, 64, 256, 8,
-                                Activation::SwiGLU, Routing::SigmoidGroupedTopK, 8, 4, 2.5f, true, 64};
-  const LayerDims kLongK{"softmax H2880 E32 k4 (one block a warp: K >= 40 k-tiles)", 2880, 64, 32, 4};
-  const LayerDims dims[] = {kSmallSoftmax, kSmallSigmoid, kMergedSigmoid, kRelu2MergedShared, kWideSoftmax,
-                            kDeepSeekLike, kLongK};
+  const std::vector<LayerDims> dims = t1_routing_dims();
   int gemm1_points = 0, gemm2_points = 0, b1_points = 0;
   for (const LayerDims& d : dims) {
     SCOPED_TRACE(d.name);
@@ -1059,11 +1075,7 @@ TEST(CudaLayer, T1RouteInGemmBitIdenticalToRoutingLaunch) {
     const int64_t E = d.E, H = d.H;
     for (int trial = 0; trial < 4; ++trial) {
       SCOPED_TRACE("trial " + std::to_string(trial));
-      std::vector<float> logits = random_logits(1, E, 3100 + trial);
-      if (trial == 1) std::fill(logits.begin(), logits.end(), 0.25f);  // ties: the lowest ids, in id order
-      if (trial == 2)
-        for (int64_t e = 0; e < E; e += 3) logits[e] = std::numeric_limits<float>::quiet_NaN();
-      if (trial == 3) std::fill(logits.begin(), logits.end(), std::numeric_limits<float>::quiet_NaN());
+      const std::vector<float> logits = t1_trial_logits(E, 3100 + trial, trial);
       const auto hidden = random_hidden(1, H, 3200 + trial);
       put_inputs({&h.base, &h.switched, &h2.base, &h2.switched, &h3.base, &h3.switched}, hidden, logits);
       for (Harness* x : {&h.base, &h.switched, &h2.switched, &h3.switched}) {
@@ -1096,19 +1108,13 @@ TEST(CudaLayer, T1RouteInGemmBitIdenticalToRoutingLaunch) {
 // w4a4 at T = 1 with router logits (the default; NVFP4MOE_T1_W4A4_QUANT_ROWS=0: the routing launch and the gather
 // of k quantized rows): GEMM1 routes the token, each CTA runs a contiguous range of the pieces and quantizes the
 // hidden row with the activation scale of each of its (at most two) experts into shared memory, GEMM2 reads (guesses)
-// GEMM1's ids. The same ids, weights, plan and output bits as the gather path: softmax, sigmoid with a separate
-// shared expert, the shared expert merged as expert E with its own scale (32 and 256 experts in groups), relu^2
-// with a K tail, a long K (one block a warp); per-expert activation scales; random rows and adversarial ones
+// GEMM1's ids. The same ids, weights, plan and output bits as the gather path, on t1_routing_dims (the merged
+// shared expert with its own scale at index E); per-expert activation scales; random rows and adversarial ones
 // (16-column blocks of zeros, one large outlier, tiny values, values past the e4m3 scale's range, values on and
-// halfway between e2m1 grid points), tied and NaN logits, all-NaN logits (no expert; only a merged shared expert runs); a poisoned
+// halfway between e2m1 grid points); random, tied, NaN and all-NaN logits (t1_trial_logits); a poisoned
 // workspace; a captured graph replayed with new logits.
 TEST(CudaLayer, T1W4A4QuantizedRowsBitIdenticalToGather) {
-  const LayerDims kWideSoftmax{"softmax H2048 E128 k8", 2048, 64, 128, 8};
-  const LayerDims kDeepSeekLike{"sigmoid-grouped E256 k8 n8 g4 +shared(I) as expert E", 256, 64, 256, 8,
-                                Activation::SwiGLU, Routing::SigmoidGroupedTopK, 8, 4, 2.5f, true, 64};
-  const LayerDims kLongK{"softmax H2880 E32 k4 (one block a warp: K >= 40 k-tiles)", 2880, 64, 32, 4};
-  const LayerDims dims[] = {kSmallSoftmax, kSmallSigmoid, kMergedSigmoid, kRelu2MergedShared, kWideSoftmax,
-                            kDeepSeekLike, kLongK};
+  const std::vector<LayerDims> dims = t1_routing_dims();
   int quant_points = 0, b1_points = 0, merged_points = 0;
   for (const LayerDims& d : dims) {
     SCOPED_TRACE(d.name);
@@ -1129,11 +1135,8 @@ TEST(CudaLayer, T1W4A4QuantizedRowsBitIdenticalToGather) {
     const int64_t E = d.E, H = d.H;
     for (int trial = 0; trial < 6; ++trial) {
       SCOPED_TRACE("trial " + std::to_string(trial));
-      std::vector<float> logits = random_logits(1, E, 3700 + trial);
-      if (trial == 2) std::fill(logits.begin(), logits.end(), 0.25f);  // ties: the lowest ids, in id order
-      if (trial == 3)
-        for (int64_t e = 0; e < E; e += 3) logits[e] = std::numeric_limits<float>::quiet_NaN();
-      if (trial == 5) std::fill(logits.begin(), logits.end(), std::numeric_limits<float>::quiet_NaN());
+      const int kinds[6] = {0, 0, 1, 2, 0, 3};  // (trials 1 and 4: adversarial rows)
+      const std::vector<float> logits = t1_trial_logits(E, 3700 + trial, kinds[trial]);
       auto hidden = random_hidden(1, H, 3800 + trial);
       if (trial == 1 || trial == 4) {  // adversarial 16-column blocks
         Rng r(3900 + trial);

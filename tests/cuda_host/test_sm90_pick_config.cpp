@@ -373,6 +373,43 @@ TEST(ConsumerStagger, BadValuesAreRefusedNamingTheVariableAndTheValue) {
   }
 }
 
+// A routing T = 1 GEMM1's arguments (qwen3-30b's shapes: 128 experts, top-8, N 1536, K 2048) over static host
+// buffers that the launcher never dereferences: its refusals come before any device call.
+void routed_gemm1_args(Sm90OneTokenRoute& rt, Sm90GemmArgs& g) {
+  alignas(16) static uint16_t a[64];
+  alignas(16) static uint8_t w[64];
+  static int32_t ids[8], counts[128], offsets[130], perm[8], inv[8];
+  static float alpha[129], weights[8], logits[128];
+  rt = Sm90OneTokenRoute{};
+  rt.route.logits = logits;
+  rt.route.tokens = 1;
+  rt.route.experts = 128;
+  rt.route.top_k = 8;
+  rt.route.topk_ids = ids;
+  rt.route.topk_weights = weights;
+  rt.plan.tokens = 1;
+  rt.plan.experts = 128;
+  rt.plan.top_k = 8;
+  rt.plan.counts = counts;
+  rt.plan.offsets = offsets;
+  rt.plan.tile_offsets = offsets;
+  rt.plan.perm = perm;
+  rt.plan.inv = inv;
+  rt.write_outputs = true;
+  g = Sm90GemmArgs{};
+  g.a = a;
+  g.a_rows_capacity = 1;
+  g.w = w;
+  g.shape = sm90_prepared_shape(128, 1536, 2048, true);
+  g.offsets = offsets;
+  g.alpha0 = alpha;
+  g.alpha1 = alpha;
+  g.out = a;
+  g.epilogue = Sm90GemmEpilogue::kSwiGLU;
+  g.a_broadcast_row = true;
+  g.one_token_route = &rt;
+}
+
 // The T = 1 routing in the warp-streaming launch (Sm90GemmArgs::one_token_route): which configs have its kernels
 // (GEMM1's broadcast-row activation kernels routing; GEMM2's direct-row f32 kernels reading GEMM1's ids), what
 // fits their 512-thread CTAs and ring slots, and the launcher's refusals, each by name and before any device call
@@ -402,38 +439,9 @@ TEST(Sm90OneTokenRoute, AvailabilityFitAndRefusals) {
   EXPECT_FALSE(sm90_one_token_route_available(tile, Sm90GemmEpilogue::kSwiGLU, true));
   EXPECT_FALSE(sm90_one_token_route_fits(tile, 128, 8));
 
-  alignas(16) static uint16_t a[64];
-  alignas(16) static uint8_t w[64];
-  static int32_t ids[8], counts[128], offsets[130], perm[8], inv[8];
-  static float alpha[129], weights[8], logits[128];
   Sm90OneTokenRoute rt;
-  rt.route.logits = logits;
-  rt.route.tokens = 1;
-  rt.route.experts = 128;
-  rt.route.top_k = 8;
-  rt.route.topk_ids = ids;
-  rt.route.topk_weights = weights;
-  rt.plan.tokens = 1;
-  rt.plan.experts = 128;
-  rt.plan.top_k = 8;
-  rt.plan.counts = counts;
-  rt.plan.offsets = offsets;
-  rt.plan.tile_offsets = offsets;
-  rt.plan.perm = perm;
-  rt.plan.inv = inv;
-  rt.write_outputs = true;
   Sm90GemmArgs g;
-  g.a = a;
-  g.a_rows_capacity = 1;
-  g.w = w;
-  g.shape = sm90_prepared_shape(128, 1536, 2048, true);
-  g.offsets = offsets;
-  g.alpha0 = alpha;
-  g.alpha1 = alpha;
-  g.out = a;
-  g.epilogue = Sm90GemmEpilogue::kSwiGLU;
-  g.a_broadcast_row = true;
-  g.one_token_route = &rt;
+  routed_gemm1_args(rt, g);
   struct Case {
     const char* what;
     std::function<void(Sm90GemmArgs&, Sm90OneTokenRoute&, Sm90GemmConfig&)> bend;
@@ -502,39 +510,11 @@ TEST(Sm90BroadcastQuantRows, MaxKFitAndRefusals) {
   EXPECT_FALSE(sm90_broadcast_quant_rows_fit(x2, 32, 9, 132));    // no routed kernel
   EXPECT_FALSE(sm90_broadcast_quant_rows_fit(tile, 32, 9, 132));
 
-  alignas(16) static uint16_t a[64];
-  alignas(16) static uint8_t w[64];
-  static int32_t ids[8], counts[128], offsets[130], perm[8], inv[8];
-  static float alpha[129], weights[8], logits[128], gs[129];
+  static float gs[129];
   Sm90OneTokenRoute rt;
-  rt.route.logits = logits;
-  rt.route.tokens = 1;
-  rt.route.experts = 128;
-  rt.route.top_k = 8;
-  rt.route.topk_ids = ids;
-  rt.route.topk_weights = weights;
-  rt.plan.tokens = 1;
-  rt.plan.experts = 128;
-  rt.plan.top_k = 8;
-  rt.plan.counts = counts;
-  rt.plan.offsets = offsets;
-  rt.plan.tile_offsets = offsets;
-  rt.plan.perm = perm;
-  rt.plan.inv = inv;
-  rt.write_outputs = true;
   Sm90GemmArgs g;
-  g.a = a;
-  g.a_rows_capacity = 1;
-  g.w = w;
-  g.shape = sm90_prepared_shape(128, 1536, 2048, true);
-  g.offsets = offsets;
-  g.alpha0 = alpha;
-  g.alpha1 = alpha;
+  routed_gemm1_args(rt, g);
   g.gs = gs;
-  g.out = a;
-  g.epilogue = Sm90GemmEpilogue::kSwiGLU;
-  g.a_broadcast_row = true;
-  g.one_token_route = &rt;
   g.a_broadcast_quant_gs = gs;
   struct Case {
     const char* what;
