@@ -744,9 +744,10 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
   // routed_experts x n_pieces (as many as the round-robin gives it: floor or ceil of pieces / CTAs), walker w the
   // pieces piece_begin + w + i * kWalkers; so its pieces are those of the expert places quant_place0 ..
   // quant_place0 + quant_places - 1 (at most kWsMaxQuantRows: the host's sm90_broadcast_quant_rows_fit), whose
-  // rows it quantizes once into shared memory (quantize_rows, in the first row_ready of each of its warps with a
-  // piece: warps 0 .. quant_threads / 32 - 1). The round-robin of the other kernels (walker w of CTA b: pieces
-  // w x CTAs + b + i x stride) spreads a CTA's pieces over up to kWalkers experts.
+  // rows all its warps quantize once into shared memory (quantize_rows: a warp with a piece in the first row_ready
+  // of its k-loops, after issuing that piece's first weights; a warp without one after finding none, e.g. 13 of
+  // qwen3-30b's 16). The round-robin of the other kernels (walker w of CTA b: pieces w x CTAs + b + i x stride)
+  // spreads a CTA's pieces over up to kWalkers experts.
   [[maybe_unused]] int piece_begin = 0, piece_end = 0, quant_place0 = 0, quant_places = 0, quant_threads = 0;
   [[maybe_unused]] float quant_gs0 = 0.0f, quant_gs1 = 0.0f;
   if constexpr (kQuantRows) {
@@ -758,7 +759,7 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
     quant_place0 = piece_begin / n_pieces;
     quant_places = piece_end > piece_begin ? (piece_end - 1) / n_pieces - quant_place0 + 1 : 0;
     if (quant_places > kWsMaxQuantRows) __trap();  // (excluded by the host: sm90_broadcast_quant_rows_fit)
-    quant_threads = min(kWalkers, piece_end - piece_begin) * kWarpsPerPiece * 32;
+    quant_threads = piece_end > piece_begin ? Tr::kThreads : 0;  // every warp of a CTA with a piece
     // The places' activation scales, loaded now: their round trip overlaps the first weights' copies.
     const int e0 = expert_at_place(quant_place0), e1 = expert_at_place(quant_place0 + 1);
     if (quant_places > 0) quant_gs0 = __ldg(quant_gs + e0);
@@ -777,8 +778,9 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
   const uint32_t ldsm_off = (lane & 7) * 128 + (((lane >> 3) ^ (lane & 7)) << 4);
   // kQuantRows: the CTA's expert places' rows, quantized from the raw row (resident, its copy complete) as the
   // gather quantizes them (kernels::quant_block16_operand per 16 columns with the expert's activation scale: the
-  // exact bf16 operands e2m1 x e4m3), into rows 1 and 2 of the resident rows; then the quantizing warps' barrier
-  // (each reads any row's columns in its k-loops). The padding past K stays zero (set at the start).
+  // exact bf16 operands e2m1 x e4m3), into rows 1 and 2 of the resident rows, by every warp of the CTA (the 16-column
+  // blocks thread by thread); then their barrier (a piece's warp reads any of the row's columns in its k-loop). The
+  // padding past K stays zero (set at the start).
   [[maybe_unused]] auto quantize_rows = [&] {
     const int blocks = k / 16;  // per row
     const uint32_t row_stride = static_cast<uint32_t>(p.k_tiles) * 128u;
@@ -983,6 +985,13 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
       }
     } else {
       for (; next_piece(cur, idx); idx += stride) run_piece(cur, idx, rows_of, false, nothing);
+      if constexpr (kQuantRows) {  // a warp without a piece quantizes its share too (quantize_rows), then exits
+        if (!row_seen && piece_end > piece_begin) {
+          mbar_wait(row_bar, 0);
+          quantize_rows();
+          row_seen = true;
+        }
+      }
     }
   } else {
     // offsets[gather_perm_experts]: the rows past it are the appended shared expert's (none without a permutation)
