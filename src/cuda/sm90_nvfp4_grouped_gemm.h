@@ -210,7 +210,7 @@ bool sm90_one_token_route_available(const Sm90GemmConfig& config, Sm90GemmEpilog
 bool sm90_one_token_route_fits(const Sm90GemmConfig& config, int experts, int top_k);
 // The longest row (K) a config's broadcast-row kernel keeps in shared memory beside its weight rings (0: a tile
 // config, which has none). 50k+ for every warp-streaming config; a longer K needs the rows in `a`. quantized_rows:
-// the kernel of Sm90GemmArgs::a_broadcast_quant_gs, which keeps the raw row and two quantized ones (17k+).
+// the kernel of Sm90GemmArgs::a_broadcast_quant_gs, which keeps the raw row and two quantized ones (20k+).
 int sm90_broadcast_row_max_k(const Sm90GemmConfig& config, bool quantized_rows = false);
 // Whether a routed GEMM1 with Sm90GemmArgs::a_broadcast_quant_gs on num_sms CTAs finds each CTA's pieces within two
 // experts: up to routed_experts (top_k, + 1 with a merged shared expert) experts of `units` weight units
