@@ -17,6 +17,15 @@ namespace nvfp4moe::cuda::kernels {
 inline constexpr int kGatherWarps = 8;
 inline constexpr int kGatherChunkCols = 32 * 16;  // one warp-wide pass: 16 elements per lane
 
+// 8 words of packed bf16 pairs (element 2i in the low half of word i) as 16 floats.
+__device__ __forceinline__ void bf16x16_to_floats(const uint32_t (&w)[8], float (&x)[16]) {
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    x[2 * i] = fmt::bits_float(w[i] << 16);
+    x[2 * i + 1] = fmt::bits_float(w[i] & 0xFFFF0000u);
+  }
+}
+
 // Loads 16 consecutive elements of a hidden row as bf16 values (f32 input rounded to bf16 first).
 template <bool F32>
 __device__ __forceinline__ void load_block16(const void* row, int col, float (&x)[16], uint32_t (&bits)[8]) {
@@ -39,11 +48,8 @@ __device__ __forceinline__ void load_block16(const void* row, int col, float (&x
     const uint4 v0 = src[0], v1 = src[1];
     const uint32_t w[8] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w};
 #pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      bits[i] = w[i];
-      x[2 * i] = fmt::bits_float(w[i] << 16);
-      x[2 * i + 1] = fmt::bits_float(w[i] & 0xFFFF0000u);
-    }
+    for (int i = 0; i < 8; ++i) bits[i] = w[i];
+    bf16x16_to_floats(w, x);
   }
 }
 

@@ -790,11 +790,7 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
       const uint4 v0 = lds128(row_smem + 32u * b), v1 = lds128(row_smem + 32u * b + 16u);
       const uint32_t w[8] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w};
       float x[16];
-#pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        x[2 * j] = fmt::bits_float(w[j] << 16);
-        x[2 * j + 1] = fmt::bits_float(w[j] & 0xFFFF0000u);
-      }
+      kernels::bf16x16_to_floats(w, x);  // (the gather's load_block16, from shared memory)
       uint32_t bits[8];
       kernels::quant_block16_operand(x, r == 0 ? quant_gs0 : quant_gs1, bits);
       const uint32_t dst = row_smem + (1u + r) * row_stride + 32u * b;

@@ -373,6 +373,20 @@ TEST(ConsumerStagger, BadValuesAreRefusedNamingTheVariableAndTheValue) {
   }
 }
 
+// The configs the T = 1 tests name: the three with routed kernels, the two-slice one and a tile config (neither
+// has them).
+struct T1Configs {
+  Sm90GemmConfig ws, ws_u, b1, x2, tile;
+};
+T1Configs t1_configs() {
+  T1Configs c;
+  const std::pair<const char*, Sm90GemmConfig*> names[] = {{"ws8_s6_w16", &c.ws}, {"ws8_s6_w16_u", &c.ws_u},
+                                                           {"ws8_s6_w16_b1", &c.b1}, {"ws8_s4_w16_x2", &c.x2},
+                                                           {"bt16_s9_wg4", &c.tile}};
+  for (const auto& [name, config] : names) EXPECT_TRUE(sm90_gemm_config_by_name(name, config)) << name;
+  return c;
+}
+
 // A routing T = 1 GEMM1's arguments (qwen3-30b's shapes: 128 experts, top-8, N 1536, K 2048) over static host
 // buffers that the launcher never dereferences: its refusals come before any device call.
 void routed_gemm1_args(Sm90OneTokenRoute& rt, Sm90GemmArgs& g) {
@@ -415,12 +429,8 @@ void routed_gemm1_args(Sm90OneTokenRoute& rt, Sm90GemmArgs& g) {
 // fits their 512-thread CTAs and ring slots, and the launcher's refusals, each by name and before any device call
 // (host-only: the pointers below are never dereferenced).
 TEST(Sm90OneTokenRoute, AvailabilityFitAndRefusals) {
-  Sm90GemmConfig ws, ws_u, b1, x2, tile;
-  ASSERT_TRUE(sm90_gemm_config_by_name("ws8_s6_w16", &ws));
-  ASSERT_TRUE(sm90_gemm_config_by_name("ws8_s6_w16_u", &ws_u));
-  ASSERT_TRUE(sm90_gemm_config_by_name("ws8_s6_w16_b1", &b1));
-  ASSERT_TRUE(sm90_gemm_config_by_name("ws8_s4_w16_x2", &x2));
-  ASSERT_TRUE(sm90_gemm_config_by_name("bt16_s9_wg4", &tile));
+  const T1Configs t1 = t1_configs();
+  const Sm90GemmConfig &ws = t1.ws, &ws_u = t1.ws_u, &b1 = t1.b1, &x2 = t1.x2, &tile = t1.tile;
   for (const Sm90GemmConfig& c : {ws, ws_u, b1}) {
     EXPECT_TRUE(sm90_one_token_route_available(c, Sm90GemmEpilogue::kSwiGLU, true)) << to_string(c);
     EXPECT_TRUE(sm90_one_token_route_available(c, Sm90GemmEpilogue::kRelu2, true)) << to_string(c);
@@ -481,12 +491,8 @@ TEST(Sm90OneTokenRoute, AvailabilityFitAndRefusals) {
 // fit of each CTA's contiguous piece range within two experts (every preset on 132 SMs; too few SMs or too many
 // experts of few units do not), and the launcher's refusals by name, before any device call (host-only).
 TEST(Sm90BroadcastQuantRows, MaxKFitAndRefusals) {
-  Sm90GemmConfig ws, ws_u, b1, x2, tile;
-  ASSERT_TRUE(sm90_gemm_config_by_name("ws8_s6_w16", &ws));
-  ASSERT_TRUE(sm90_gemm_config_by_name("ws8_s6_w16_u", &ws_u));
-  ASSERT_TRUE(sm90_gemm_config_by_name("ws8_s6_w16_b1", &b1));
-  ASSERT_TRUE(sm90_gemm_config_by_name("ws8_s4_w16_x2", &x2));
-  ASSERT_TRUE(sm90_gemm_config_by_name("bt16_s9_wg4", &tile));
+  const T1Configs t1 = t1_configs();
+  const Sm90GemmConfig &ws = t1.ws, &ws_u = t1.ws_u, &b1 = t1.b1, &x2 = t1.x2, &tile = t1.tile;
   EXPECT_EQ(sm90_broadcast_row_max_k(ws, true), (232448 - (16 * 6 * 1152 + 144)) / (3 * 128) * 64);
   EXPECT_EQ(sm90_broadcast_row_max_k(b1, true), (232448 - (16 * 6 * 640 + 8192 + 144)) / (3 * 128) * 64);
   EXPECT_EQ(sm90_broadcast_row_max_k(tile, true), 0);
