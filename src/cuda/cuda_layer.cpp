@@ -298,6 +298,7 @@ CudaMoeLayer::CudaMoeLayer(MoeWeights w, const MoeLayerOptions& options, GemmPat
       t1_gemm2_reads_ids_ = env_switch("NVFP4MOE_T1_GEMM2_READS_IDS");  // A/B: "0" = GEMM2 seeks the offsets
       t1_gemm2_guesses_ids_ = env_switch("NVFP4MOE_T1_GEMM2_GUESSES_IDS");  // A/B: "0" = reads them after its wait
       t1_w4a4_quant_rows_enabled_ = env_switch("NVFP4MOE_T1_W4A4_QUANT_ROWS");  // A/B: "0" = w4a4 T = 1 gathers
+      gemm1_routes_tokens_enabled_ = env_switch("NVFP4MOE_GEMM1_ROUTES_TOKENS");  // A/B: "0" = T = 2 .. 4 launch
       // Zero once; every chained launch leaves its counters zero (sm90_nvfp4_chained_gemms), every dynamically
       // scheduled one its tile counter.
       const size_t routed_n = sm90_chain_counter_count(static_cast<int>(spec_.num_experts) + 1);
@@ -641,6 +642,18 @@ void CudaMoeLayer::warm_up_sm90() {
           }
         }
       }
+      if (routed && gemm1_routes_tokens_enabled_ && options_.mode == Mode::W4A16 &&
+          sm90_token_rows_route_fits(c, 2, static_cast<int>(spec_.num_experts), static_cast<int>(spec_.top_k),
+                                     static_cast<int>(d->w13_shape.k))) {  // its T = 2 .. 4 routed kernel, no token
+        Sm90GemmArgs gt = g1;
+        Sm90OneTokenRoute rt{};
+        rt.route = route_args(topk_weights_, 0);
+        rt.plan = plan_args(0);
+        rt.write_outputs = true;
+        gt.a_routed_token_rows = true;
+        gt.one_token_route = &rt;
+        check_sm90(sm90_nvfp4_grouped_gemm(gt, c, nullptr, device_sm_count()), "sm90 gemm1 routing tokens (warm-up)");
+      }
       if (routed && (c.warp_stream ? ws_gather_enabled_ : gemm1_gather_enabled_) &&
           sm90_gather_available(c)) {  // its gathered-A kernel (no rows)
         Sm90GemmArgs gg = g1;
@@ -807,7 +820,7 @@ void CudaMoeLayer::forward(const TensorRef& hidden, const RoutingArgs& routing, 
   const bool gemm1_broadcasts = decode.gemm1_broadcasts;
   if (gemm_ == GemmPath::kSm90Wgmma && (!a4 || quantized_once) && !calibrating_) {
     if (routed_c1.warp_stream)  // decode: w4a16 only (a w4a4 row quantized once would need a launch of its own)
-      gemm1_gathers = ws_gather_enabled_ && !gemm1_broadcasts && !a4 && !f32_in;
+      gemm1_gathers = ws_gather_enabled_ && !gemm1_broadcasts && !decode.gemm1_routes_tokens && !a4 && !f32_in;
     else
       gemm1_gathers = gemm1_gather_enabled_ && sm90_gather_available(routed_c1) &&
                       !chained(routed_c1, routed_c2, T, routed_.gated) && (quantized_once || !f32_in) &&
@@ -827,6 +840,10 @@ void CudaMoeLayer::forward(const TensorRef& hidden, const RoutingArgs& routing, 
     gemm2_route = gemm1_route;
     gemm2_route.write_outputs = false;
     gemm2_route.read_ids = true;  // (GEMM1's CTA 0 wrote them)
+  } else if (decode.gemm1_routes_tokens) {  // T = 2 .. 4: GEMM1 routes the tokens, CTA 0 writes ids, weights, plan
+    gemm1_route.route = *route;
+    gemm1_route.plan = pl;
+    gemm1_route.write_outputs = true;
   } else if (route) {
     if (gemm1_gathers || gemm1_broadcasts) {
       check_launch(launch_route_plan(*route, pl, stream), "route + plan");
@@ -891,6 +908,12 @@ void CudaMoeLayer::forward(const TensorRef& hidden, const RoutingArgs& routing, 
         if (gemm1_routes) s1.one_token_route = &gemm1_route;
         if (decode.gemm1_quantizes_rows) s1.a_broadcast_quant_gs = d.gs13;  // w4a4: quantized per routed expert
       }
+      if (routed && decode.gemm1_routes_tokens) {  // T = 2 .. 4: the T rows of hidden, each piece its expert's tokens
+        s1.a = static_cast<const uint16_t*>(hidden.data);
+        s1.a_rows_capacity = T;
+        s1.a_routed_token_rows = true;
+        s1.one_token_route = &gemm1_route;
+      }
       if (routed && gemm1_gathers) {  // row r = src[perm[r] / k], the merged shared expert's r - offsets[E]
         // src: hidden itself (w4a16), or its rows quantized once (w4a4 with one GEMM1 activation scale)
         s1.a_gather_src = quantized_once ? a1 : static_cast<const uint16_t*>(hidden.data);
@@ -914,6 +937,7 @@ void CudaMoeLayer::forward(const TensorRef& hidden, const RoutingArgs& routing, 
       // GEMM2's offsets are the plan's (two or more launches back: GEMM1, and act_amax when calibrating, ran
       // since); only its operand rows come from the previous kernel. NVFP4MOE_EARLY_GEMM2=0: off, for A/B.
       s2.prologue_before_pdl_wait = early_gemm2_enabled_;
+      if (routed && decode.gemm1_routes_tokens) s2.prologue_before_pdl_wait = false;  // (GEMM1 wrote the offsets)
       if (routed && gemm1_routes) {  // the offsets are GEMM1's (the previous launch): seek only after the wait
         s2.prologue_before_pdl_wait = false;
         if (gemm2_reads_ids) {  // or read GEMM1's ids instead: guessed before the wait, checked after it
@@ -1028,6 +1052,15 @@ CudaMoeLayer::DecodeRouting CudaMoeLayer::decode_routing(int64_t T, bool f32_hid
 CudaMoeLayer::DecodeRouting CudaMoeLayer::decode_routing(int64_t T, bool f32_hidden, bool router_logits,
                                                          const Sm90GemmConfig& c1, const Sm90GemmConfig& c2) const {
   DecodeRouting d;
+  // T = 2 .. 4 (w4a16, logits): GEMM1 routes the tokens itself and reads their rows of `hidden` (a_routed_token_rows)
+  // where its config has that kernel and the tokens fit it; no routing launch and no gather.
+  if (gemm_ == GemmPath::kSm90Wgmma && T >= 2 && T <= kSm90RoutedTokensMax && options_.mode == Mode::W4A16 &&
+      !f32_hidden && !calibrating_ && router_logits && gemm1_routes_tokens_enabled_) {
+    d.gemm1_routes_tokens =
+        sm90_token_rows_route_fits(c1, static_cast<int>(T), static_cast<int>(spec_.num_experts),
+                                   static_cast<int>(spec_.top_k), static_cast<int>(routed_.w13_shape.k));
+    return d;
+  }
   // w4a4: only GEMM1 routing the token quantizes the broadcast row per expert (with caller ids, or where its
   // kernel does not fit, the routing launch gathers the quantized rows: a w4a4 row is a function of the expert).
   const bool a4 = options_.mode == Mode::W4A4;

@@ -78,6 +78,13 @@ cudaError_t fail(const std::string& msg) {
   X(16, 6, 1, 1, 2, 1)                           \
   X(16, 6, 1, 0, 1, 0)
 
+// The configs with Sm90GemmArgs::a_routed_token_rows kernels (the routed GEMM1 at T = 2 .. 4; SwiGLU and relu^2),
+// X(warps, depth, spw, unrolled, bpw): those that T = 2 .. 4 picks for GEMM1 at the presets.
+#define NVFP4MOE_SM90_TOKEN_ROWS_ROUTE_CONFIGS(X) \
+  X(16, 6, 1, 0, 2)                               \
+  X(16, 6, 1, 1, 2)                               \
+  X(16, 4, 2, 1, 2)
+
 // The configs with a chained kernel (GEMM1 -> GEMM2 in one launch, sm90_nvfp4_chained_gemms), each for the
 // SwiGLU and relu^2 GEMM1: the decode tiles that the heuristic picks for both GEMMs of one layer (the half tile:
 // qwen3-30b, nemotron-nano, gpt-oss-120b at T = 1; the 2-warpgroup tile: qwen3-235b at T = 1).
@@ -175,18 +182,30 @@ constexpr bool one_token_route_instantiated(int warps, int depth, int spw, bool 
   return false;
 }
 
+// Whether NVFP4MOE_SM90_TOKEN_ROWS_ROUTE_CONFIGS has this config.
+constexpr bool token_rows_route_instantiated(int warps, int depth, int spw, bool unrolled, int bpw) {
+#define NVFP4MOE_X(w, d, s, u, b) \
+  if (warps == w && depth == d && spw == s && unrolled == (u != 0) && bpw == b) return true;
+  NVFP4MOE_SM90_TOKEN_ROWS_ROUTE_CONFIGS(NVFP4MOE_X)
+#undef NVFP4MOE_X
+  return false;
+}
+
 template <int WARPS, int DEPTH, int SPW, bool UNROLLED, int BPW, sm90::Epilogue EPI,
           sm90::WsRows ROWS = sm90::WsRows::kDirect, bool ROUTED = false>
 cudaError_t launch_warp_stream(const Sm90GemmArgs& args, const sm90::GemmParams& p, int grid, cudaStream_t stream) {
   // The broadcast-row kernels keep the row in shared memory (WarpStreamTraits::kResidentRow): k_tiles x 128 bytes
   // more than their fixed part, sized here (the quantizing ones: the raw row and kWsMaxQuantRows quantized ones).
   constexpr bool kQuantRows = ROWS == sm90::WsRows::kBroadcastQuantized;
-  constexpr bool kResidentRow = ROWS == sm90::WsRows::kBroadcast || kQuantRows;
+  constexpr bool kTokenRows = ROWS == sm90::WsRows::kRoutedTokens;
+  constexpr bool kResidentRow = ROWS == sm90::WsRows::kBroadcast || kQuantRows || kTokenRows;
   using Tr = sm90::WarpStreamTraits<WARPS, DEPTH, SPW, UNROLLED, EPI, BPW, kResidentRow>;
   using ReadyTr = std::conditional_t<ROWS == sm90::WsRows::kDirect && !ROUTED, Tr,
                                      VariantTraits<Tr, static_cast<int>(ROWS) + (ROUTED ? 8 : 0)>>;
   auto kernel = sm90::sm90_nvfp4_warp_stream_gemm_kernel<WARPS, DEPTH, SPW, UNROLLED, EPI, ROWS, BPW, ROUTED>;
-  const int smem = Tr::kSmemBytes + Tr::resident_row_bytes(p.k_tiles) * (kQuantRows ? 1 + sm90::kWsMaxQuantRows : 1);
+  int rows = kQuantRows ? 1 + sm90::kWsMaxQuantRows : 1;
+  if constexpr (kTokenRows) rows = std::max(1, args.one_token_route->route.tokens);  // (the T token rows)
+  const int smem = Tr::kSmemBytes + Tr::resident_row_bytes(p.k_tiles) * rows;
   // (checked: sm90_broadcast_row_max_k)
   int fit = 0;
   if (const cudaError_t e = kernel_ready<ReadyTr>(kernel, &fit, kResidentRow ? sm90::kMaxSmemPerBlock : Tr::kSmemBytes);
@@ -210,7 +229,21 @@ template <int WARPS, int DEPTH, int SPW, bool UNROLLED, int BPW, sm90::WsRows RO
 cudaError_t launch_warp_stream_epi(const Sm90GemmArgs& args, const sm90::GemmParams& p, int grid,
                                    cudaStream_t stream) {
   constexpr bool kBroadcast = ROWS == sm90::WsRows::kBroadcast || ROWS == sm90::WsRows::kBroadcastQuantized;
-  if (args.one_token_route != nullptr) {  // (check_one_token_route ran: these refusals are the last line)
+  if constexpr (ROWS == sm90::WsRows::kRoutedTokens) {  // (check_one_token_route ran: the last line of refusals)
+    if constexpr (!token_rows_route_instantiated(WARPS, DEPTH, SPW, UNROLLED, BPW)) {
+      return fail("sm90_nvfp4_grouped_gemm: a_routed_token_rows: no such kernel for this config");
+    } else {
+      if (args.one_token_route == nullptr || args.one_token_route->read_ids)
+        return fail("sm90_nvfp4_grouped_gemm: a_routed_token_rows: only with a routing one_token_route");
+      if (args.epilogue == Sm90GemmEpilogue::kSwiGLU)
+        return launch_warp_stream<WARPS, DEPTH, SPW, UNROLLED, BPW, sm90::Epilogue::kSwiGLU, ROWS, true>(args, p, grid,
+                                                                                                       stream);
+      if (args.epilogue == Sm90GemmEpilogue::kRelu2)
+        return launch_warp_stream<WARPS, DEPTH, SPW, UNROLLED, BPW, sm90::Epilogue::kRelu2, ROWS, true>(args, p, grid,
+                                                                                                      stream);
+      return refuse_f32_variant("a_routed_token_rows", "routed token-row");
+    }
+  } else if (args.one_token_route != nullptr) {  // (check_one_token_route ran: these refusals are the last line)
     if constexpr (ROWS == sm90::WsRows::kGathered ||
                   !one_token_route_instantiated(WARPS, DEPTH, SPW, UNROLLED, BPW, kBroadcast)) {
       return fail("sm90_nvfp4_grouped_gemm: one_token_route: no routed kernel for this config");
@@ -229,7 +262,7 @@ cudaError_t launch_warp_stream_epi(const Sm90GemmArgs& args, const sm90::GemmPar
       return fail("sm90_nvfp4_grouped_gemm: one_token_route: with direct rows only the f32 epilogue (GEMM2, read_ids)");
     }
   }
-  if constexpr (ROWS == sm90::WsRows::kBroadcastQuantized) {
+  if constexpr (ROWS == sm90::WsRows::kBroadcastQuantized || ROWS == sm90::WsRows::kRoutedTokens) {
     return fail("sm90_nvfp4_grouped_gemm: a_broadcast_quant_gs: only with a routing one_token_route");
   } else {
     switch (args.epilogue) {
@@ -585,8 +618,29 @@ std::string check_args(const Sm90GemmArgs& args, const std::string& who) {
 std::string check_one_token_route(const Sm90GemmArgs& args, const Sm90GemmConfig& config, const std::string& who) {
   const Sm90OneTokenRoute& r = *args.one_token_route;
   const std::string w = who + ": one_token_route";
-  const bool broadcast = args.a_broadcast_row;
-  if (!sm90_one_token_route_available(config, args.epilogue, broadcast))
+  const bool broadcast = args.a_broadcast_row || args.a_routed_token_rows;
+  if (args.a_routed_token_rows) {  // GEMM1 at T = 2 .. 4 routing its tokens
+    if (args.a_broadcast_row || args.a_broadcast_quant_gs != nullptr || args.a_gather_src != nullptr)
+      return w + ": a_routed_token_rows with a_broadcast_row, a_broadcast_quant_gs or a_gather_src (the token rows "
+                 "are `a`'s)";
+    if (args.epilogue == Sm90GemmEpilogue::kF32)
+      return w + ": a_routed_token_rows with the f32 epilogue (GEMM1 only: SwiGLU or relu^2)";
+    if (r.read_ids) return w + ": a_routed_token_rows with read_ids (the launch routes its tokens)";
+    if (args.prologue_before_pdl_wait)
+      return w + ": a_routed_token_rows with prologue_before_pdl_wait (the logits come from the previous kernel: "
+                 "the routing follows the wait)";
+    const int T = r.route.tokens, E = r.route.experts, K = r.route.top_k;
+    if (T != 0 && !sm90_token_rows_route_fits(config, T, E, K, args.shape.k))
+      return w + ": a_routed_token_rows: route.tokens = " + std::to_string(T) + ", experts = " + std::to_string(E) +
+             ", top_k = " + std::to_string(K) + ", shape.k = " + std::to_string(args.shape.k) + " do not fit config " +
+             to_string(config) + " (sm90_token_rows_route_fits: 2 <= tokens <= " +
+             std::to_string(kSm90RoutedTokensMax) + ", tokens x top_k <= 32, a thread a (token, expert), the "
+             "scratch in the ring slots, the rows beside the rings: shape.k <= " +
+             std::to_string(sm90_resident_rows_max_k(config, std::max(1, T))) + ")";
+    if (args.a_rows_capacity < T)
+      return w + ": a_routed_token_rows: a_rows_capacity must hold the route.tokens = " + std::to_string(T) +
+             " rows; got " + std::to_string(args.a_rows_capacity);
+  } else if (!sm90_one_token_route_available(config, args.epilogue, broadcast))
     return w + ": config " + to_string(config) + " has no routed kernel for the " +
            (broadcast ? "broadcast-row activation epilogue" : "direct-row f32 epilogue") +
            " (sm90_one_token_route_available)";
@@ -599,10 +653,11 @@ std::string check_one_token_route(const Sm90GemmArgs& args, const Sm90GemmConfig
     return w + ": prologue_before_pdl_wait with the routing in the launch (the logits come from the previous "
                "kernel: the routing follows the wait)";
   if (r.read_ids && r.write_outputs) return w + ": write_outputs with read_ids (nothing is routed)";
-  if (r.route.tokens != 0 && r.route.tokens != 1)
-    return w + ": route.tokens must be 1 (or 0: nothing routed); got " + std::to_string(r.route.tokens);
+  if (r.route.tokens != 0 && r.route.tokens != 1 && !args.a_routed_token_rows)
+    return w + ": route.tokens must be 1 (or 0: nothing routed; 2 .. " + std::to_string(kSm90RoutedTokensMax) +
+           " with a_routed_token_rows); got " + std::to_string(r.route.tokens);
   const int E = r.route.experts, K = r.route.top_k;
-  if (!sm90_one_token_route_fits(config, E, K))
+  if (!args.a_routed_token_rows && !sm90_one_token_route_fits(config, E, K))
     return w + ": route.experts = " + std::to_string(E) + ", route.top_k = " + std::to_string(K) + " do not fit " +
            to_string(config) + " (sm90_one_token_route_fits: 1 <= top_k <= min(32, experts), a thread an expert, "
            "the routing's scratch in the ring slots)";
@@ -683,8 +738,11 @@ cudaError_t device_sm_count(int* sms) {
 }  // namespace
 
 int sm90_broadcast_row_max_k(const Sm90GemmConfig& config, bool quantized_rows) {
-  if (!config.warp_stream) return 0;
-  const int rows = quantized_rows ? 1 + sm90::kWsMaxQuantRows : 1;
+  return sm90_resident_rows_max_k(config, quantized_rows ? 1 + sm90::kWsMaxQuantRows : 1);
+}
+
+int sm90_resident_rows_max_k(const Sm90GemmConfig& config, int rows) {
+  if (!config.warp_stream || rows < 1) return 0;
 #define NVFP4MOE_X(warps, depth, spw, unrolled, bpw)                                                                \
   if (is_warp_stream_config(config, warps, depth, spw, unrolled != 0, bpw)) {                                      \
     using Tr = sm90::WarpStreamTraits<warps, depth, spw, unrolled != 0, sm90::Epilogue::kSwiGLU, bpw, true>;     \
@@ -714,6 +772,32 @@ bool sm90_broadcast_quant_rows_fit(const Sm90GemmConfig& config, int units, int 
   const int64_t per_expert = static_cast<int64_t>(units) * (4 / config.slices_per_warp);
   const int64_t longest = (routed_experts * per_expert + num_sms - 1) / num_sms;
   return longest <= 1 || 1 + (longest - 1 + per_expert - 1) / per_expert <= sm90::kWsMaxQuantRows;
+}
+
+bool sm90_token_rows_route_available(const Sm90GemmConfig& config) {
+  if (!config.warp_stream) return false;
+#define NVFP4MOE_X(warps, depth, spw, unrolled, bpw)                   \
+  if (is_warp_stream_config(config, warps, depth, spw, unrolled != 0, bpw)) \
+    return token_rows_route_instantiated(warps, depth, spw, unrolled != 0, bpw);
+  NVFP4MOE_SM90_WARP_STREAM_CONFIGS(NVFP4MOE_X)
+#undef NVFP4MOE_X
+  return false;
+}
+
+bool sm90_token_rows_route_fits(const Sm90GemmConfig& config, int tokens, int experts, int top_k, int k) {
+  if (!sm90_token_rows_route_available(config) || tokens < 2 || tokens > kSm90RoutedTokensMax || experts < 1 ||
+      experts > kMaxExperts || top_k < 1 || top_k > experts || tokens * top_k > 32 || k < 1 ||
+      k > sm90_resident_rows_max_k(config, tokens))
+    return false;
+#define NVFP4MOE_X(warps, depth, spw, unrolled, bpw)                                                          \
+  if (is_warp_stream_config(config, warps, depth, spw, unrolled != 0, bpw)) {                                  \
+    using TrRow = sm90::WarpStreamTraits<warps, depth, spw, unrolled != 0, sm90::Epilogue::kSwiGLU, bpw, true>; \
+    return tokens * kernels::block_route_stride(experts) <= TrRow::kThreads &&                                \
+           sm90::token_rows_route_scratch_bytes(tokens, experts, top_k) <= TrRow::kHandoffOffset;             \
+  }
+  NVFP4MOE_SM90_WARP_STREAM_CONFIGS(NVFP4MOE_X)
+#undef NVFP4MOE_X
+  return false;
 }
 
 bool sm90_one_token_route_fits(const Sm90GemmConfig& config, int experts, int top_k) {
@@ -747,6 +831,10 @@ cudaError_t sm90_nvfp4_grouped_gemm(const Sm90GemmArgs& args, const Sm90GemmConf
     return fail(who + ": a_broadcast_row: shape.k = " + std::to_string(args.shape.k) + " exceeds " +
                 std::to_string(sm90_broadcast_row_max_k(config)) + ", the longest row config " + to_string(config) +
                 " keeps in shared memory beside its weight rings");
+  if (args.a_routed_token_rows && (args.one_token_route == nullptr || !sm90_token_rows_route_available(config)))
+    return fail(who + ": a_routed_token_rows: only with a routing one_token_route and a config with its kernels "
+                      "(sm90_token_rows_route_available; config " + to_string(config) + ", one_token_route " +
+                (args.one_token_route == nullptr ? "null)" : "set)"));
   if (args.one_token_route != nullptr) {
     if (std::string m = check_one_token_route(args, config, who); !m.empty()) return fail(m);
   }
@@ -771,7 +859,10 @@ cudaError_t sm90_nvfp4_grouped_gemm(const Sm90GemmArgs& args, const Sm90GemmConf
   if (config.warp_stream) {  // no TMA: every warp copies its own rows; its pieces are spread statically
 #define NVFP4MOE_X(warps, depth, spw, unrolled, bpw)                                                  \
     if (is_warp_stream_config(config, warps, depth, spw, unrolled != 0, bpw))                           \
-      return args.a_broadcast_quant_gs != nullptr                                                       \
+      return args.a_routed_token_rows                                                                   \
+                 ? launch_warp_stream_epi<warps, depth, spw, unrolled != 0, bpw,                        \
+                                          sm90::WsRows::kRoutedTokens>(args, p, num_sms, stream)        \
+             : args.a_broadcast_quant_gs != nullptr                                                     \
                  ? launch_warp_stream_epi<warps, depth, spw, unrolled != 0, bpw,                        \
                                           sm90::WsRows::kBroadcastQuantized>(args, p, num_sms, stream)  \
              : args.a_broadcast_row                                                                     \
@@ -847,9 +938,10 @@ cudaError_t sm90_nvfp4_chained_gemms(const Sm90GemmArgs& gemm1, const Sm90GemmAr
     return fail(who + ": gemm2 must read gemm1's output (gemm2.a == gemm1.out, gemm2 K = " + std::to_string(n_out1) +
                 "; got K = " + std::to_string(gemm2.shape.k) + ")");
   if (gemm1.a_gather_src != nullptr || gemm2.a_gather_src != nullptr || gemm1.a_broadcast_row ||
-      gemm2.a_broadcast_row || gemm1.a_broadcast_quant_gs != nullptr || gemm2.a_broadcast_quant_gs != nullptr)
-    return fail(who + ": a_gather_src / a_broadcast_row / a_broadcast_quant_gs: a chained launch reads A through its "
-                      "TMA descriptors only");
+      gemm2.a_broadcast_row || gemm1.a_broadcast_quant_gs != nullptr || gemm2.a_broadcast_quant_gs != nullptr ||
+      gemm1.a_routed_token_rows || gemm2.a_routed_token_rows)
+    return fail(who + ": a_gather_src / a_broadcast_row / a_broadcast_quant_gs / a_routed_token_rows: a chained "
+                      "launch reads A through its TMA descriptors only");
   if (chain_counters == nullptr || (reinterpret_cast<uintptr_t>(chain_counters) & 3) != 0)
     return fail(who + ": chain_counters must be a 4-byte aligned device buffer of sm90_chain_counter_count(E) int32");
   CUtensorMap map1, map2;

@@ -109,7 +109,9 @@ double sm90_expected_tile_passes(double mean_rows, int block_t);
 
 // The routing of one token inside a warp-streaming GEMM launch (Sm90GemmArgs::one_token_route).
 struct Sm90OneTokenRoute {
-  RouteArgs route;   // tokens 1 (or 0: nothing routed); topk_ids / topk_weights written by CTA 0 with write_outputs
+  // tokens 1 (or 0: nothing routed), or 2 .. kSm90RoutedTokensMax with Sm90GemmArgs::a_routed_token_rows;
+  // topk_ids / topk_weights written by CTA 0 with write_outputs
+  RouteArgs route;
   PlanArgs plan;     // the plan's outputs (CTA 0 with write_outputs); experts, top_k and append_shared as route's
   // Routing (GEMM1, read_ids false): with write_outputs CTA 0 writes the routing's and the plan's outputs (without
   // it the launch routes for itself only).
@@ -200,7 +202,29 @@ struct Sm90GemmArgs {
   // sm90_broadcast_row_max_k(config, true) and sm90_broadcast_quant_rows_fit. The same bits as `a` holding the
   // gathered quantized rows.
   const float* a_broadcast_quant_gs = nullptr;
+  // GEMM1 at 2 <= T <= kSm90RoutedTokensMax (w4a16) with a routing one_token_route of route.tokens = T: `a` holds
+  // the T token rows ([T, K] bf16, a_rows_capacity >= T: the layer's `hidden` itself). Every CTA routes the T
+  // tokens (route_block, as at T = 1: the same ids and weights as the routing launch), CTA 0 with write_outputs
+  // also writes the ids, weights and the whole plan (plan_few_tokens_block: what plan_small_block writes), and
+  // keeps the T rows in shared memory; a piece's token rows are the tokens routed to its expert, in token order
+  // (the plan's rows of that expert), the merged shared expert's all T. So neither the routing launch nor the
+  // gather runs. The same bits as `a` holding the gathered rows. Only sm90_token_rows_route_available configs,
+  // where sm90_token_rows_route_fits.
+  bool a_routed_token_rows = false;
 };
+// The most tokens a GEMM1 with Sm90GemmArgs::a_routed_token_rows routes (and T x top_k <= 32: a lane a pair).
+inline constexpr int kSm90RoutedTokensMax = 4;
+// Whether config has the GEMM1 kernels with Sm90GemmArgs::a_routed_token_rows (the warp-streaming configs that
+// T = 2 .. 4 picks: ws8_s6_w16, ws8_s6_w16_u, ws8_s4_w16_x2; SwiGLU and relu^2).
+bool sm90_token_rows_route_available(const Sm90GemmConfig& config);
+// Whether that kernel routes `tokens` tokens over `experts` experts, top_k each, with rows of k columns: 2 <=
+// tokens <= kSm90RoutedTokensMax, tokens x top_k <= 32, a thread per (token, expert) (experts rounded up to
+// warps) in its CTA, the routing's and the plan's scratch within its ring slots, and the T rows beside the rings
+// (k <= sm90_resident_rows_max_k(config, tokens)).
+bool sm90_token_rows_route_fits(const Sm90GemmConfig& config, int tokens, int experts, int top_k, int k);
+// The longest K of which a warp-streaming config keeps `rows` resident rows in shared memory beside its rings
+// (sm90_broadcast_row_max_k is rows 1, or 3 with quantized_rows); 0 for a tile config.
+int sm90_resident_rows_max_k(const Sm90GemmConfig& config, int rows);
 // Whether config has the kernel with Sm90GemmArgs::one_token_route for this epilogue and rows: the activation
 // epilogues with a broadcast row (GEMM1 at T = 1, routing) and the f32 epilogue with direct rows (GEMM2, read_ids),
 // for the warp-streaming configs that T = 1 picks (ws8_s6_w16, ws8_s6_w16_u, and ws8_s6_w16_b1 for GEMM1).

@@ -195,4 +195,29 @@ __device__ __forceinline__ void plan_one_token_block(const PlanArgs& a, const in
   if (write_global && j < K && (ids[j] < 0 || ids[j] >= a.experts)) a.inv[j] = -1;
 }
 
+// The plan of a few tokens' pairs (pairs <= 32: the routed GEMM1 at T = 2 .. 4, Sm90GemmArgs::a_routed_token_rows)
+// without plan_small_block's static shared memory (the GEMM's shared memory is all dynamic): thread e counts
+// expert e's pairs over the ids itself, write_expert_offsets scans the counts and tile counts (warp_tot: 32 int2
+// of the caller's scratch), and thread e then places its pairs in pair order. The same counts, offsets, tile
+// offsets, tail, perm and inv as plan_small_block (a pair's row = offsets[e] + its earlier pairs with e). Every
+// thread of a block of >= experts threads (a multiple of 32, <= 1024) calls it; ids visible to all.
+__device__ __forceinline__ void plan_few_tokens_block(const PlanArgs& a, const int32_t* ids, int pairs,
+                                                      int2* warp_tot) {
+  const int e = threadIdx.x;
+  int32_t count = 0;
+  if (e < a.experts)
+    for (int p = 0; p < pairs; ++p) count += ids[p] == e ? 1 : 0;
+  const int32_t off = write_expert_offsets(a, count, warp_tot);
+  if (count > 0) {
+    int32_t row = off;
+    for (int p = 0; p < pairs; ++p) {
+      if (ids[p] != e) continue;
+      a.perm[row] = p;
+      a.inv[p] = row;
+      ++row;
+    }
+  }
+  if (e < pairs && (ids[e] < 0 || ids[e] >= a.experts)) a.inv[e] = -1;
+}
+
 }  // namespace nvfp4moe::cuda::kernels

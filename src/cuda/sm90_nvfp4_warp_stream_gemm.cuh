@@ -100,6 +100,17 @@ __host__ __device__ inline int one_token_route_ids_offset(int experts, int top_k
 __host__ __device__ inline int one_token_route_scratch_bytes(int experts, int top_k) {
   return one_token_route_ids_offset(experts, top_k) + 4 * top_k;
 }
+// The same for T tokens (WsRows::kRoutedTokens): route_block's scratch, the T x k ids, then the plan's scan
+// scratch (32 int2, plan_few_tokens_block's warp_tot).
+__host__ __device__ inline int token_rows_route_ids_offset(int tokens, int experts, int top_k) {
+  return static_cast<int>(kernels::block_route_smem(tokens, experts, top_k));
+}
+__host__ __device__ inline int token_rows_route_scan_offset(int tokens, int experts, int top_k) {
+  return (token_rows_route_ids_offset(tokens, experts, top_k) + 4 * tokens * top_k + 15) / 16 * 16;
+}
+__host__ __device__ inline int token_rows_route_scratch_bytes(int tokens, int experts, int top_k) {
+  return token_rows_route_scan_offset(tokens, experts, top_k) + 32 * 8;
+}
 
 // cp_async16 / cp_async4 / cp_async_commit / cp_async_wait: sm90_nvfp4_grouped_gemm.cuh.
 
@@ -108,8 +119,10 @@ __host__ __device__ inline int one_token_route_scratch_bytes(int experts, int to
 // permutation (kGathered: Sm90GemmArgs::a_gather_src, the decode GEMM1 without a gather step), or row 0 of `a`
 // NVFP4-quantized with each routed expert's activation scale (kBroadcastQuantized: Sm90GemmArgs::
 // a_broadcast_quant_gs, the routed GEMM1 of w4a4 at T = 1; the quantized rows resident in shared memory). Each its
-// own instantiation, so that the others keep their code.
-enum class WsRows { kDirect, kBroadcast, kGathered, kBroadcastQuantized };
+// own instantiation, so that the others keep their code. kRoutedTokens: the routed GEMM1 at T = 2 .. 4
+// (Sm90GemmArgs::a_routed_token_rows): the T rows of `a` resident in shared memory, a piece's tile rows the tokens
+// routed to its expert.
+enum class WsRows { kDirect, kBroadcast, kGathered, kBroadcastQuantized, kRoutedTokens };
 
 // kBroadcastQuantized: a CTA runs one contiguous range of the launch's pieces (at most ceil(pieces / CTAs), far
 // fewer than an expert's pieces at T = 1), so its pieces belong to at most this many routed experts (the host
@@ -591,7 +604,9 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
   static_assert(!ROUTED || ROWS != WsRows::kGathered, "the routed kernels read a broadcast row or direct rows");
   constexpr bool kQuantRows = ROWS == WsRows::kBroadcastQuantized;
   static_assert(!kQuantRows || ROUTED, "the quantized rows follow the launch's own routing (GEMM1 at T = 1)");
-  constexpr bool kResidentRow = ROWS == WsRows::kBroadcast || kQuantRows;
+  constexpr bool kTokenRows = ROWS == WsRows::kRoutedTokens;
+  static_assert(!kTokenRows || ROUTED, "the token rows follow the launch's own routing (GEMM1 at T = 2 .. 4)");
+  constexpr bool kResidentRow = ROWS == WsRows::kBroadcast || kQuantRows || kTokenRows;
   using Tr = WarpStreamTraits<WARPS, DEPTH, SPW, UNROLLED, EPI, BPW, kResidentRow>;
   using Slot = typename Tr::Slot;
   extern __shared__ __align__(128) uint8_t ws_smem[];
@@ -619,6 +634,11 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
       for (int i = tid; i < kWsMaxQuantRows * pad; i += Tr::kThreads)
         sts32(row_smem + static_cast<uint32_t>((1 + i / pad) * p.k_tiles * 128 + 4 * (k / 2 + i % pad)), 0);
     }
+    if constexpr (kTokenRows) {  // and the other token rows' (rows 1 .. T - 1)
+      const int pad = p.k_tiles * 32 - k / 2;
+      for (int i = tid; i < (rt.route.tokens - 1) * pad; i += Tr::kThreads)
+        sts32(row_smem + static_cast<uint32_t>((1 + i / pad) * p.k_tiles * 128 + 4 * (k / 2 + i % pad)), 0);
+    }
     __syncthreads();
   }
   // PDL: by default every global access follows the wait for the previous kernel of the stream. With
@@ -633,8 +653,16 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
   [[maybe_unused]] const bool row_copied_at_start = kResidentRow && waited;
   if constexpr (kResidentRow) {
     if (row_copied_at_start && threadIdx.x == 0) {
-      mbar_expect_tx(row_bar, static_cast<uint32_t>(2 * k));
-      bulk_load(row_smem, a, static_cast<uint32_t>(2 * k), row_bar);
+      if constexpr (kTokenRows) {  // the T rows (row 0 only in a launch that routes no token: warm-up)
+        const int rows = rt.route.tokens > 1 ? rt.route.tokens : 1;
+        mbar_expect_tx(row_bar, static_cast<uint32_t>(2 * k * rows));
+        for (int r = 0; r < rows; ++r)
+          bulk_load(row_smem + static_cast<uint32_t>(r * p.k_tiles * 128), a + static_cast<int64_t>(r) * k,
+                    static_cast<uint32_t>(2 * k), row_bar);
+      } else {
+        mbar_expect_tx(row_bar, static_cast<uint32_t>(2 * k));
+        bulk_load(row_smem, a, static_cast<uint32_t>(2 * k), row_bar);
+      }
     }
   }
   const int n_pieces = p.units * Slot::kPiecesPerUnit;  // per expert and token tile
@@ -680,7 +708,41 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
       return true;
     }
   };
-  if constexpr (ROUTED) {
+  // The T = 2 .. 4 routing (kTokenRows): lane p < T k holds pair p's expert (pair_id, -1: none; token p / k);
+  // pair_same the lanes of the same expert (token order: the plan's rows of that expert), pair_first whether p is
+  // the expert's first pair, pair_place its place among the chosen experts in expert order (the chosen experts
+  // below it: its tile offset) and pair_rows_below the pairs of experts below it (its offset); valid_pairs =
+  // offsets[E] (the merged shared expert's first row).
+  [[maybe_unused]] int pair_id = -1, pair_place = 0, pair_rows_below = 0, valid_pairs = 0;
+  [[maybe_unused]] unsigned pair_same = 0u;
+  [[maybe_unused]] bool pair_first = false;
+  [[maybe_unused]] unsigned piece_pairs = 0u;  // the current piece's pairs (lanes); 0: all T tokens in order
+  if constexpr (kTokenRows) {
+    if (rt.route.tokens >= 1) {  // (the host: 2 <= T <= kSm90RoutedTokensMax, T k <= 32; 0: nothing routed)
+      const int T = rt.route.tokens, K = rt.route.top_k, P = T * K;
+      int32_t* ids_smem =
+          reinterpret_cast<int32_t*>(ws_smem + token_rows_route_ids_offset(T, rt.route.experts, K));
+      const bool writes = rt.write_outputs && blockIdx.x == 0;
+      kernels::route_block(rt.route, ws_smem, ids_smem, writes);  // the ids are visible after its last barrier
+      if (writes)
+        kernels::plan_few_tokens_block(
+            rt.plan, ids_smem, P,
+            reinterpret_cast<int2*>(ws_smem + token_rows_route_scan_offset(T, rt.route.experts, K)));
+      pair_id = lane < P ? ids_smem[lane] : -1;  // (route_block's ids: an expert or -1)
+      if (pair_id >= rt.route.experts) pair_id = -1;
+      __syncthreads();  // every warp has read the scratch: the ring slots are the rings' from here on
+      pair_same = __match_any_sync(0xFFFFFFFFu, pair_id);
+      pair_first = pair_id >= 0 && (pair_same & ((1u << lane) - 1u)) == 0u;
+      for (int j = 0; j < P; ++j) {
+        const int other = __shfl_sync(0xFFFFFFFFu, pair_id, j);
+        const bool other_first = __shfl_sync(0xFFFFFFFFu, pair_first ? 1 : 0, j) != 0;
+        pair_place += (other_first && other < pair_id) ? 1 : 0;
+        pair_rows_below += (other >= 0 && other < pair_id) ? 1 : 0;
+      }
+      valid_pairs = __popc(__ballot_sync(0xFFFFFFFFu, pair_id >= 0));
+      routed_experts = __popc(__ballot_sync(0xFFFFFFFFu, pair_first)) + (rt.plan.append_shared ? 1 : 0);
+    }
+  } else if constexpr (ROUTED) {
     if (rt.route.tokens == 1) {
       // (K is read after the routing in GEMM1's branch: read before it, ptxas scheduled the routed kernels
       // differently from the GPU-tested 3bf2a7d build, whose machine code this keeps)
@@ -735,6 +797,25 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
     c.rows = 1;
     return true;
   };
+  // kTokenRows: piece idx is expert place q = idx / n_pieces (the chosen experts in expert order, then the merged
+  // shared expert), one token tile of its pairs' tokens: rows offsets[e] .. (what the plan writes).
+  [[maybe_unused]] auto token_rows_seek = [&](TileCursor<kWsTokens>& c, const int idx) {
+    const int q = idx / n_pieces;
+    if (q >= routed_experts) return false;
+    const unsigned m = __ballot_sync(0xFFFFFFFFu, pair_first && pair_place == q);
+    const int from = m != 0u ? __ffs(m) - 1 : 0;
+    const int e = __shfl_sync(0xFFFFFFFFu, pair_id, from);
+    const int below = __shfl_sync(0xFFFFFFFFu, pair_rows_below, from);
+    const unsigned same = __shfl_sync(0xFFFFFFFFu, pair_same, from);
+    c.e = m != 0u ? e : rt.route.experts;  // past the chosen ones: the merged shared expert
+    c.first = q * n_pieces;
+    c.count = n_pieces;
+    c.ttiles = 1;
+    c.row_begin = m != 0u ? below : valid_pairs;
+    c.rows = m != 0u ? __popc(same) : rt.route.tokens;
+    piece_pairs = m != 0u ? same : 0u;
+    return true;
+  };
   // A piece's warps (2 with one block a warp): `walker` is the pair's place in the grid's round-robin of pieces,
   // `blk` the warp's block of each piece.
   constexpr int kWarpsPerPiece = 2 / BPW;
@@ -769,7 +850,8 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
     if constexpr (kQuantRows) {
       if (idx >= piece_end) return false;
     }
-    if constexpr (ROUTED) return routed_seek(c, idx);
+    if constexpr (kTokenRows) return token_rows_seek(c, idx);
+    else if constexpr (ROUTED) return routed_seek(c, idx);
     else return c.template seek<kWsExpertsPerLane, true>(p, n_pieces, idx);
   };
   const int stride = kQuantRows ? kWalkers : kWalkers * static_cast<int>(gridDim.x);
@@ -847,7 +929,12 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
         }
       };
       // (kQuantRows: the piece's expert place's quantized row, row 1 + q - quant_place0 of the resident rows)
-      const int row_index = kQuantRows ? 1 + static_cast<int>(row_base) - quant_place0 : 0;
+      int row_index = kQuantRows ? 1 + static_cast<int>(row_base) - quant_place0 : 0;
+      if constexpr (kTokenRows) {  // (kTokenRows: the token of the piece's pair of tile row lane % 8)
+        unsigned m = piece_pairs;
+        for (int r = lane & 7; r > 0; --r) m &= m - 1u;
+        row_index = piece_pairs != 0u ? (__ffs(m) - 1) / rt.route.top_k : (lane & 7);
+      }
       const uint32_t row_base_smem = row_smem + static_cast<uint32_t>(row_index * p.k_tiles * 128);
       const uint32_t tok = row_lane ? row_base_smem + 16 * (lane >> 3) : row_zero;
       ws_piece_k_loop_resident_row<DEPTH, SPW, BPW>(p, ring, lane, g, t, tok, row_lane ? 128u : 0u, wunit, slice0,

@@ -18,6 +18,7 @@
 #include <cstdio>
 #include <cstring>
 #include <limits>
+#include <map>
 #include <numeric>
 #include <string>
 #include <thread>
@@ -635,6 +636,7 @@ TEST_P(ModeTest, PresetDims) {
       EXPECT_LE(h.layer->weight_bytes(), prepared + 64 * 1024);
     }
     check_layer_logits(h, mode, 1, 299, 1, d.name);  // (T = 1: GEMM1 routes, and in w4a4 quantizes the row)
+    check_layer_logits(h, mode, 4, 302, 4, d.name);  // (T = 4: in w4a16 GEMM1 routes the tokens)
     check_layer_logits(h, mode, 9, 300, 9, d.name);
     check_layer_logits(h, mode, 300, 301, 4, d.name);
   }
@@ -1173,6 +1175,73 @@ TEST(CudaLayer, T1W4A4QuantizedRowsBitIdenticalToGather) {
   EXPECT_GE(quant_points, 5) << "GEMM1 quantized the rows at too few points: the test checks little";
   EXPECT_GE(b1_points, 1) << "no quantizing GEMM1 with one block a warp: its kernel is untested";
   EXPECT_GE(merged_points, 2) << "no merged shared expert (its own scale at index E) quantized in GEMM1";
+}
+
+// T = 2 .. 4 with router logits routed inside GEMM1 (the default for w4a16; NVFP4MOE_GEMM1_ROUTES_TOKENS=0: the
+// routing launch with the gather): every CTA routes the T tokens with the block routing, keeps their rows of
+// `hidden` in shared memory and runs each piece on the tokens routed to its expert; CTA 0 writes the ids, weights
+// and the whole plan (plan_few_tokens_block). The same ids, weights, counts, offsets, perm, inv and output bits as
+// the routing launch, on t1_routing_dims (softmax at 40 and 128 experts, sigmoid with a separate shared expert,
+// the shared expert merged as expert E, 256 experts in groups where T x 256 fits the CTA, relu^2 with a K tail,
+// K = 2880), with the default GEMM1 config and, on three of them, each of the three configs that has the kernel
+// (NVFP4MOE_SM90_CONFIG); per token random, tied, NaN and all-NaN logits (t1_trial_logits); a poisoned workspace;
+// a captured graph replayed with new inputs. T = 1 and T = 5 and w4a4 keep their paths.
+TEST(CudaLayer, TokensRoutedInGemm1BitIdenticalToRoutingLaunch) {
+  const std::vector<LayerDims> dims = t1_routing_dims();
+  std::map<std::string, int> config_points;
+  int merged_points = 0, relu2_points = 0, separate_shared_points = 0;
+  auto check = [&](const LayerDims& d, const char* gemm1_config, uint64_t seed) {
+    SCOPED_TRACE(std::string(d.name) + " gemm1 config " + (gemm1_config ? gemm1_config : "(picked)"));
+    if (gemm1_config) ASSERT_EQ(setenv("NVFP4MOE_SM90_CONFIG", (std::string("gemm1=") + gemm1_config).c_str(), 1), 0);
+    SwitchPair h("NVFP4MOE_GEMM1_ROUTES_TOKENS", "0", d, Mode::W4A16, 64, seed);  // base: in GEMM1; switched: launch
+    unsetenv("NVFP4MOE_SM90_CONFIG");
+    EXPECT_FALSE(h.base.cuda->decode_routing(1, false, true).gemm1_routes_tokens);  // (T = 1: its own path)
+    EXPECT_FALSE(h.base.cuda->decode_routing(kSm90RoutedTokensMax + 1, false, true).gemm1_routes_tokens);
+    EXPECT_FALSE(h.base.cuda->decode_routing(2, false, false).gemm1_routes_tokens);  // router logits only
+    EXPECT_FALSE(h.base.cuda->decode_routing(2, true, true).gemm1_routes_tokens);    // bf16 hidden only
+    const int64_t E = d.E, H = d.H;
+    for (int64_t T = 2; T <= kSm90RoutedTokensMax; ++T) {
+      SCOPED_TRACE("T=" + std::to_string(T));
+      EXPECT_FALSE(h.switched.cuda->decode_routing(T, false, true).gemm1_routes_tokens);
+      if (!h.base.cuda->decode_routing(T, false, true).gemm1_routes_tokens) {
+        EXPECT_GT(T * ((E + 31) / 32 * 32), 512) << "only too many (token, expert) threads for a CTA may refuse";
+        continue;
+      }
+      ++config_points[to_string(h.base.cuda->sm90_launches(T)[0].config)];
+      merged_points += h.base.cuda->shared_in_routed();
+      relu2_points += d.act == Activation::Relu2;
+      separate_shared_points += d.shared_I > 0 && !h.base.cuda->shared_in_routed();
+      for (int trial = 0; trial < 4; ++trial) {
+        SCOPED_TRACE("trial " + std::to_string(trial));
+        std::vector<float> logits;
+        for (int64_t t = 0; t < T; ++t) {  // token t: kind (trial + t) % 4 (trial 3: one token all NaN, one tied...)
+          const auto l = t1_trial_logits(E, seed + 100 * trial + t, static_cast<int>((trial + t) % 4));
+          logits.insert(logits.end(), l.begin(), l.end());
+        }
+        const auto hidden = random_hidden(T, H, seed + 7 * trial);
+        put_inputs({&h.base, &h.switched}, hidden, logits);
+        for (Harness* x : {&h.base, &h.switched}) {
+          CUDA_OK(cudaMemset(x->cuda->workspace(), 0xD5, x->layer->workspace_bytes()));
+          CUDA_OK(cudaMemset(x->out.p, 0x7F, x->out.n * 4));
+          x->forward_logits(T, x->out.p, DType::F32);
+        }
+        CUDA_OK(cudaDeviceSynchronize());
+        EXPECT_EQ(dump_plan(h.base, T), dump_plan(h.switched, T)) << "routed in GEMM1 against the routing launch";
+        const auto ref = h.switched.out.get(T * H);
+        EXPECT_EQ(std::memcmp(h.base.out.get(T * H).data(), ref.data(), ref.size() * 4), 0) << "output";
+      }
+      expect_replays_bit_identical(h.switched, h.base, T, seed + 1000 + T);
+    }
+  };
+  uint64_t seed = 5100;
+  for (const LayerDims& d : dims) check(d, nullptr, seed += 10);
+  for (const LayerDims& d : {dims[0], dims[2], dims[3]})
+    for (const char* c : {"ws8_s6_w16", "ws8_s6_w16_u", "ws8_s4_w16_x2"}) check(d, c, seed += 10);
+  for (const char* c : {"ws8_s6_w16", "ws8_s6_w16_u", "ws8_s4_w16_x2"})
+    EXPECT_GE(config_points[c], 6) << c << ": its token-routing GEMM1 ran at too few points";
+  EXPECT_GE(merged_points, 6) << "too few points with a merged shared expert (its rows: all T tokens)";
+  EXPECT_GE(relu2_points, 6) << "too few relu^2 points";
+  EXPECT_GE(separate_shared_points, 2) << "too few points with a separate shared expert (offsets from GEMM1's plan)";
 }
 
 // Decode with the warp-streaming GEMM1 gathering its own rows (NVFP4MOE_WS_GATHER=1: GEMM1 reads `hidden` through

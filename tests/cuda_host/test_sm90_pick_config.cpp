@@ -546,5 +546,77 @@ TEST(Sm90BroadcastQuantRows, MaxKFitAndRefusals) {
   }
 }
 
+// GEMM1 routing T = 2 .. 4 tokens (Sm90GemmArgs::a_routed_token_rows): which configs have the kernel, where the
+// tokens fit (a thread per (token, expert) of the 512, T x top_k <= 32, the T rows beside the rings), and the
+// launcher's refusals by name before any device call.
+TEST(Sm90TokenRowsRoute, FitAndRefusals) {
+  const T1Configs t1 = t1_configs();
+  const Sm90GemmConfig &ws = t1.ws, &ws_u = t1.ws_u, &b1 = t1.b1, &x2 = t1.x2, &tile = t1.tile;
+  for (const Sm90GemmConfig& c : {ws, ws_u, x2}) {
+    SCOPED_TRACE(to_string(c));
+    EXPECT_TRUE(sm90_token_rows_route_available(c));
+    EXPECT_EQ(sm90_resident_rows_max_k(c, 1), sm90_broadcast_row_max_k(c));
+    EXPECT_EQ(sm90_resident_rows_max_k(c, 3), sm90_broadcast_row_max_k(c, true));
+    EXPECT_GE(sm90_resident_rows_max_k(c, kSm90RoutedTokensMax), 7168) << "every preset's hidden size at T = 4";
+    for (int T = 2; T <= 4; ++T) {
+      EXPECT_TRUE(sm90_token_rows_route_fits(c, T, 128, 8, 4096)) << T;   // qwen3-235b
+      EXPECT_TRUE(sm90_token_rows_route_fits(c, T, 128, 6, 2688)) << T;   // nemotron-nano
+      EXPECT_TRUE(sm90_token_rows_route_fits(c, T, 128, 4, 2880)) << T;   // gpt-oss-120b
+    }
+    EXPECT_TRUE(sm90_token_rows_route_fits(c, 2, 256, 8, 7168));   // deepseek-v3: 2 x 256 threads
+    EXPECT_FALSE(sm90_token_rows_route_fits(c, 3, 256, 8, 7168));  // 768 (token, expert) threads
+    EXPECT_FALSE(sm90_token_rows_route_fits(c, 1, 128, 8, 4096));  // T = 1 has its own kernels
+    EXPECT_FALSE(sm90_token_rows_route_fits(c, 5, 128, 4, 4096));  // past kSm90RoutedTokensMax
+    EXPECT_FALSE(sm90_token_rows_route_fits(c, 4, 64, 9, 4096));   // 36 pairs: more than a lane each
+    EXPECT_FALSE(sm90_token_rows_route_fits(c, 4, 128, 8, sm90_resident_rows_max_k(c, 4) + 64));  // K too long
+    EXPECT_TRUE(sm90_token_rows_route_fits(c, 4, 128, 8, sm90_resident_rows_max_k(c, 4)));
+  }
+  EXPECT_FALSE(sm90_token_rows_route_available(b1));  // (T = 1 only)
+  EXPECT_FALSE(sm90_token_rows_route_available(tile));
+  EXPECT_FALSE(sm90_token_rows_route_fits(tile, 2, 128, 8, 4096));
+
+  Sm90OneTokenRoute rt;
+  Sm90GemmArgs g;
+  routed_gemm1_args(rt, g);
+  rt.route.tokens = 4;
+  rt.plan.tokens = 4;
+  g.a_broadcast_row = false;
+  g.a_routed_token_rows = true;
+  g.a_rows_capacity = 4;
+  struct Case {
+    const char* what;
+    std::function<void(Sm90GemmArgs&, Sm90OneTokenRoute&, Sm90GemmConfig&)> bend;
+    const char* expect;
+  };
+  const Case cases[] = {
+      {"no routing", [](auto& x, auto&, auto&) { x.one_token_route = nullptr; }, "only with a routing one_token_route"},
+      {"a tile config", [&](auto&, auto&, auto& c) { c = tile; }, "only with a routing one_token_route and a config"},
+      {"a config without the kernel", [&](auto&, auto&, auto& c) { c = b1; }, "sm90_token_rows_route_available"},
+      {"with a broadcast row", [](auto& x, auto&, auto&) { x.a_broadcast_row = true; }, "with a_broadcast_row"},
+      {"f32 epilogue",
+       [](auto& x, auto&, auto&) {
+         x.epilogue = Sm90GemmEpilogue::kF32;
+         x.shape = sm90_prepared_shape(128, 1536, 2048, false);
+       },
+       "the f32 epilogue"},
+      {"read_ids", [](auto&, auto& r, auto&) { r.read_ids = true; r.write_outputs = false; }, "with read_ids"},
+      {"before the wait", [](auto& x, auto&, auto&) { x.prologue_before_pdl_wait = true; }, "prologue_before_pdl_wait"},
+      {"T = 5", [](auto&, auto& r, auto&) { r.route.tokens = r.plan.tokens = 5; }, "route.tokens = 5"},
+      {"T = 1", [](auto&, auto& r, auto&) { r.route.tokens = r.plan.tokens = 1; }, "route.tokens = 1"},
+      {"too few rows", [](auto& x, auto&, auto&) { x.a_rows_capacity = 3; }, "a_rows_capacity must hold"},
+  };
+  for (const Case& k : cases) {
+    Sm90GemmArgs args = g;
+    Sm90OneTokenRoute route = rt;
+    Sm90GemmConfig config = ws;
+    args.one_token_route = &route;
+    k.bend(args, route, config);
+    EXPECT_EQ(sm90_nvfp4_grouped_gemm(args, config, nullptr, 132), cudaErrorInvalidValue) << k.what;
+    const std::string msg = sm90_gemm_last_error_message();
+    EXPECT_NE(msg.find("a_routed_token_rows"), std::string::npos) << k.what << ": " << msg;
+    EXPECT_NE(msg.find(k.expect), std::string::npos) << k.what << ": " << msg;
+  }
+}
+
 }  // namespace
 }  // namespace nvfp4moe::cuda
