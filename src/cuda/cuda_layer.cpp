@@ -299,6 +299,8 @@ CudaMoeLayer::CudaMoeLayer(MoeWeights w, const MoeLayerOptions& options, GemmPat
       t1_gemm2_guesses_ids_ = env_switch("NVFP4MOE_T1_GEMM2_GUESSES_IDS");  // A/B: "0" = reads them after its wait
       t1_w4a4_quant_rows_enabled_ = env_switch("NVFP4MOE_T1_W4A4_QUANT_ROWS");  // A/B: "0" = w4a4 T = 1 gathers
       gemm1_routes_tokens_enabled_ = env_switch("NVFP4MOE_GEMM1_ROUTES_TOKENS");  // A/B: "0" = T = 2 .. 4 launch
+      gemm2_reads_token_ids_ = env_switch("NVFP4MOE_GEMM2_READS_TOKEN_IDS");  // A/B: "0" = GEMM2 seeks (T = 2 .. 4)
+      gemm2_guesses_token_ids_ = env_switch("NVFP4MOE_GEMM2_GUESSES_TOKEN_IDS");  // A/B: "0" = after its wait
       // Zero once; every chained launch leaves its counters zero (sm90_nvfp4_chained_gemms), every dynamically
       // scheduled one its tile counter.
       const size_t routed_n = sm90_chain_counter_count(static_cast<int>(spec_.num_experts) + 1);
@@ -653,6 +655,21 @@ void CudaMoeLayer::warm_up_sm90() {
         gt.a_routed_token_rows = true;
         gt.one_token_route = &rt;
         check_sm90(sm90_nvfp4_grouped_gemm(gt, c, nullptr, device_sm_count()), "sm90 gemm1 routing tokens (warm-up)");
+        if (gemm2_reads_token_ids_ && c.blocks_per_warp == 2) {  // GEMM2 reading those ids
+          Sm90GemmArgs g2t = g1;
+          g2t.a = act_;
+          g2t.a_rows_capacity = cap;
+          g2t.w = d->w2_sm90;
+          g2t.shape = routed_launch_shape(d->w2_shape);
+          g2t.alpha1 = nullptr;
+          g2t.out = y_;
+          g2t.epilogue = Sm90GemmEpilogue::kF32;
+          g2t.read_token_ids = true;
+          rt.read_ids = true;
+          rt.write_outputs = false;
+          g2t.one_token_route = &rt;
+          check_sm90(sm90_nvfp4_grouped_gemm(g2t, c, nullptr, device_sm_count()), "sm90 gemm2 token ids (warm-up)");
+        }
       }
       if (routed && (c.warp_stream ? ws_gather_enabled_ : gemm1_gather_enabled_) &&
           sm90_gather_available(c)) {  // its gathered-A kernel (no rows)
@@ -844,6 +861,9 @@ void CudaMoeLayer::forward(const TensorRef& hidden, const RoutingArgs& routing, 
     gemm1_route.route = *route;
     gemm1_route.plan = pl;
     gemm1_route.write_outputs = true;
+    gemm2_route = gemm1_route;
+    gemm2_route.write_outputs = false;
+    gemm2_route.read_ids = true;  // (with decode.gemm2_reads_ids: GEMM2's pieces from GEMM1's T k ids)
   } else if (route) {
     if (gemm1_gathers || gemm1_broadcasts) {
       check_launch(launch_route_plan(*route, pl, stream), "route + plan");
@@ -937,7 +957,14 @@ void CudaMoeLayer::forward(const TensorRef& hidden, const RoutingArgs& routing, 
       // GEMM2's offsets are the plan's (two or more launches back: GEMM1, and act_amax when calibrating, ran
       // since); only its operand rows come from the previous kernel. NVFP4MOE_EARLY_GEMM2=0: off, for A/B.
       s2.prologue_before_pdl_wait = early_gemm2_enabled_;
-      if (routed && decode.gemm1_routes_tokens) s2.prologue_before_pdl_wait = false;  // (GEMM1 wrote the offsets)
+      if (routed && decode.gemm1_routes_tokens) {  // the offsets are GEMM1's: seek after the wait, or read the ids
+        s2.prologue_before_pdl_wait = false;
+        if (gemm2_reads_ids) {
+          s2.one_token_route = &gemm2_route;
+          s2.read_token_ids = true;
+          s2.prologue_before_pdl_wait = gemm2_guesses_ids;
+        }
+      }
       if (routed && gemm1_routes) {  // the offsets are GEMM1's (the previous launch): seek only after the wait
         s2.prologue_before_pdl_wait = false;
         if (gemm2_reads_ids) {  // or read GEMM1's ids instead: guessed before the wait, checked after it
@@ -1059,6 +1086,10 @@ CudaMoeLayer::DecodeRouting CudaMoeLayer::decode_routing(int64_t T, bool f32_hid
     d.gemm1_routes_tokens =
         sm90_token_rows_route_fits(c1, static_cast<int>(T), static_cast<int>(spec_.num_experts),
                                    static_cast<int>(spec_.top_k), static_cast<int>(routed_.w13_shape.k));
+    // GEMM2 then maps its pieces from GEMM1's T k ids (read_token_ids), guessed before its wait, as at T = 1
+    d.gemm2_reads_ids = d.gemm1_routes_tokens && gemm2_reads_token_ids_ && sm90_token_rows_route_available(c2) &&
+                        c2.blocks_per_warp == 2;
+    d.gemm2_guesses_ids = d.gemm2_reads_ids && early_gemm2_enabled_ && gemm2_guesses_token_ids_;
     return d;
   }
   // w4a4: only GEMM1 routing the token quantizes the broadcast row per expert (with caller ids, or where its

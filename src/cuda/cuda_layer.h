@@ -146,7 +146,8 @@ class CudaMoeLayer final : public MoeLayer {
     // w4a4: the routing GEMM1 quantizes the broadcast row per routed expert (Sm90GemmArgs::a_broadcast_quant_gs)
     bool gemm1_quantizes_rows = false;
     // T = 2 .. kSm90RoutedTokensMax, w4a16: GEMM1 routes the tokens and reads their rows of `hidden`
-    // (Sm90GemmArgs::a_routed_token_rows); GEMM2 then seeks the offsets GEMM1 wrote after its wait
+    // (Sm90GemmArgs::a_routed_token_rows); GEMM2 then reads (guesses) GEMM1's T k ids where gemm2_reads_ids
+    // (gemm2_guesses_ids), else seeks the offsets GEMM1 wrote after its wait
     bool gemm1_routes_tokens = false;
   };
   DecodeRouting decode_routing(int64_t T, bool f32_hidden, bool router_logits) const;
@@ -257,7 +258,12 @@ class CudaMoeLayer final : public MoeLayer {
   // NVFP4MOE_T1_GEMM2_GUESSES_IDS=0 (read at creation): reads them after the wait, for A/B and the bitwise test.
   bool t1_gemm2_guesses_ids_ = true;
   bool t1_w4a4_quant_rows_enabled_ = true;
-  bool gemm1_routes_tokens_enabled_ = true;  // NVFP4MOE_GEMM1_ROUTES_TOKENS=0: T = 2 .. 4 route in their own launch  // NVFP4MOE_T1_W4A4_QUANT_ROWS=0: w4a4 T = 1 gathers (routing launch)
+  bool gemm1_routes_tokens_enabled_ = true;  // NVFP4MOE_GEMM1_ROUTES_TOKENS=0: T = 2 .. 4 route in their own launch
+  // After such a GEMM1, GEMM2 maps its pieces from GEMM1's T k ids (Sm90GemmArgs::read_token_ids) and guesses them
+  // before its PDL wait; NVFP4MOE_GEMM2_READS_TOKEN_IDS=0: it seeks the offsets after its wait;
+  // NVFP4MOE_GEMM2_GUESSES_TOKEN_IDS=0: it reads the ids after its wait (A/B, bitwise tests).
+  bool gemm2_reads_token_ids_ = true;
+  bool gemm2_guesses_token_ids_ = true;  // NVFP4MOE_T1_W4A4_QUANT_ROWS=0: w4a4 T = 1 gathers (routing launch)
   // NVFP4MOE_WS_GATHER=1 (read at creation; measured slower on the H200, +1..9%, bench/results/1316906-ws-gather-ab,
   // so off): at decode (a warp-streaming GEMM1, T > 1; w4a16, bf16 hidden, not calibrating) GEMM1 reads `hidden`
   // through the plan's permutation (Sm90GemmArgs::a_gather_src) and no gather step runs (the fused routing kernel

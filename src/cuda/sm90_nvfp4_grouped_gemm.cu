@@ -229,7 +229,18 @@ template <int WARPS, int DEPTH, int SPW, bool UNROLLED, int BPW, sm90::WsRows RO
 cudaError_t launch_warp_stream_epi(const Sm90GemmArgs& args, const sm90::GemmParams& p, int grid,
                                    cudaStream_t stream) {
   constexpr bool kBroadcast = ROWS == sm90::WsRows::kBroadcast || ROWS == sm90::WsRows::kBroadcastQuantized;
-  if constexpr (ROWS == sm90::WsRows::kRoutedTokens) {  // (check_one_token_route ran: the last line of refusals)
+  if constexpr (ROWS == sm90::WsRows::kDirectTokenIds) {  // (check_one_token_route ran: the last line of refusals)
+    if constexpr (!token_rows_route_instantiated(WARPS, DEPTH, SPW, UNROLLED, BPW) || BPW != 2) {
+      return fail("sm90_nvfp4_grouped_gemm: read_token_ids: no such kernel for this config");
+    } else {
+      if (args.one_token_route == nullptr || !args.one_token_route->read_ids ||
+          args.epilogue != Sm90GemmEpilogue::kF32)
+        return fail("sm90_nvfp4_grouped_gemm: read_token_ids: only with a read_ids one_token_route and the f32 "
+                    "epilogue");
+      return launch_warp_stream<WARPS, DEPTH, SPW, UNROLLED, BPW, sm90::Epilogue::kF32, ROWS, true>(args, p, grid,
+                                                                                                  stream);
+    }
+  } else if constexpr (ROWS == sm90::WsRows::kRoutedTokens) {  // (check_one_token_route ran: the last line)
     if constexpr (!token_rows_route_instantiated(WARPS, DEPTH, SPW, UNROLLED, BPW)) {
       return fail("sm90_nvfp4_grouped_gemm: a_routed_token_rows: no such kernel for this config");
     } else {
@@ -262,7 +273,8 @@ cudaError_t launch_warp_stream_epi(const Sm90GemmArgs& args, const sm90::GemmPar
       return fail("sm90_nvfp4_grouped_gemm: one_token_route: with direct rows only the f32 epilogue (GEMM2, read_ids)");
     }
   }
-  if constexpr (ROWS == sm90::WsRows::kBroadcastQuantized || ROWS == sm90::WsRows::kRoutedTokens) {
+  if constexpr (ROWS == sm90::WsRows::kBroadcastQuantized || ROWS == sm90::WsRows::kRoutedTokens ||
+                ROWS == sm90::WsRows::kDirectTokenIds) {
     return fail("sm90_nvfp4_grouped_gemm: a_broadcast_quant_gs: only with a routing one_token_route");
   } else {
     switch (args.epilogue) {
@@ -640,6 +652,18 @@ std::string check_one_token_route(const Sm90GemmArgs& args, const Sm90GemmConfig
     if (args.a_rows_capacity < T)
       return w + ": a_routed_token_rows: a_rows_capacity must hold the route.tokens = " + std::to_string(T) +
              " rows; got " + std::to_string(args.a_rows_capacity);
+  } else if (args.read_token_ids) {  // GEMM2 after it
+    if (!r.read_ids || args.epilogue != Sm90GemmEpilogue::kF32 || args.a_broadcast_row ||
+        args.a_broadcast_quant_gs != nullptr || args.a_gather_src != nullptr)
+      return w + ": read_token_ids: only with read_ids, the f32 epilogue and direct rows (GEMM2 after a GEMM1 with "
+                 "a_routed_token_rows)";
+    if (!sm90_token_rows_route_available(config))
+      return w + ": read_token_ids: config " + to_string(config) + " has no such kernel "
+                 "(sm90_token_rows_route_available)";
+    const int T = r.route.tokens, K = r.route.top_k;
+    if (T != 0 && (T < 2 || T > kSm90RoutedTokensMax || T * K > 32 || K < 1))
+      return w + ": read_token_ids: route.tokens = " + std::to_string(T) + ", top_k = " + std::to_string(K) +
+             ": expected 2 <= tokens <= " + std::to_string(kSm90RoutedTokensMax) + " and tokens x top_k <= 32";
   } else if (!sm90_one_token_route_available(config, args.epilogue, broadcast))
     return w + ": config " + to_string(config) + " has no routed kernel for the " +
            (broadcast ? "broadcast-row activation epilogue" : "direct-row f32 epilogue") +
@@ -653,11 +677,11 @@ std::string check_one_token_route(const Sm90GemmArgs& args, const Sm90GemmConfig
     return w + ": prologue_before_pdl_wait with the routing in the launch (the logits come from the previous "
                "kernel: the routing follows the wait)";
   if (r.read_ids && r.write_outputs) return w + ": write_outputs with read_ids (nothing is routed)";
-  if (r.route.tokens != 0 && r.route.tokens != 1 && !args.a_routed_token_rows)
+  if (r.route.tokens != 0 && r.route.tokens != 1 && !args.a_routed_token_rows && !args.read_token_ids)
     return w + ": route.tokens must be 1 (or 0: nothing routed; 2 .. " + std::to_string(kSm90RoutedTokensMax) +
            " with a_routed_token_rows); got " + std::to_string(r.route.tokens);
   const int E = r.route.experts, K = r.route.top_k;
-  if (!args.a_routed_token_rows && !sm90_one_token_route_fits(config, E, K))
+  if (!args.a_routed_token_rows && !args.read_token_ids && !sm90_one_token_route_fits(config, E, K))
     return w + ": route.experts = " + std::to_string(E) + ", route.top_k = " + std::to_string(K) + " do not fit " +
            to_string(config) + " (sm90_one_token_route_fits: 1 <= top_k <= min(32, experts), a thread an expert, "
            "the routing's scratch in the ring slots)";
@@ -831,6 +855,12 @@ cudaError_t sm90_nvfp4_grouped_gemm(const Sm90GemmArgs& args, const Sm90GemmConf
     return fail(who + ": a_broadcast_row: shape.k = " + std::to_string(args.shape.k) + " exceeds " +
                 std::to_string(sm90_broadcast_row_max_k(config)) + ", the longest row config " + to_string(config) +
                 " keeps in shared memory beside its weight rings");
+  if (args.a_routed_token_rows && args.read_token_ids)
+    return fail(who + ": a_routed_token_rows (GEMM1) and read_token_ids (GEMM2) together");
+  if (args.read_token_ids && (args.one_token_route == nullptr || !sm90_token_rows_route_available(config)))
+    return fail(who + ": read_token_ids: only with a read_ids one_token_route and a config with its kernels "
+                      "(sm90_token_rows_route_available; config " + to_string(config) + ", one_token_route " +
+                (args.one_token_route == nullptr ? "null)" : "set)"));
   if (args.a_routed_token_rows && (args.one_token_route == nullptr || !sm90_token_rows_route_available(config)))
     return fail(who + ": a_routed_token_rows: only with a routing one_token_route and a config with its kernels "
                       "(sm90_token_rows_route_available; config " + to_string(config) + ", one_token_route " +
@@ -862,6 +892,9 @@ cudaError_t sm90_nvfp4_grouped_gemm(const Sm90GemmArgs& args, const Sm90GemmConf
       return args.a_routed_token_rows                                                                   \
                  ? launch_warp_stream_epi<warps, depth, spw, unrolled != 0, bpw,                        \
                                           sm90::WsRows::kRoutedTokens>(args, p, num_sms, stream)        \
+             : args.read_token_ids                                                                      \
+                 ? launch_warp_stream_epi<warps, depth, spw, unrolled != 0, bpw,                        \
+                                          sm90::WsRows::kDirectTokenIds>(args, p, num_sms, stream)      \
              : args.a_broadcast_quant_gs != nullptr                                                     \
                  ? launch_warp_stream_epi<warps, depth, spw, unrolled != 0, bpw,                        \
                                           sm90::WsRows::kBroadcastQuantized>(args, p, num_sms, stream)  \
@@ -939,7 +972,7 @@ cudaError_t sm90_nvfp4_chained_gemms(const Sm90GemmArgs& gemm1, const Sm90GemmAr
                 "; got K = " + std::to_string(gemm2.shape.k) + ")");
   if (gemm1.a_gather_src != nullptr || gemm2.a_gather_src != nullptr || gemm1.a_broadcast_row ||
       gemm2.a_broadcast_row || gemm1.a_broadcast_quant_gs != nullptr || gemm2.a_broadcast_quant_gs != nullptr ||
-      gemm1.a_routed_token_rows || gemm2.a_routed_token_rows)
+      gemm1.a_routed_token_rows || gemm2.a_routed_token_rows || gemm1.read_token_ids || gemm2.read_token_ids)
     return fail(who + ": a_gather_src / a_broadcast_row / a_broadcast_quant_gs / a_routed_token_rows: a chained "
                       "launch reads A through its TMA descriptors only");
   if (chain_counters == nullptr || (reinterpret_cast<uintptr_t>(chain_counters) & 3) != 0)

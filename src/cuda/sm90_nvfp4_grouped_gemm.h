@@ -109,7 +109,8 @@ double sm90_expected_tile_passes(double mean_rows, int block_t);
 
 // The routing of one token inside a warp-streaming GEMM launch (Sm90GemmArgs::one_token_route).
 struct Sm90OneTokenRoute {
-  // tokens 1 (or 0: nothing routed), or 2 .. kSm90RoutedTokensMax with Sm90GemmArgs::a_routed_token_rows;
+  // tokens 1 (or 0: nothing routed), or 2 .. kSm90RoutedTokensMax with Sm90GemmArgs::a_routed_token_rows (GEMM1)
+  // or read_token_ids (GEMM2);
   // topk_ids / topk_weights written by CTA 0 with write_outputs
   RouteArgs route;
   PlanArgs plan;     // the plan's outputs (CTA 0 with write_outputs); experts, top_k and append_shared as route's
@@ -211,6 +212,11 @@ struct Sm90GemmArgs {
   // gather runs. The same bits as `a` holding the gathered rows. Only sm90_token_rows_route_available configs,
   // where sm90_token_rows_route_fits.
   bool a_routed_token_rows = false;
+  // GEMM2 after such a GEMM1 (f32 epilogue, direct rows, with a one_token_route of read_ids and route.tokens = T, or
+  // 0: nothing routed): its pieces from the T k ids that GEMM1 wrote, mapped in registers as at T = 1 (read after
+  // the PDL wait, or with prologue_before_pdl_wait guessed before it and checked after it, a wrong guess rerunning
+  // the warp's pieces), instead of seeking the offsets. Only sm90_token_rows_route_available configs.
+  bool read_token_ids = false;
 };
 // The most tokens a GEMM1 with Sm90GemmArgs::a_routed_token_rows routes (and T x top_k <= 32: a lane a pair).
 inline constexpr int kSm90RoutedTokensMax = 4;

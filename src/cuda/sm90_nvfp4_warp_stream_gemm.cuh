@@ -122,7 +122,9 @@ __host__ __device__ inline int token_rows_route_scratch_bytes(int tokens, int ex
 // own instantiation, so that the others keep their code. kRoutedTokens: the routed GEMM1 at T = 2 .. 4
 // (Sm90GemmArgs::a_routed_token_rows): the T rows of `a` resident in shared memory, a piece's tile rows the tokens
 // routed to its expert.
-enum class WsRows { kDirect, kBroadcast, kGathered, kBroadcastQuantized, kRoutedTokens };
+// kDirectTokenIds: GEMM2 after such a GEMM1 (direct rows; Sm90OneTokenRoute::read_ids with route.tokens = T): its
+// pieces from the T k ids GEMM1 wrote, read after its wait or guessed before it, as at T = 1.
+enum class WsRows { kDirect, kBroadcast, kGathered, kBroadcastQuantized, kRoutedTokens, kDirectTokenIds };
 
 // kBroadcastQuantized: a CTA runs one contiguous range of the launch's pieces (at most ceil(pieces / CTAs), far
 // fewer than an expert's pieces at T = 1), so its pieces belong to at most this many routed experts (the host
@@ -606,6 +608,8 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
   static_assert(!kQuantRows || ROUTED, "the quantized rows follow the launch's own routing (GEMM1 at T = 1)");
   constexpr bool kTokenRows = ROWS == WsRows::kRoutedTokens;
   static_assert(!kTokenRows || ROUTED, "the token rows follow the launch's own routing (GEMM1 at T = 2 .. 4)");
+  constexpr bool kTokenIds = ROWS == WsRows::kDirectTokenIds;
+  static_assert(!kTokenIds || (ROUTED && BPW == 2), "GEMM2 at T = 2 .. 4 reads (guesses) GEMM1's ids: routed");
   constexpr bool kResidentRow = ROWS == WsRows::kBroadcast || kQuantRows || kTokenRows;
   using Tr = WarpStreamTraits<WARPS, DEPTH, SPW, UNROLLED, EPI, BPW, kResidentRow>;
   using Slot = typename Tr::Slot;
@@ -680,6 +684,31 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
     }
     routed_experts = __popc(__ballot_sync(0xFFFFFFFFu, route_id >= 0)) + (rt.plan.append_shared ? 1 : 0);
   };
+  // The T = 2 .. 4 routing (kTokenRows: GEMM1 routes the T tokens; kTokenIds: GEMM2 reads the T k ids GEMM1
+  // wrote): lane p < T k holds pair p's expert (pair_id, -1: none; token p / k); derive_pair_places gives pair_same
+  // (the lanes of the same expert, in token order: the plan's rows of that expert), pair_first (p is the expert's
+  // first pair), pair_place (its place among the chosen experts in expert order: the chosen experts below it, its
+  // tile offset), pair_rows_below (the pairs of experts below it: its offset), valid_pairs (offsets[E], the merged
+  // shared expert's first row) and routed_experts.
+  [[maybe_unused]] int pair_id = -1, pair_place = 0, pair_rows_below = 0, valid_pairs = 0;
+  [[maybe_unused]] unsigned pair_same = 0u;
+  [[maybe_unused]] bool pair_first = false;
+  [[maybe_unused]] unsigned piece_pairs = 0u;  // the current piece's pairs (lanes); 0: all T tokens in order
+  [[maybe_unused]] auto derive_pair_places = [&] {
+    const int P = rt.route.tokens * rt.route.top_k;
+    pair_same = __match_any_sync(0xFFFFFFFFu, pair_id);
+    pair_first = pair_id >= 0 && (pair_same & ((1u << lane) - 1u)) == 0u;
+    pair_place = 0;
+    pair_rows_below = 0;
+    for (int j = 0; j < P; ++j) {
+      const int other = __shfl_sync(0xFFFFFFFFu, pair_id, j);
+      const bool other_first = __shfl_sync(0xFFFFFFFFu, pair_first ? 1 : 0, j) != 0;
+      pair_place += (other_first && other < pair_id) ? 1 : 0;
+      pair_rows_below += (other >= 0 && other < pair_id) ? 1 : 0;
+    }
+    valid_pairs = __popc(__ballot_sync(0xFFFFFFFFu, pair_id >= 0));
+    routed_experts = __popc(__ballot_sync(0xFFFFFFFFu, pair_first)) + (rt.plan.append_shared ? 1 : 0);
+  };
   // The speculative GEMM2 (read_ids with before_wait: kSpeculates and not waited): GEMM1's CTA 0 writes the ids
   // ~2 us into GEMM1, and a GEMM2 CTA becomes resident only as a GEMM1 CTA exits (one CTA an SM), so the ids read
   // before the PDL wait are nearly always this forward's: each warp maps its first piece from them and issues that
@@ -695,8 +724,21 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
     const int id = rt.route.top_k > lane ? ld_relaxed_gpu(rt.route.topk_ids + lane) : -1;
     return id < 0 || id >= rt.route.experts ? -1 : id;
   };
+  // (kTokenIds: this lane's pair of the T k ids)
+  [[maybe_unused]] auto strong_pair_id = [&] {
+    const int id = rt.route.tokens * rt.route.top_k > lane ? ld_relaxed_gpu(rt.route.topk_ids + lane) : -1;
+    return id < 0 || id >= rt.route.experts ? -1 : id;
+  };
   auto speculation_holds = [&]() -> bool {
-    if constexpr (kSpeculates) {
+    if constexpr (kSpeculates && kTokenIds) {
+      if (rt.route.tokens < 1) return true;  // (nothing routed: no piece, nothing guessed)
+      const int confirmed = strong_pair_id();
+      if (__all_sync(0xFFFFFFFFu, confirmed == pair_id)) return true;
+      pair_id = confirmed;
+      derive_pair_places();
+      if (rt.misspeculations != nullptr && lane == 0) atomicAdd(rt.misspeculations, 1);
+      return false;
+    } else if constexpr (kSpeculates) {
       if (rt.route.tokens != 1) return true;  // (nothing routed: no piece, nothing guessed)
       const int confirmed = strong_route_id();
       if (__all_sync(0xFFFFFFFFu, confirmed == route_id)) return true;
@@ -708,15 +750,6 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
       return true;
     }
   };
-  // The T = 2 .. 4 routing (kTokenRows): lane p < T k holds pair p's expert (pair_id, -1: none; token p / k);
-  // pair_same the lanes of the same expert (token order: the plan's rows of that expert), pair_first whether p is
-  // the expert's first pair, pair_place its place among the chosen experts in expert order (the chosen experts
-  // below it: its tile offset) and pair_rows_below the pairs of experts below it (its offset); valid_pairs =
-  // offsets[E] (the merged shared expert's first row).
-  [[maybe_unused]] int pair_id = -1, pair_place = 0, pair_rows_below = 0, valid_pairs = 0;
-  [[maybe_unused]] unsigned pair_same = 0u;
-  [[maybe_unused]] bool pair_first = false;
-  [[maybe_unused]] unsigned piece_pairs = 0u;  // the current piece's pairs (lanes); 0: all T tokens in order
   if constexpr (kTokenRows) {
     if (rt.route.tokens >= 1) {  // (the host: 2 <= T <= kSm90RoutedTokensMax, T k <= 32; 0: nothing routed)
       const int T = rt.route.tokens, K = rt.route.top_k, P = T * K;
@@ -731,16 +764,17 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
       pair_id = lane < P ? ids_smem[lane] : -1;  // (route_block's ids: an expert or -1)
       if (pair_id >= rt.route.experts) pair_id = -1;
       __syncthreads();  // every warp has read the scratch: the ring slots are the rings' from here on
-      pair_same = __match_any_sync(0xFFFFFFFFu, pair_id);
-      pair_first = pair_id >= 0 && (pair_same & ((1u << lane) - 1u)) == 0u;
-      for (int j = 0; j < P; ++j) {
-        const int other = __shfl_sync(0xFFFFFFFFu, pair_id, j);
-        const bool other_first = __shfl_sync(0xFFFFFFFFu, pair_first ? 1 : 0, j) != 0;
-        pair_place += (other_first && other < pair_id) ? 1 : 0;
-        pair_rows_below += (other >= 0 && other < pair_id) ? 1 : 0;
+      derive_pair_places();
+    }
+  } else if constexpr (kTokenIds) {
+    if (rt.route.tokens >= 1) {  // GEMM2 (read_ids): the T k ids GEMM1 wrote, after the wait or guessed before it
+      if (waited) {
+        pair_id = rt.route.tokens * rt.route.top_k > lane ? __ldg(rt.route.topk_ids + lane) : -1;
+        if (pair_id < 0 || pair_id >= rt.route.experts) pair_id = -1;
+      } else {
+        pair_id = strong_pair_id();  // before the wait: checked after it (speculation_holds)
       }
-      valid_pairs = __popc(__ballot_sync(0xFFFFFFFFu, pair_id >= 0));
-      routed_experts = __popc(__ballot_sync(0xFFFFFFFFu, pair_first)) + (rt.plan.append_shared ? 1 : 0);
+      derive_pair_places();
     }
   } else if constexpr (ROUTED) {
     if (rt.route.tokens == 1) {
@@ -850,7 +884,7 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
     if constexpr (kQuantRows) {
       if (idx >= piece_end) return false;
     }
-    if constexpr (kTokenRows) return token_rows_seek(c, idx);
+    if constexpr (kTokenRows || kTokenIds) return token_rows_seek(c, idx);
     else if constexpr (ROUTED) return routed_seek(c, idx);
     else return c.template seek<kWsExpertsPerLane, true>(p, n_pieces, idx);
   };

@@ -1180,20 +1180,24 @@ TEST(CudaLayer, T1W4A4QuantizedRowsBitIdenticalToGather) {
 // T = 2 .. 4 with router logits routed inside GEMM1 (the default for w4a16; NVFP4MOE_GEMM1_ROUTES_TOKENS=0: the
 // routing launch with the gather): every CTA routes the T tokens with the block routing, keeps their rows of
 // `hidden` in shared memory and runs each piece on the tokens routed to its expert; CTA 0 writes the ids, weights
-// and the whole plan (plan_few_tokens_block). The same ids, weights, counts, offsets, perm, inv and output bits as
-// the routing launch, on t1_routing_dims (softmax at 40 and 128 experts, sigmoid with a separate shared expert,
+// and the whole plan (plan_few_tokens_block); GEMM2 maps its pieces from those T k ids, guessed before its wait
+// (NVFP4MOE_GEMM2_GUESSES_TOKEN_IDS=0: read after it; NVFP4MOE_GEMM2_READS_TOKEN_IDS=0: it seeks the offsets; the
+// poisoned workspace makes the first guesses wrong). The same ids, weights, counts, offsets, perm, inv and output
+// bits as the routing launch, on t1_routing_dims (softmax at 40 and 128 experts, sigmoid with a separate shared expert,
 // the shared expert merged as expert E, 256 experts in groups where T x 256 fits the CTA, relu^2 with a K tail,
 // K = 2880), with the default GEMM1 config and, on three of them, each of the three configs that has the kernel
 // (NVFP4MOE_SM90_CONFIG); per token random, tied, NaN and all-NaN logits (t1_trial_logits); a poisoned workspace;
 // a captured graph replayed with new inputs. T = 1 and T = 5 and w4a4 keep their paths.
 TEST(CudaLayer, TokensRoutedInGemm1BitIdenticalToRoutingLaunch) {
   const std::vector<LayerDims> dims = t1_routing_dims();
-  std::map<std::string, int> config_points;
+  std::map<std::string, int> config_points, gemm2_config_points;
   int merged_points = 0, relu2_points = 0, separate_shared_points = 0;
   auto check = [&](const LayerDims& d, const char* gemm1_config, uint64_t seed) {
     SCOPED_TRACE(std::string(d.name) + " gemm1 config " + (gemm1_config ? gemm1_config : "(picked)"));
     if (gemm1_config) ASSERT_EQ(setenv("NVFP4MOE_SM90_CONFIG", (std::string("gemm1=") + gemm1_config).c_str(), 1), 0);
     SwitchPair h("NVFP4MOE_GEMM1_ROUTES_TOKENS", "0", d, Mode::W4A16, 64, seed);  // base: in GEMM1; switched: launch
+    SwitchPair h2("NVFP4MOE_GEMM2_READS_TOKEN_IDS", "0", d, Mode::W4A16, 64, seed);  // switched: GEMM2 seeks
+    SwitchPair h3("NVFP4MOE_GEMM2_GUESSES_TOKEN_IDS", "0", d, Mode::W4A16, 64, seed);  // switched: after its wait
     unsetenv("NVFP4MOE_SM90_CONFIG");
     EXPECT_FALSE(h.base.cuda->decode_routing(1, false, true).gemm1_routes_tokens);  // (T = 1: its own path)
     EXPECT_FALSE(h.base.cuda->decode_routing(kSm90RoutedTokensMax + 1, false, true).gemm1_routes_tokens);
@@ -1204,10 +1208,17 @@ TEST(CudaLayer, TokensRoutedInGemm1BitIdenticalToRoutingLaunch) {
       SCOPED_TRACE("T=" + std::to_string(T));
       EXPECT_FALSE(h.switched.cuda->decode_routing(T, false, true).gemm1_routes_tokens);
       if (!h.base.cuda->decode_routing(T, false, true).gemm1_routes_tokens) {
-        EXPECT_GT(T * ((E + 31) / 32 * 32), 512) << "only too many (token, expert) threads for a CTA may refuse";
+        // only a config without the kernel (ws8_s6_w16_b1, K >= 40 k-tiles) or too many (token, expert) threads
+        EXPECT_TRUE(!sm90_token_rows_route_available(h.base.cuda->sm90_launches(T)[0].config) ||
+                    T * ((E + 31) / 32 * 32) > 512);
         continue;
       }
       ++config_points[to_string(h.base.cuda->sm90_launches(T)[0].config)];
+      const auto routing = h.base.cuda->decode_routing(T, false, true);
+      EXPECT_EQ(routing.gemm2_guesses_ids, routing.gemm2_reads_ids) << "GEMM2 reading the ids guesses them by default";
+      EXPECT_FALSE(h2.switched.cuda->decode_routing(T, false, true).gemm2_reads_ids);
+      EXPECT_FALSE(h3.switched.cuda->decode_routing(T, false, true).gemm2_guesses_ids);
+      if (routing.gemm2_reads_ids) ++gemm2_config_points[to_string(h.base.cuda->sm90_launches(T)[1].config)];
       merged_points += h.base.cuda->shared_in_routed();
       relu2_points += d.act == Activation::Relu2;
       separate_shared_points += d.shared_I > 0 && !h.base.cuda->shared_in_routed();
@@ -1219,18 +1230,27 @@ TEST(CudaLayer, TokensRoutedInGemm1BitIdenticalToRoutingLaunch) {
           logits.insert(logits.end(), l.begin(), l.end());
         }
         const auto hidden = random_hidden(T, H, seed + 7 * trial);
-        put_inputs({&h.base, &h.switched}, hidden, logits);
-        for (Harness* x : {&h.base, &h.switched}) {
+        put_inputs({&h.base, &h.switched, &h2.switched, &h3.switched}, hidden, logits);
+        for (Harness* x : {&h.base, &h.switched, &h2.switched, &h3.switched}) {
           CUDA_OK(cudaMemset(x->cuda->workspace(), 0xD5, x->layer->workspace_bytes()));
           CUDA_OK(cudaMemset(x->out.p, 0x7F, x->out.n * 4));
           x->forward_logits(T, x->out.p, DType::F32);
         }
         CUDA_OK(cudaDeviceSynchronize());
-        EXPECT_EQ(dump_plan(h.base, T), dump_plan(h.switched, T)) << "routed in GEMM1 against the routing launch";
+        const PlanDump launch_plan = dump_plan(h.switched, T);
+        EXPECT_EQ(dump_plan(h.base, T), launch_plan) << "routed in GEMM1 against the routing launch";
+        EXPECT_EQ(dump_plan(h2.switched, T), launch_plan) << "GEMM2 seeking, against the routing launch";
+        EXPECT_EQ(dump_plan(h3.switched, T), launch_plan) << "GEMM2 reading after its wait, against the launch";
         const auto ref = h.switched.out.get(T * H);
         EXPECT_EQ(std::memcmp(h.base.out.get(T * H).data(), ref.data(), ref.size() * 4), 0) << "output";
+        EXPECT_EQ(std::memcmp(h2.switched.out.get(T * H).data(), ref.data(), ref.size() * 4), 0)
+            << "output, GEMM2 seeking";
+        EXPECT_EQ(std::memcmp(h3.switched.out.get(T * H).data(), ref.data(), ref.size() * 4), 0)
+            << "output, GEMM2 reading the ids after its wait";
       }
       expect_replays_bit_identical(h.switched, h.base, T, seed + 1000 + T);
+      expect_replays_bit_identical(h.switched, h2.switched, T, seed + 2000 + T);
+      expect_replays_bit_identical(h.switched, h3.switched, T, seed + 3000 + T);
     }
   };
   uint64_t seed = 5100;
@@ -1239,6 +1259,8 @@ TEST(CudaLayer, TokensRoutedInGemm1BitIdenticalToRoutingLaunch) {
     for (const char* c : {"ws8_s6_w16", "ws8_s6_w16_u", "ws8_s4_w16_x2"}) check(d, c, seed += 10);
   for (const char* c : {"ws8_s6_w16", "ws8_s6_w16_u", "ws8_s4_w16_x2"})
     EXPECT_GE(config_points[c], 6) << c << ": its token-routing GEMM1 ran at too few points";
+  for (const char* c : {"ws8_s6_w16", "ws8_s6_w16_u", "ws8_s4_w16_x2"})
+    EXPECT_GE(gemm2_config_points[c], 2) << c << ": its GEMM2 reading GEMM1's T k ids ran at too few points";
   EXPECT_GE(merged_points, 6) << "too few points with a merged shared expert (its rows: all T tokens)";
   EXPECT_GE(relu2_points, 6) << "too few relu^2 points";
   EXPECT_GE(separate_shared_points, 2) << "too few points with a separate shared expert (offsets from GEMM1's plan)";

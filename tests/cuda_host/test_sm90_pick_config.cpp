@@ -546,9 +546,9 @@ TEST(Sm90BroadcastQuantRows, MaxKFitAndRefusals) {
   }
 }
 
-// GEMM1 routing T = 2 .. 4 tokens (Sm90GemmArgs::a_routed_token_rows): which configs have the kernel, where the
-// tokens fit (a thread per (token, expert) of the 512, T x top_k <= 32, the T rows beside the rings), and the
-// launcher's refusals by name before any device call.
+// GEMM1 routing T = 2 .. 4 tokens (Sm90GemmArgs::a_routed_token_rows) and GEMM2 reading their ids
+// (read_token_ids): which configs have the kernels, where the tokens fit (a thread per (token, expert) of the 512,
+// T x top_k <= 32, the T rows beside the rings), and the launcher's refusals by name before any device call.
 TEST(Sm90TokenRowsRoute, FitAndRefusals) {
   const T1Configs t1 = t1_configs();
   const Sm90GemmConfig &ws = t1.ws, &ws_u = t1.ws_u, &b1 = t1.b1, &x2 = t1.x2, &tile = t1.tile;
@@ -614,6 +614,35 @@ TEST(Sm90TokenRowsRoute, FitAndRefusals) {
     EXPECT_EQ(sm90_nvfp4_grouped_gemm(args, config, nullptr, 132), cudaErrorInvalidValue) << k.what;
     const std::string msg = sm90_gemm_last_error_message();
     EXPECT_NE(msg.find("a_routed_token_rows"), std::string::npos) << k.what << ": " << msg;
+    EXPECT_NE(msg.find(k.expect), std::string::npos) << k.what << ": " << msg;
+  }
+
+  // GEMM2 after it: read_token_ids (f32, direct rows, read_ids of T tokens)
+  Sm90GemmArgs g2 = g;
+  g2.a_routed_token_rows = false;
+  g2.read_token_ids = true;
+  g2.epilogue = Sm90GemmEpilogue::kF32;
+  g2.shape = sm90_prepared_shape(128, 2048, 768, false);
+  g2.a_rows_capacity = 32;
+  rt.read_ids = true;
+  rt.write_outputs = false;
+  const Case cases2[] = {
+      {"no route", [](auto& x, auto&, auto&) { x.one_token_route = nullptr; }, "only with a read_ids one_token_route"},
+      {"a config without the kernel", [&](auto&, auto&, auto& c) { c = b1; }, "sm90_token_rows_route_available"},
+      {"not read_ids", [](auto&, auto& r, auto&) { r.read_ids = false; r.write_outputs = true; }, "only with read_ids"},
+      {"with GEMM1's flag", [](auto& x, auto&, auto&) { x.a_routed_token_rows = true; }, "together"},
+      {"T = 5", [](auto&, auto& r, auto&) { r.route.tokens = r.plan.tokens = 5; }, "route.tokens = 5"},
+      {"36 pairs", [](auto&, auto& r, auto&) { r.route.top_k = r.plan.top_k = 9; }, "tokens x top_k <= 32"},
+  };
+  for (const Case& k : cases2) {
+    Sm90GemmArgs args = g2;
+    Sm90OneTokenRoute route = rt;
+    Sm90GemmConfig config = x2;
+    args.one_token_route = &route;
+    k.bend(args, route, config);
+    EXPECT_EQ(sm90_nvfp4_grouped_gemm(args, config, nullptr, 132), cudaErrorInvalidValue) << k.what;
+    const std::string msg = sm90_gemm_last_error_message();
+    EXPECT_NE(msg.find("read_token_ids"), std::string::npos) << k.what << ": " << msg;
     EXPECT_NE(msg.find(k.expect), std::string::npos) << k.what << ": " << msg;
   }
 }
