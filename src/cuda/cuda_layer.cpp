@@ -608,6 +608,19 @@ void CudaMoeLayer::warm_up_sm90() {
       g1.out = routed ? act_ : sact_;
       g1.epilogue = d->gated ? Sm90GemmEpilogue::kSwiGLU : Sm90GemmEpilogue::kRelu2;
       check_sm90(sm90_nvfp4_grouped_gemm(g1, c, nullptr, device_sm_count()), "sm90 gemm1 (warm-up)");
+      // The routed GEMM2 over GEMM1's output, from a GEMM1 warm-up launch's arguments (its routed kernels).
+      auto routed_gemm2_of = [&](const Sm90GemmArgs& gemm1) {
+        Sm90GemmArgs g2 = gemm1;
+        g2.a = act_;
+        g2.a_rows_capacity = cap;
+        g2.a_broadcast_row = false;
+        g2.w = d->w2_sm90;
+        g2.shape = routed_launch_shape(d->w2_shape);
+        g2.alpha1 = nullptr;
+        g2.out = y_;
+        g2.epilogue = Sm90GemmEpilogue::kF32;
+        return g2;
+      };
       if (routed && t1_broadcast_enabled_ && c.warp_stream &&
           d->w13_shape.k <= sm90_broadcast_row_max_k(c)) {  // its broadcast-row kernel (no rows)
         Sm90GemmArgs gb = g1;
@@ -629,15 +642,7 @@ void CudaMoeLayer::warm_up_sm90() {
                        "sm90 gemm1 routed, quantized rows (warm-up)");
           }
           if (sm90_one_token_route_available(c, Sm90GemmEpilogue::kF32, false)) {
-            Sm90GemmArgs g2r = gb;
-            g2r.a = act_;
-            g2r.a_rows_capacity = cap;
-            g2r.a_broadcast_row = false;
-            g2r.w = d->w2_sm90;
-            g2r.shape = routed_launch_shape(d->w2_shape);
-            g2r.alpha1 = nullptr;
-            g2r.out = y_;
-            g2r.epilogue = Sm90GemmEpilogue::kF32;
+            Sm90GemmArgs g2r = routed_gemm2_of(gb);
             rt.read_ids = true;
             rt.write_outputs = false;
             check_sm90(sm90_nvfp4_grouped_gemm(g2r, c, nullptr, device_sm_count()), "sm90 gemm2 routed (warm-up)");
@@ -656,14 +661,7 @@ void CudaMoeLayer::warm_up_sm90() {
         gt.one_token_route = &rt;
         check_sm90(sm90_nvfp4_grouped_gemm(gt, c, nullptr, device_sm_count()), "sm90 gemm1 routing tokens (warm-up)");
         if (gemm2_reads_token_ids_ && c.blocks_per_warp == 2) {  // GEMM2 reading those ids
-          Sm90GemmArgs g2t = g1;
-          g2t.a = act_;
-          g2t.a_rows_capacity = cap;
-          g2t.w = d->w2_sm90;
-          g2t.shape = routed_launch_shape(d->w2_shape);
-          g2t.alpha1 = nullptr;
-          g2t.out = y_;
-          g2t.epilogue = Sm90GemmEpilogue::kF32;
+          Sm90GemmArgs g2t = routed_gemm2_of(g1);
           g2t.read_token_ids = true;
           rt.read_ids = true;
           rt.write_outputs = false;

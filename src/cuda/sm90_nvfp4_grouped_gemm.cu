@@ -223,6 +223,20 @@ cudaError_t refuse_f32_variant(const char* arg, const char* kernels) {
               " kernels have the activation epilogues (SwiGLU, relu^2) only; got f32");
 }
 
+// A routed GEMM1 kernel of rows ROWS for the launch's activation epilogue (SwiGLU or relu^2; the f32 one refused,
+// naming the argument `arg` and the `kernels`).
+template <int WARPS, int DEPTH, int SPW, bool UNROLLED, int BPW, sm90::WsRows ROWS>
+cudaError_t launch_routed_activation(const Sm90GemmArgs& args, const sm90::GemmParams& p, int grid,
+                                     cudaStream_t stream, const char* arg, const char* kernels) {
+  if (args.epilogue == Sm90GemmEpilogue::kSwiGLU)
+    return launch_warp_stream<WARPS, DEPTH, SPW, UNROLLED, BPW, sm90::Epilogue::kSwiGLU, ROWS, true>(args, p, grid,
+                                                                                                   stream);
+  if (args.epilogue == Sm90GemmEpilogue::kRelu2)
+    return launch_warp_stream<WARPS, DEPTH, SPW, UNROLLED, BPW, sm90::Epilogue::kRelu2, ROWS, true>(args, p, grid,
+                                                                                                  stream);
+  return refuse_f32_variant(arg, kernels);
+}
+
 // ROWS: the broadcast-row and gathered-A kernels (Sm90GemmArgs::a_broadcast_row, a_gather_src; activation
 // epilogues only) besides the direct one; the quantized broadcast rows (a_broadcast_quant_gs) routed only.
 template <int WARPS, int DEPTH, int SPW, bool UNROLLED, int BPW, sm90::WsRows ROWS>
@@ -246,26 +260,16 @@ cudaError_t launch_warp_stream_epi(const Sm90GemmArgs& args, const sm90::GemmPar
     } else {
       if (args.one_token_route == nullptr || args.one_token_route->read_ids)
         return fail("sm90_nvfp4_grouped_gemm: a_routed_token_rows: only with a routing one_token_route");
-      if (args.epilogue == Sm90GemmEpilogue::kSwiGLU)
-        return launch_warp_stream<WARPS, DEPTH, SPW, UNROLLED, BPW, sm90::Epilogue::kSwiGLU, ROWS, true>(args, p, grid,
-                                                                                                       stream);
-      if (args.epilogue == Sm90GemmEpilogue::kRelu2)
-        return launch_warp_stream<WARPS, DEPTH, SPW, UNROLLED, BPW, sm90::Epilogue::kRelu2, ROWS, true>(args, p, grid,
-                                                                                                      stream);
-      return refuse_f32_variant("a_routed_token_rows", "routed token-row");
+      return launch_routed_activation<WARPS, DEPTH, SPW, UNROLLED, BPW, ROWS>(args, p, grid, stream,
+                                                                             "a_routed_token_rows", "routed token-row");
     }
   } else if (args.one_token_route != nullptr) {  // (check_one_token_route ran: these refusals are the last line)
     if constexpr (ROWS == sm90::WsRows::kGathered ||
                   !one_token_route_instantiated(WARPS, DEPTH, SPW, UNROLLED, BPW, kBroadcast)) {
       return fail("sm90_nvfp4_grouped_gemm: one_token_route: no routed kernel for this config");
     } else if constexpr (kBroadcast) {
-      if (args.epilogue == Sm90GemmEpilogue::kSwiGLU)
-        return launch_warp_stream<WARPS, DEPTH, SPW, UNROLLED, BPW, sm90::Epilogue::kSwiGLU, ROWS, true>(args, p, grid,
-                                                                                                       stream);
-      if (args.epilogue == Sm90GemmEpilogue::kRelu2)
-        return launch_warp_stream<WARPS, DEPTH, SPW, UNROLLED, BPW, sm90::Epilogue::kRelu2, ROWS, true>(args, p, grid,
-                                                                                                      stream);
-      return refuse_f32_variant("a_broadcast_row", "broadcast-row");
+      return launch_routed_activation<WARPS, DEPTH, SPW, UNROLLED, BPW, ROWS>(args, p, grid, stream, "a_broadcast_row",
+                                                                             "broadcast-row");
     } else {
       if (args.epilogue == Sm90GemmEpilogue::kF32)
         return launch_warp_stream<WARPS, DEPTH, SPW, UNROLLED, BPW, sm90::Epilogue::kF32, ROWS, true>(args, p, grid,

@@ -424,6 +424,28 @@ void routed_gemm1_args(Sm90OneTokenRoute& rt, Sm90GemmArgs& g) {
   g.one_token_route = &rt;
 }
 
+// A refusal case of a routed launch: `bend` changes the arguments, the route or the config of a valid launch;
+// the launcher must refuse it before any device call with a message naming `name` and containing `expect`.
+struct RouteCase {
+  const char* what;
+  std::function<void(Sm90GemmArgs&, Sm90OneTokenRoute&, Sm90GemmConfig&)> bend;
+  const char* expect;
+};
+void expect_route_refusals(const std::vector<RouteCase>& cases, const Sm90GemmArgs& g, const Sm90OneTokenRoute& rt,
+                           const Sm90GemmConfig& config, const char* name) {
+  for (const RouteCase& k : cases) {
+    Sm90GemmArgs args = g;
+    Sm90OneTokenRoute route = rt;
+    Sm90GemmConfig c = config;
+    args.one_token_route = &route;
+    k.bend(args, route, c);
+    EXPECT_EQ(sm90_nvfp4_grouped_gemm(args, c, nullptr, 132), cudaErrorInvalidValue) << k.what;
+    const std::string msg = sm90_gemm_last_error_message();
+    EXPECT_NE(msg.find(name), std::string::npos) << k.what << ": " << msg;
+    EXPECT_NE(msg.find(k.expect), std::string::npos) << k.what << ": " << msg;
+  }
+}
+
 // The T = 1 routing in the warp-streaming launch (Sm90GemmArgs::one_token_route): which configs have its kernels
 // (GEMM1's broadcast-row activation kernels routing; GEMM2's direct-row f32 kernels reading GEMM1's ids), what
 // fits their 512-thread CTAs and ring slots, and the launcher's refusals, each by name and before any device call
@@ -452,12 +474,7 @@ TEST(Sm90OneTokenRoute, AvailabilityFitAndRefusals) {
   Sm90OneTokenRoute rt;
   Sm90GemmArgs g;
   routed_gemm1_args(rt, g);
-  struct Case {
-    const char* what;
-    std::function<void(Sm90GemmArgs&, Sm90OneTokenRoute&, Sm90GemmConfig&)> bend;
-    const char* expect;
-  };
-  const Case cases[] = {
+  const std::vector<RouteCase> cases = {
       {"a config without routed kernels", [&](auto&, auto&, auto& c) { c = x2; }, "has no routed kernel"},
       {"read_ids with a broadcast row", [](auto&, auto& r, auto&) { r.read_ids = true; }, "read_ids with a_broadcast_row"},
       {"routing with direct rows", [](auto& a, auto&, auto&) { a.a_broadcast_row = false; a.epilogue = Sm90GemmEpilogue::kF32;
@@ -473,17 +490,7 @@ TEST(Sm90OneTokenRoute, AvailabilityFitAndRefusals) {
       {"the launch's experts", [](auto&, auto& r, auto&) { r.plan.append_shared = true; }, "shape.num_experts must be"},
       {"no plan outputs", [](auto&, auto& r, auto&) { r.plan.perm = nullptr; }, "write_outputs with a null"},
   };
-  for (const Case& k : cases) {
-    Sm90GemmArgs args = g;
-    Sm90OneTokenRoute r = rt;
-    Sm90GemmConfig c = ws;
-    args.one_token_route = &r;
-    k.bend(args, r, c);
-    EXPECT_EQ(sm90_nvfp4_grouped_gemm(args, c, nullptr, 132), cudaErrorInvalidValue) << k.what;
-    const std::string msg = sm90_gemm_last_error_message();
-    EXPECT_NE(msg.find("one_token_route"), std::string::npos) << k.what << ": " << msg;
-    EXPECT_NE(msg.find(k.expect), std::string::npos) << k.what << ": " << msg;
-  }
+  expect_route_refusals(cases, g, rt, ws, "one_token_route");
 }
 
 // w4a4 at T = 1: the routed GEMM1 quantizing the broadcast row per expert (Sm90GemmArgs::a_broadcast_quant_gs).
@@ -583,12 +590,7 @@ TEST(Sm90TokenRowsRoute, FitAndRefusals) {
   g.a_broadcast_row = false;
   g.a_routed_token_rows = true;
   g.a_rows_capacity = 4;
-  struct Case {
-    const char* what;
-    std::function<void(Sm90GemmArgs&, Sm90OneTokenRoute&, Sm90GemmConfig&)> bend;
-    const char* expect;
-  };
-  const Case cases[] = {
+  const std::vector<RouteCase> cases = {
       {"no routing", [](auto& x, auto&, auto&) { x.one_token_route = nullptr; }, "only with a routing one_token_route"},
       {"a tile config", [&](auto&, auto&, auto& c) { c = tile; }, "only with a routing one_token_route and a config"},
       {"a config without the kernel", [&](auto&, auto&, auto& c) { c = b1; }, "sm90_token_rows_route_available"},
@@ -605,17 +607,7 @@ TEST(Sm90TokenRowsRoute, FitAndRefusals) {
       {"T = 1", [](auto&, auto& r, auto&) { r.route.tokens = r.plan.tokens = 1; }, "route.tokens = 1"},
       {"too few rows", [](auto& x, auto&, auto&) { x.a_rows_capacity = 3; }, "a_rows_capacity must hold"},
   };
-  for (const Case& k : cases) {
-    Sm90GemmArgs args = g;
-    Sm90OneTokenRoute route = rt;
-    Sm90GemmConfig config = ws;
-    args.one_token_route = &route;
-    k.bend(args, route, config);
-    EXPECT_EQ(sm90_nvfp4_grouped_gemm(args, config, nullptr, 132), cudaErrorInvalidValue) << k.what;
-    const std::string msg = sm90_gemm_last_error_message();
-    EXPECT_NE(msg.find("a_routed_token_rows"), std::string::npos) << k.what << ": " << msg;
-    EXPECT_NE(msg.find(k.expect), std::string::npos) << k.what << ": " << msg;
-  }
+  expect_route_refusals(cases, g, rt, ws, "a_routed_token_rows");
 
   // GEMM2 after it: read_token_ids (f32, direct rows, read_ids of T tokens)
   Sm90GemmArgs g2 = g;
@@ -626,7 +618,7 @@ TEST(Sm90TokenRowsRoute, FitAndRefusals) {
   g2.a_rows_capacity = 32;
   rt.read_ids = true;
   rt.write_outputs = false;
-  const Case cases2[] = {
+  const std::vector<RouteCase> cases2 = {
       {"no route", [](auto& x, auto&, auto&) { x.one_token_route = nullptr; }, "only with a read_ids one_token_route"},
       {"a config without the kernel", [&](auto&, auto&, auto& c) { c = b1; }, "sm90_token_rows_route_available"},
       {"not read_ids", [](auto&, auto& r, auto&) { r.read_ids = false; r.write_outputs = true; }, "only with read_ids"},
@@ -634,17 +626,7 @@ TEST(Sm90TokenRowsRoute, FitAndRefusals) {
       {"T = 5", [](auto&, auto& r, auto&) { r.route.tokens = r.plan.tokens = 5; }, "route.tokens = 5"},
       {"36 pairs", [](auto&, auto& r, auto&) { r.route.top_k = r.plan.top_k = 9; }, "tokens x top_k <= 32"},
   };
-  for (const Case& k : cases2) {
-    Sm90GemmArgs args = g2;
-    Sm90OneTokenRoute route = rt;
-    Sm90GemmConfig config = x2;
-    args.one_token_route = &route;
-    k.bend(args, route, config);
-    EXPECT_EQ(sm90_nvfp4_grouped_gemm(args, config, nullptr, 132), cudaErrorInvalidValue) << k.what;
-    const std::string msg = sm90_gemm_last_error_message();
-    EXPECT_NE(msg.find("read_token_ids"), std::string::npos) << k.what << ": " << msg;
-    EXPECT_NE(msg.find(k.expect), std::string::npos) << k.what << ": " << msg;
-  }
+  expect_route_refusals(cases2, g2, rt, x2, "read_token_ids");
 }
 
 }  // namespace
