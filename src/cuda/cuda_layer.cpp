@@ -299,7 +299,8 @@ CudaMoeLayer::CudaMoeLayer(MoeWeights w, const MoeLayerOptions& options, GemmPat
       t1_gemm2_guesses_ids_ = env_switch("NVFP4MOE_T1_GEMM2_GUESSES_IDS");  // A/B: "0" = reads them after its wait
       t1_w4a4_quant_rows_enabled_ = env_switch("NVFP4MOE_T1_W4A4_QUANT_ROWS");  // A/B: "0" = w4a4 T = 1 gathers
       gemm1_routes_tokens_enabled_ = env_switch("NVFP4MOE_GEMM1_ROUTES_TOKENS");  // A/B: "0" = T = 2 .. 4 launch
-      gemm2_reads_token_ids_ = env_switch("NVFP4MOE_GEMM2_READS_TOKEN_IDS");  // A/B: "0" = GEMM2 seeks (T = 2 .. 4)
+      // opt-in until its GPU test has run: "1" = GEMM2 reads GEMM1's T k ids at T = 2 .. 4 (default: it seeks)
+      gemm2_reads_token_ids_ = env_opt_in("NVFP4MOE_GEMM2_READS_TOKEN_IDS");
       gemm2_guesses_token_ids_ = env_switch("NVFP4MOE_GEMM2_GUESSES_TOKEN_IDS");  // A/B: "0" = after its wait
       // Zero once; every chained launch leaves its counters zero (sm90_nvfp4_chained_gemms), every dynamically
       // scheduled one its tile counter.

@@ -764,7 +764,18 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
       pair_id = lane < P ? ids_smem[lane] : -1;  // (route_block's ids: an expert or -1)
       if (pair_id >= rt.route.experts) pair_id = -1;
       __syncthreads();  // every warp has read the scratch: the ring slots are the rings' from here on
-      derive_pair_places();
+      // (derive_pair_places, written out: through the lambda ptxas scheduled these kernels differently from the
+      // GPU-tested a4ce642 build, whose machine code this keeps)
+      pair_same = __match_any_sync(0xFFFFFFFFu, pair_id);
+      pair_first = pair_id >= 0 && (pair_same & ((1u << lane) - 1u)) == 0u;
+      for (int j = 0; j < P; ++j) {
+        const int other = __shfl_sync(0xFFFFFFFFu, pair_id, j);
+        const bool other_first = __shfl_sync(0xFFFFFFFFu, pair_first ? 1 : 0, j) != 0;
+        pair_place += (other_first && other < pair_id) ? 1 : 0;
+        pair_rows_below += (other >= 0 && other < pair_id) ? 1 : 0;
+      }
+      valid_pairs = __popc(__ballot_sync(0xFFFFFFFFu, pair_id >= 0));
+      routed_experts = __popc(__ballot_sync(0xFFFFFFFFu, pair_first)) + (rt.plan.append_shared ? 1 : 0);
     }
   } else if constexpr (kTokenIds) {
     if (rt.route.tokens >= 1) {  // GEMM2 (read_ids): the T k ids GEMM1 wrote, after the wait or guessed before it

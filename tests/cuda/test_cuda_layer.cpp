@@ -1180,9 +1180,9 @@ TEST(CudaLayer, T1W4A4QuantizedRowsBitIdenticalToGather) {
 // T = 2 .. 4 with router logits routed inside GEMM1 (the default for w4a16; NVFP4MOE_GEMM1_ROUTES_TOKENS=0: the
 // routing launch with the gather): every CTA routes the T tokens with the block routing, keeps their rows of
 // `hidden` in shared memory and runs each piece on the tokens routed to its expert; CTA 0 writes the ids, weights
-// and the whole plan (plan_few_tokens_block); GEMM2 maps its pieces from those T k ids, guessed before its wait
-// (NVFP4MOE_GEMM2_GUESSES_TOKEN_IDS=0: read after it; NVFP4MOE_GEMM2_READS_TOKEN_IDS=0: it seeks the offsets; the
-// poisoned workspace makes the first guesses wrong). The same ids, weights, counts, offsets, perm, inv and output
+// and the whole plan (plan_few_tokens_block); GEMM2 seeks the offsets after its wait, or (opt-in
+// NVFP4MOE_GEMM2_READS_TOKEN_IDS=1) maps its pieces from those T k ids, guessed before its wait
+// (NVFP4MOE_GEMM2_GUESSES_TOKEN_IDS=0: read after it; the poisoned workspace makes the first guesses wrong). The same ids, weights, counts, offsets, perm, inv and output
 // bits as the routing launch, on t1_routing_dims (softmax at 40 and 128 experts, sigmoid with a separate shared expert,
 // the shared expert merged as expert E, 256 experts in groups where T x 256 fits the CTA, relu^2 with a K tail,
 // K = 2880), with the default GEMM1 config and, on three of them, each of the three configs that has the kernel
@@ -1196,8 +1196,11 @@ TEST(CudaLayer, TokensRoutedInGemm1BitIdenticalToRoutingLaunch) {
     SCOPED_TRACE(std::string(d.name) + " gemm1 config " + (gemm1_config ? gemm1_config : "(picked)"));
     if (gemm1_config) ASSERT_EQ(setenv("NVFP4MOE_SM90_CONFIG", (std::string("gemm1=") + gemm1_config).c_str(), 1), 0);
     SwitchPair h("NVFP4MOE_GEMM1_ROUTES_TOKENS", "0", d, Mode::W4A16, 64, seed);  // base: in GEMM1; switched: launch
-    SwitchPair h2("NVFP4MOE_GEMM2_READS_TOKEN_IDS", "0", d, Mode::W4A16, 64, seed);  // switched: GEMM2 seeks
+    // switched: GEMM2 reads GEMM1's T k ids, guessing them before its wait (opt-in; base: it seeks the offsets)
+    SwitchPair h2("NVFP4MOE_GEMM2_READS_TOKEN_IDS", "1", d, Mode::W4A16, 64, seed);
+    ASSERT_EQ(setenv("NVFP4MOE_GEMM2_READS_TOKEN_IDS", "1", 1), 0);
     SwitchPair h3("NVFP4MOE_GEMM2_GUESSES_TOKEN_IDS", "0", d, Mode::W4A16, 64, seed);  // switched: after its wait
+    unsetenv("NVFP4MOE_GEMM2_READS_TOKEN_IDS");
     unsetenv("NVFP4MOE_SM90_CONFIG");
     EXPECT_FALSE(h.base.cuda->decode_routing(1, false, true).gemm1_routes_tokens);  // (T = 1: its own path)
     EXPECT_FALSE(h.base.cuda->decode_routing(kSm90RoutedTokensMax + 1, false, true).gemm1_routes_tokens);
@@ -1214,11 +1217,12 @@ TEST(CudaLayer, TokensRoutedInGemm1BitIdenticalToRoutingLaunch) {
         continue;
       }
       ++config_points[to_string(h.base.cuda->sm90_launches(T)[0].config)];
-      const auto routing = h.base.cuda->decode_routing(T, false, true);
+      EXPECT_FALSE(h.base.cuda->decode_routing(T, false, true).gemm2_reads_ids) << "opt-in";
+      const auto routing = h2.switched.cuda->decode_routing(T, false, true);
       EXPECT_EQ(routing.gemm2_guesses_ids, routing.gemm2_reads_ids) << "GEMM2 reading the ids guesses them by default";
-      EXPECT_FALSE(h2.switched.cuda->decode_routing(T, false, true).gemm2_reads_ids);
+      EXPECT_EQ(h3.switched.cuda->decode_routing(T, false, true).gemm2_reads_ids, routing.gemm2_reads_ids);
       EXPECT_FALSE(h3.switched.cuda->decode_routing(T, false, true).gemm2_guesses_ids);
-      if (routing.gemm2_reads_ids) ++gemm2_config_points[to_string(h.base.cuda->sm90_launches(T)[1].config)];
+      if (routing.gemm2_reads_ids) ++gemm2_config_points[to_string(h2.switched.cuda->sm90_launches(T)[1].config)];
       merged_points += h.base.cuda->shared_in_routed();
       relu2_points += d.act == Activation::Relu2;
       separate_shared_points += d.shared_I > 0 && !h.base.cuda->shared_in_routed();
@@ -1239,12 +1243,12 @@ TEST(CudaLayer, TokensRoutedInGemm1BitIdenticalToRoutingLaunch) {
         CUDA_OK(cudaDeviceSynchronize());
         const PlanDump launch_plan = dump_plan(h.switched, T);
         EXPECT_EQ(dump_plan(h.base, T), launch_plan) << "routed in GEMM1 against the routing launch";
-        EXPECT_EQ(dump_plan(h2.switched, T), launch_plan) << "GEMM2 seeking, against the routing launch";
+        EXPECT_EQ(dump_plan(h2.switched, T), launch_plan) << "GEMM2 guessing the ids, against the routing launch";
         EXPECT_EQ(dump_plan(h3.switched, T), launch_plan) << "GEMM2 reading after its wait, against the launch";
         const auto ref = h.switched.out.get(T * H);
         EXPECT_EQ(std::memcmp(h.base.out.get(T * H).data(), ref.data(), ref.size() * 4), 0) << "output";
         EXPECT_EQ(std::memcmp(h2.switched.out.get(T * H).data(), ref.data(), ref.size() * 4), 0)
-            << "output, GEMM2 seeking";
+            << "output, GEMM2 guessing the ids";
         EXPECT_EQ(std::memcmp(h3.switched.out.get(T * H).data(), ref.data(), ref.size() * 4), 0)
             << "output, GEMM2 reading the ids after its wait";
       }
