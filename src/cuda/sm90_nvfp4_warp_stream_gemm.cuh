@@ -112,6 +112,33 @@ __host__ __device__ inline int token_rows_route_scratch_bytes(int tokens, int ex
   return token_rows_route_scan_offset(tokens, experts, top_k) + 32 * 8;
 }
 
+// A warp's T = 2 .. 4 routing pairs (the routed kernels of WsRows::kRoutedTokens and kDirectTokenIds): lane p <
+// pairs holds pair p's expert `id` (-1: none; its token p / k). same: the lanes of the same expert (in token order:
+// the plan's rows of that expert); first: p is its expert's first pair; place: the chosen experts below its expert
+// (its place in expert order, the expert's tile offset); rows_below: the pairs of experts below it (its offset);
+// valid_pairs: the pairs with an expert (offsets[E]); chosen_experts: the distinct chosen experts.
+struct WsPairPlaces {
+  unsigned same;
+  bool first;
+  int place, rows_below, valid_pairs, chosen_experts;
+};
+__device__ __forceinline__ WsPairPlaces ws_pair_places(const int id, const int pairs, const int lane) {
+  WsPairPlaces r;
+  r.same = __match_any_sync(0xFFFFFFFFu, id);
+  r.first = id >= 0 && (r.same & ((1u << lane) - 1u)) == 0u;
+  r.place = 0;
+  r.rows_below = 0;
+  for (int j = 0; j < pairs; ++j) {
+    const int other = __shfl_sync(0xFFFFFFFFu, id, j);
+    const bool other_first = __shfl_sync(0xFFFFFFFFu, r.first ? 1 : 0, j) != 0;
+    r.place += (other_first && other < id) ? 1 : 0;
+    r.rows_below += (other >= 0 && other < id) ? 1 : 0;
+  }
+  r.valid_pairs = __popc(__ballot_sync(0xFFFFFFFFu, id >= 0));
+  r.chosen_experts = __popc(__ballot_sync(0xFFFFFFFFu, r.first));
+  return r;
+}
+
 // cp_async16 / cp_async4 / cp_async_commit / cp_async_wait: sm90_nvfp4_grouped_gemm.cuh.
 
 // Where a warp-streaming kernel's token rows come from: row r of `a` (kDirect, the gathered copy), row 0 of `a`
@@ -685,29 +712,21 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
     routed_experts = __popc(__ballot_sync(0xFFFFFFFFu, route_id >= 0)) + (rt.plan.append_shared ? 1 : 0);
   };
   // The T = 2 .. 4 routing (kTokenRows: GEMM1 routes the T tokens; kTokenIds: GEMM2 reads the T k ids GEMM1
-  // wrote): lane p < T k holds pair p's expert (pair_id, -1: none; token p / k); derive_pair_places gives pair_same
-  // (the lanes of the same expert, in token order: the plan's rows of that expert), pair_first (p is the expert's
-  // first pair), pair_place (its place among the chosen experts in expert order: the chosen experts below it, its
-  // tile offset), pair_rows_below (the pairs of experts below it: its offset), valid_pairs (offsets[E], the merged
-  // shared expert's first row) and routed_experts.
+  // wrote): lane p < T k holds pair p's expert (pair_id, -1: none; token p / k); derive_pair_places(T k) sets the
+  // rest from ws_pair_places (pair_same, pair_first, pair_place, pair_rows_below, valid_pairs: offsets[E], the merged
+  // shared expert's first row) and routed_experts (the chosen experts, then the merged shared expert).
   [[maybe_unused]] int pair_id = -1, pair_place = 0, pair_rows_below = 0, valid_pairs = 0;
   [[maybe_unused]] unsigned pair_same = 0u;
   [[maybe_unused]] bool pair_first = false;
   [[maybe_unused]] unsigned piece_pairs = 0u;  // the current piece's pairs (lanes); 0: all T tokens in order
-  [[maybe_unused]] auto derive_pair_places = [&] {
-    const int P = rt.route.tokens * rt.route.top_k;
-    pair_same = __match_any_sync(0xFFFFFFFFu, pair_id);
-    pair_first = pair_id >= 0 && (pair_same & ((1u << lane) - 1u)) == 0u;
-    pair_place = 0;
-    pair_rows_below = 0;
-    for (int j = 0; j < P; ++j) {
-      const int other = __shfl_sync(0xFFFFFFFFu, pair_id, j);
-      const bool other_first = __shfl_sync(0xFFFFFFFFu, pair_first ? 1 : 0, j) != 0;
-      pair_place += (other_first && other < pair_id) ? 1 : 0;
-      pair_rows_below += (other >= 0 && other < pair_id) ? 1 : 0;
-    }
-    valid_pairs = __popc(__ballot_sync(0xFFFFFFFFu, pair_id >= 0));
-    routed_experts = __popc(__ballot_sync(0xFFFFFFFFu, pair_first)) + (rt.plan.append_shared ? 1 : 0);
+  [[maybe_unused]] auto derive_pair_places = [&](const int pairs) {
+    const WsPairPlaces pp = ws_pair_places(pair_id, pairs, lane);
+    pair_same = pp.same;
+    pair_first = pp.first;
+    pair_place = pp.place;
+    pair_rows_below = pp.rows_below;
+    valid_pairs = pp.valid_pairs;
+    routed_experts = pp.chosen_experts + (rt.plan.append_shared ? 1 : 0);
   };
   // The speculative GEMM2 (read_ids with before_wait: kSpeculates and not waited): GEMM1's CTA 0 writes the ids
   // ~2 us into GEMM1, and a GEMM2 CTA becomes resident only as a GEMM1 CTA exits (one CTA an SM), so the ids read
@@ -735,7 +754,7 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
       const int confirmed = strong_pair_id();
       if (__all_sync(0xFFFFFFFFu, confirmed == pair_id)) return true;
       pair_id = confirmed;
-      derive_pair_places();
+      derive_pair_places(rt.route.tokens * rt.route.top_k);
       if (rt.misspeculations != nullptr && lane == 0) atomicAdd(rt.misspeculations, 1);
       return false;
     } else if constexpr (kSpeculates) {
@@ -764,18 +783,7 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
       pair_id = lane < P ? ids_smem[lane] : -1;  // (route_block's ids: an expert or -1)
       if (pair_id >= rt.route.experts) pair_id = -1;
       __syncthreads();  // every warp has read the scratch: the ring slots are the rings' from here on
-      // (derive_pair_places, written out: through the lambda ptxas scheduled these kernels differently from the
-      // GPU-tested a4ce642 build, whose machine code this keeps)
-      pair_same = __match_any_sync(0xFFFFFFFFu, pair_id);
-      pair_first = pair_id >= 0 && (pair_same & ((1u << lane) - 1u)) == 0u;
-      for (int j = 0; j < P; ++j) {
-        const int other = __shfl_sync(0xFFFFFFFFu, pair_id, j);
-        const bool other_first = __shfl_sync(0xFFFFFFFFu, pair_first ? 1 : 0, j) != 0;
-        pair_place += (other_first && other < pair_id) ? 1 : 0;
-        pair_rows_below += (other >= 0 && other < pair_id) ? 1 : 0;
-      }
-      valid_pairs = __popc(__ballot_sync(0xFFFFFFFFu, pair_id >= 0));
-      routed_experts = __popc(__ballot_sync(0xFFFFFFFFu, pair_first)) + (rt.plan.append_shared ? 1 : 0);
+      derive_pair_places(P);
     }
   } else if constexpr (kTokenIds) {
     if (rt.route.tokens >= 1) {  // GEMM2 (read_ids): the T k ids GEMM1 wrote, after the wait or guessed before it
@@ -785,7 +793,7 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
       } else {
         pair_id = strong_pair_id();  // before the wait: checked after it (speculation_holds)
       }
-      derive_pair_places();
+      derive_pair_places(rt.route.tokens * rt.route.top_k);
     }
   } else if constexpr (ROUTED) {
     if (rt.route.tokens == 1) {

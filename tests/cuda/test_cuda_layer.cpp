@@ -1023,6 +1023,29 @@ PlanDump dump_plan(const Harness& h, int64_t T) {
   return d;
 }
 
+// `ref` and each of `others` run forward_logits of T tokens on the same inputs, each on a workspace poisoned with
+// 0xD5 and an output filled with 0x7F bytes; every other's routing outputs (ids, weights, plan) and output bits must
+// be ref's (the message names the path). ref_plan: ref's routing outputs. (void: CUDA_OK asserts)
+void expect_poisoned_forwards_match(Harness& ref, std::initializer_list<std::pair<Harness*, const char*>> others,
+                                    int64_t T, const std::vector<uint16_t>& hidden, const std::vector<float>& logits,
+                                    PlanDump& ref_plan) {
+  std::vector<Harness*> all{&ref};
+  for (const auto& o : others) all.push_back(o.first);
+  for (Harness* x : all) {
+    put_inputs({x}, hidden, logits);
+    CUDA_OK(cudaMemset(x->cuda->workspace(), 0xD5, x->layer->workspace_bytes()));
+    CUDA_OK(cudaMemset(x->out.p, 0x7F, x->out.n * 4));
+    x->forward_logits(T, x->out.p, DType::F32);
+  }
+  CUDA_OK(cudaDeviceSynchronize());
+  dump_plan_into(ref, T, ref_plan);
+  const auto out = ref.out.get(T * ref.H());
+  for (const auto& [x, what] : others) {
+    EXPECT_EQ(dump_plan(*x, T), ref_plan) << "routing outputs, " << what;
+    EXPECT_EQ(std::memcmp(x->out.get(T * ref.H()).data(), out.data(), out.size() * 4), 0) << "output, " << what;
+  }
+}
+
 // The T = 1 routing GEMM1's layers: softmax (40, 128 experts), sigmoid with a separate shared expert, the shared
 // expert merged as expert E (32 and 256 experts in groups, as DeepSeek-V3), relu^2 with a K tail, K = 2880 (one
 // block a warp: K >= 40 k-tiles).
@@ -1079,22 +1102,12 @@ TEST(CudaLayer, T1RouteInGemmBitIdenticalToRoutingLaunch) {
       SCOPED_TRACE("trial " + std::to_string(trial));
       const std::vector<float> logits = t1_trial_logits(E, 3100 + trial, trial);
       const auto hidden = random_hidden(1, H, 3200 + trial);
-      put_inputs({&h.base, &h.switched, &h2.base, &h2.switched, &h3.base, &h3.switched}, hidden, logits);
-      for (Harness* x : {&h.base, &h.switched, &h2.switched, &h3.switched}) {
-        CUDA_OK(cudaMemset(x->cuda->workspace(), 0xD5, x->layer->workspace_bytes()));
-        CUDA_OK(cudaMemset(x->out.p, 0x7F, x->out.n * 4));
-        x->forward_logits(1, x->out.p, DType::F32);
-      }
-      CUDA_OK(cudaDeviceSynchronize());
-      const PlanDump launch_plan = dump_plan(h.switched, 1);
-      EXPECT_EQ(dump_plan(h.base, 1), launch_plan) << "routed in GEMM1 against the routing launch";
-      EXPECT_EQ(dump_plan(h2.switched, 1), launch_plan) << "GEMM2 seeking against the routing launch";
-      EXPECT_EQ(dump_plan(h3.switched, 1), launch_plan) << "GEMM2 reading after its wait against the routing launch";
-      const auto ref = h.switched.out.get(H);
-      EXPECT_EQ(std::memcmp(h.base.out.get(H).data(), ref.data(), H * 4), 0) << "output, routed in GEMM1";
-      EXPECT_EQ(std::memcmp(h2.switched.out.get(H).data(), ref.data(), H * 4), 0) << "output, GEMM2 seeking";
-      EXPECT_EQ(std::memcmp(h3.switched.out.get(H).data(), ref.data(), H * 4), 0)
-          << "output, GEMM2 reading the ids after its wait";
+      PlanDump launch_plan;  // (the routing launch's)
+      expect_poisoned_forwards_match(h.switched,
+                                     {{&h.base, "routed in GEMM1"},
+                                      {&h2.switched, "GEMM2 seeking"},
+                                      {&h3.switched, "GEMM2 reading the ids after its wait"}},
+                                     1, hidden, logits, launch_plan);
       if (trial == 3) EXPECT_EQ(launch_plan.offsets[E], 0) << "all-NaN logits choose no expert";
     }
     expect_forwards_bit_identical(h.switched, h.base, 1, 3300, true);  // (caller ids: the copy launch, as before)
@@ -1156,17 +1169,8 @@ TEST(CudaLayer, T1W4A4QuantizedRowsBitIdenticalToGather) {
             hidden[b * 16 + i] = fmt::bf16_from_float(v);
           }
       }
-      put_inputs({&h.base, &h.switched}, hidden, logits);
-      for (Harness* x : {&h.base, &h.switched}) {
-        CUDA_OK(cudaMemset(x->cuda->workspace(), 0xD5, x->layer->workspace_bytes()));
-        CUDA_OK(cudaMemset(x->out.p, 0x7F, x->out.n * 4));
-        x->forward_logits(1, x->out.p, DType::F32);
-      }
-      CUDA_OK(cudaDeviceSynchronize());
-      const PlanDump gather_plan = dump_plan(h.switched, 1);
-      EXPECT_EQ(dump_plan(h.base, 1), gather_plan) << "quantized in GEMM1 against the routing launch";
-      const auto ref = h.switched.out.get(H);
-      EXPECT_EQ(std::memcmp(h.base.out.get(H).data(), ref.data(), H * 4), 0) << "output, quantized in GEMM1";
+      PlanDump gather_plan;  // (the routing launch's, with the gather)
+      expect_poisoned_forwards_match(h.switched, {{&h.base, "quantized in GEMM1"}}, 1, hidden, logits, gather_plan);
       if (trial == 5) EXPECT_EQ(gather_plan.offsets[E], 0) << "all-NaN logits choose no expert";
     }
     expect_forwards_bit_identical(h.switched, h.base, 1, 4000, true);  // (caller ids: the gather in both)
@@ -1182,12 +1186,13 @@ TEST(CudaLayer, T1W4A4QuantizedRowsBitIdenticalToGather) {
 // `hidden` in shared memory and runs each piece on the tokens routed to its expert; CTA 0 writes the ids, weights
 // and the whole plan (plan_few_tokens_block); GEMM2 seeks the offsets after its wait, or (opt-in
 // NVFP4MOE_GEMM2_READS_TOKEN_IDS=1) maps its pieces from those T k ids, guessed before its wait
-// (NVFP4MOE_GEMM2_GUESSES_TOKEN_IDS=0: read after it; the poisoned workspace makes the first guesses wrong). The same ids, weights, counts, offsets, perm, inv and output
-// bits as the routing launch, on t1_routing_dims (softmax at 40 and 128 experts, sigmoid with a separate shared expert,
-// the shared expert merged as expert E, 256 experts in groups where T x 256 fits the CTA, relu^2 with a K tail,
-// K = 2880), with the default GEMM1 config and, on three of them, each of the three configs that has the kernel
-// (NVFP4MOE_SM90_CONFIG); per token random, tied, NaN and all-NaN logits (t1_trial_logits); a poisoned workspace;
-// a captured graph replayed with new inputs. T = 1 and T = 5 and w4a4 keep their paths.
+// (NVFP4MOE_GEMM2_GUESSES_TOKEN_IDS=0: read after it; the poisoned workspace makes the first guesses wrong). The
+// same ids, weights, counts, offsets, perm, inv and output bits as the routing launch, on t1_routing_dims (softmax
+// at 40 and 128 experts, sigmoid with a separate shared expert, the shared expert merged as expert E, 256 experts in
+// groups where T x 256 fits the CTA, relu^2 with a K tail, K = 2880), with the default GEMM1 config and, on three
+// of them, each of the three configs that has the kernel (NVFP4MOE_SM90_CONFIG); per token random, tied, NaN and
+// all-NaN logits (t1_trial_logits); a poisoned workspace; a captured graph replayed with new inputs. T = 1 and
+// T = 5 and w4a4 keep their paths.
 TEST(CudaLayer, TokensRoutedInGemm1BitIdenticalToRoutingLaunch) {
   const std::vector<LayerDims> dims = t1_routing_dims();
   std::map<std::string, int> config_points, gemm2_config_points;
@@ -1234,23 +1239,12 @@ TEST(CudaLayer, TokensRoutedInGemm1BitIdenticalToRoutingLaunch) {
           logits.insert(logits.end(), l.begin(), l.end());
         }
         const auto hidden = random_hidden(T, H, seed + 7 * trial);
-        put_inputs({&h.base, &h.switched, &h2.switched, &h3.switched}, hidden, logits);
-        for (Harness* x : {&h.base, &h.switched, &h2.switched, &h3.switched}) {
-          CUDA_OK(cudaMemset(x->cuda->workspace(), 0xD5, x->layer->workspace_bytes()));
-          CUDA_OK(cudaMemset(x->out.p, 0x7F, x->out.n * 4));
-          x->forward_logits(T, x->out.p, DType::F32);
-        }
-        CUDA_OK(cudaDeviceSynchronize());
-        const PlanDump launch_plan = dump_plan(h.switched, T);
-        EXPECT_EQ(dump_plan(h.base, T), launch_plan) << "routed in GEMM1 against the routing launch";
-        EXPECT_EQ(dump_plan(h2.switched, T), launch_plan) << "GEMM2 guessing the ids, against the routing launch";
-        EXPECT_EQ(dump_plan(h3.switched, T), launch_plan) << "GEMM2 reading after its wait, against the launch";
-        const auto ref = h.switched.out.get(T * H);
-        EXPECT_EQ(std::memcmp(h.base.out.get(T * H).data(), ref.data(), ref.size() * 4), 0) << "output";
-        EXPECT_EQ(std::memcmp(h2.switched.out.get(T * H).data(), ref.data(), ref.size() * 4), 0)
-            << "output, GEMM2 guessing the ids";
-        EXPECT_EQ(std::memcmp(h3.switched.out.get(T * H).data(), ref.data(), ref.size() * 4), 0)
-            << "output, GEMM2 reading the ids after its wait";
+        PlanDump launch_plan;
+        expect_poisoned_forwards_match(h.switched,
+                                       {{&h.base, "routed in GEMM1"},
+                                        {&h2.switched, "GEMM2 guessing the ids"},
+                                        {&h3.switched, "GEMM2 reading the ids after its wait"}},
+                                       T, hidden, logits, launch_plan);
       }
       expect_replays_bit_identical(h.switched, h.base, T, seed + 1000 + T);
       expect_replays_bit_identical(h.switched, h2.switched, T, seed + 2000 + T);
