@@ -849,20 +849,14 @@ void CudaMoeLayer::forward(const TensorRef& hidden, const RoutingArgs& routing, 
   const bool gemm1_routes = decode.gemm1_routes, gemm2_reads_ids = decode.gemm2_reads_ids;
   const bool gemm2_guesses_ids = decode.gemm2_guesses_ids;
   Sm90OneTokenRoute gemm1_route{}, gemm2_route{};
-  if (gemm1_routes) {  // no routing launch: GEMM1 writes the ids, weights and plan
+  // (T = 1, or T = 2 .. 4 with gemm1_routes_tokens)
+  if (gemm1_routes || decode.gemm1_routes_tokens) {  // no routing launch: GEMM1 writes the ids, weights and plan
     gemm1_route.route = *route;
     gemm1_route.plan = pl;
     gemm1_route.write_outputs = true;
     gemm2_route = gemm1_route;
     gemm2_route.write_outputs = false;
-    gemm2_route.read_ids = true;  // (GEMM1's CTA 0 wrote them)
-  } else if (decode.gemm1_routes_tokens) {  // T = 2 .. 4: GEMM1 routes the tokens, CTA 0 writes ids, weights, plan
-    gemm1_route.route = *route;
-    gemm1_route.plan = pl;
-    gemm1_route.write_outputs = true;
-    gemm2_route = gemm1_route;
-    gemm2_route.write_outputs = false;
-    gemm2_route.read_ids = true;  // (with decode.gemm2_reads_ids: GEMM2's pieces from GEMM1's T k ids)
+    gemm2_route.read_ids = true;  // (GEMM1's CTA 0 wrote them; read where decode.gemm2_reads_ids)
   } else if (route) {
     if (gemm1_gathers || gemm1_broadcasts) {
       check_launch(launch_route_plan(*route, pl, stream), "route + plan");
