@@ -299,6 +299,8 @@ CudaMoeLayer::CudaMoeLayer(MoeWeights w, const MoeLayerOptions& options, GemmPat
       t1_gemm2_guesses_ids_ = env_switch("NVFP4MOE_T1_GEMM2_GUESSES_IDS");  // A/B: "0" = reads them after its wait
       t1_w4a4_quant_rows_enabled_ = env_switch("NVFP4MOE_T1_W4A4_QUANT_ROWS");  // A/B: "0" = w4a4 T = 1 gathers
       gemm1_routes_tokens_enabled_ = env_switch("NVFP4MOE_GEMM1_ROUTES_TOKENS");  // A/B: "0" = T = 2 .. 4 launch
+      // opt-in until its GPU test has run: "1" = w4a4 T = 2 .. 4 routed and quantized in GEMM1 (default: gather)
+      gemm1_quantizes_token_rows_enabled_ = env_opt_in("NVFP4MOE_GEMM1_QUANTIZES_TOKEN_ROWS");
       // opt-in until its GPU test has run: "1" = GEMM2 reads GEMM1's T k ids at T = 2 .. 4 (default: it seeks)
       gemm2_reads_token_ids_ = env_opt_in("NVFP4MOE_GEMM2_READS_TOKEN_IDS");
       gemm2_guesses_token_ids_ = env_switch("NVFP4MOE_GEMM2_GUESSES_TOKEN_IDS");  // A/B: "0" = after its wait
@@ -650,10 +652,9 @@ void CudaMoeLayer::warm_up_sm90() {
           }
         }
       }
-      if (routed && gemm1_routes_tokens_enabled_ && options_.mode == Mode::W4A16 &&
-          sm90_token_rows_route_fits(c, 2, static_cast<int>(spec_.num_experts), static_cast<int>(spec_.top_k),
-                                     static_cast<int>(d->w13_shape.k))) {  // its T = 2 .. 4 routed kernel, no token
+      if (routed && gemm1_routes_tokens_enabled_ && gemm1_token_rows_fit(c, 2)) {  // its T = 2 .. 4 kernel, no token
         Sm90GemmArgs gt = g1;
+        if (options_.mode == Mode::W4A4) gt.a_routed_token_quant_gs = d->gs13;  // (quantized per expert)
         Sm90OneTokenRoute rt{};
         rt.route = route_args(topk_weights_, 0);
         rt.plan = plan_args(0);
@@ -926,6 +927,7 @@ void CudaMoeLayer::forward(const TensorRef& hidden, const RoutingArgs& routing, 
         s1.a_rows_capacity = T;
         s1.a_routed_token_rows = true;
         s1.one_token_route = &gemm1_route;
+        if (decode.gemm1_quantizes_rows) s1.a_routed_token_quant_gs = d.gs13;  // w4a4: quantized per routed expert
       }
       if (routed && gemm1_gathers) {  // row r = src[perm[r] / k], the merged shared expert's r - offsets[E]
         // src: hidden itself (w4a16), or its rows quantized once (w4a4 with one GEMM1 activation scale)
@@ -1072,13 +1074,13 @@ CudaMoeLayer::DecodeRouting CudaMoeLayer::decode_routing(int64_t T, bool f32_hid
 CudaMoeLayer::DecodeRouting CudaMoeLayer::decode_routing(int64_t T, bool f32_hidden, bool router_logits,
                                                          const Sm90GemmConfig& c1, const Sm90GemmConfig& c2) const {
   DecodeRouting d;
-  // T = 2 .. 4 (w4a16, logits): GEMM1 routes the tokens itself and reads their rows of `hidden` (a_routed_token_rows)
-  // where its config has that kernel and the tokens fit it; no routing launch and no gather.
-  if (gemm_ == GemmPath::kSm90Wgmma && T >= 2 && T <= kSm90RoutedTokensMax && options_.mode == Mode::W4A16 &&
-      !f32_hidden && !calibrating_ && router_logits && gemm1_routes_tokens_enabled_) {
-    d.gemm1_routes_tokens =
-        sm90_token_rows_route_fits(c1, static_cast<int>(T), static_cast<int>(spec_.num_experts),
-                                   static_cast<int>(spec_.top_k), static_cast<int>(routed_.w13_shape.k));
+  // T = 2 .. 4 (logits): GEMM1 routes the tokens itself and reads their rows of `hidden` (a_routed_token_rows;
+  // w4a4: quantized per expert, a_routed_token_quant_gs) where its config has that kernel and the tokens fit it; no
+  // routing launch and no gather.
+  if (gemm_ == GemmPath::kSm90Wgmma && T >= 2 && T <= kSm90RoutedTokensMax && !f32_hidden && !calibrating_ &&
+      router_logits && gemm1_routes_tokens_enabled_) {
+    d.gemm1_routes_tokens = gemm1_token_rows_fit(c1, static_cast<int>(T));
+    d.gemm1_quantizes_rows = d.gemm1_routes_tokens && options_.mode == Mode::W4A4;
     // GEMM2 then maps its pieces from GEMM1's T k ids (read_token_ids), guessed before its wait, as at T = 1
     d.gemm2_reads_ids = d.gemm1_routes_tokens && gemm2_reads_token_ids_ && sm90_token_rows_route_available(c2) &&
                         c2.blocks_per_warp == 2;
@@ -1104,6 +1106,15 @@ CudaMoeLayer::DecodeRouting CudaMoeLayer::decode_routing(int64_t T, bool f32_hid
                    sm90_one_token_route_fits(c2, E, K);
   d.gemm2_guesses_ids = d.gemm2_reads_ids && early_gemm2_enabled_ && t1_gemm2_guesses_ids_;
   return d;
+}
+
+bool CudaMoeLayer::gemm1_token_rows_fit(const Sm90GemmConfig& c1, int T) const {
+  const int E = static_cast<int>(spec_.num_experts), K = static_cast<int>(spec_.top_k);
+  const int k = static_cast<int>(routed_.w13_shape.k);
+  if (options_.mode == Mode::W4A16) return sm90_token_rows_route_fits(c1, T, E, K, k);
+  return options_.mode == Mode::W4A4 && gemm1_quantizes_token_rows_enabled_ &&
+         sm90_token_rows_quant_fits(c1, T, E, K, k, routed_launch_shape(routed_.w13_shape).units, shared_in_routed_,
+                                    device_sm_count());
 }
 
 bool CudaMoeLayer::t1_quant_rows_fit(const Sm90GemmConfig& c1) const {

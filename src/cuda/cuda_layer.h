@@ -143,10 +143,12 @@ class CudaMoeLayer final : public MoeLayer {
   struct DecodeRouting {
     bool gemm1_broadcasts = false, gemm1_routes = false, gemm2_reads_ids = false;
     bool gemm2_guesses_ids = false;  // reads them before its PDL wait as a guess, checked after it
-    // w4a4: the routing GEMM1 quantizes the broadcast row per routed expert (Sm90GemmArgs::a_broadcast_quant_gs)
+    // w4a4: the routing GEMM1 quantizes the broadcast row (T = 1, Sm90GemmArgs::a_broadcast_quant_gs) or the token
+    // rows (T = 2 .. 4 with gemm1_routes_tokens, a_routed_token_quant_gs) per routed expert
     bool gemm1_quantizes_rows = false;
-    // T = 2 .. kSm90RoutedTokensMax, w4a16: GEMM1 routes the tokens and reads their rows of `hidden`
-    // (Sm90GemmArgs::a_routed_token_rows); GEMM2 then reads (guesses) GEMM1's T k ids where gemm2_reads_ids
+    // T = 2 .. kSm90RoutedTokensMax: GEMM1 routes the tokens and reads their rows of `hidden`
+    // (Sm90GemmArgs::a_routed_token_rows; in w4a4 with gemm1_quantizes_rows, quantized per expert:
+    // a_routed_token_quant_gs); GEMM2 then reads (guesses) GEMM1's T k ids where gemm2_reads_ids
     // (gemm2_guesses_ids), else seeks the offsets GEMM1 wrote after its wait
     bool gemm1_routes_tokens = false;
   };
@@ -167,6 +169,9 @@ class CudaMoeLayer final : public MoeLayer {
   // w4a4 at T = 1: whether the routing GEMM1 (config c1) can quantize the broadcast row per routed expert (enabled,
   // its rows in shared memory, each CTA's pieces within two experts on this device's SMs).
   bool t1_quant_rows_fit(const Sm90GemmConfig& c1) const;
+  // T = 2 .. 4: whether GEMM1 (config c1) can route T tokens and read their rows in this layer's mode (w4a16: the
+  // raw rows, sm90_token_rows_route_fits; w4a4: quantized per expert where enabled, sm90_token_rows_quant_fits).
+  bool gemm1_token_rows_fit(const Sm90GemmConfig& c1, int T) const;
   // Rows the routed launches' operand buffers hold (the TMA descriptors' bound): max_tokens * k, plus
   // max_tokens when the shared expert is expert E.
   int64_t routed_rows_capacity() const;
@@ -257,14 +262,18 @@ class CudaMoeLayer final : public MoeLayer {
   // piece's weights during GEMM1's tail; checked after the wait, the same bits either way).
   // NVFP4MOE_T1_GEMM2_GUESSES_IDS=0 (read at creation): reads them after the wait, for A/B and the bitwise test.
   bool t1_gemm2_guesses_ids_ = true;
-  bool t1_w4a4_quant_rows_enabled_ = true;
+  bool t1_w4a4_quant_rows_enabled_ = true;  // NVFP4MOE_T1_W4A4_QUANT_ROWS=0: w4a4 T = 1 gathers (routing launch)
   bool gemm1_routes_tokens_enabled_ = true;  // NVFP4MOE_GEMM1_ROUTES_TOKENS=0: T = 2 .. 4 route in their own launch
+  // w4a4 at T = 2 .. 4: GEMM1 routes the tokens and quantizes their rows per expert (Sm90GemmArgs::
+  // a_routed_token_quant_gs) where NVFP4MOE_GEMM1_QUANTIZES_TOKEN_ROWS=1 (opt-in until its GPU test has run;
+  // default: the routing launch with the quantizing gather).
+  bool gemm1_quantizes_token_rows_enabled_ = false;
   // After such a GEMM1, GEMM2 seeks the offsets GEMM1 wrote after its wait; NVFP4MOE_GEMM2_READS_TOKEN_IDS=1
   // (opt-in: built and host-tested, its GPU test not run yet) maps its pieces from GEMM1's T k ids instead
   // (Sm90GemmArgs::read_token_ids), guessed before its PDL wait; with NVFP4MOE_GEMM2_GUESSES_TOKEN_IDS=0 read after
   // the wait (A/B, bitwise tests).
   bool gemm2_reads_token_ids_ = false;
-  bool gemm2_guesses_token_ids_ = true;  // NVFP4MOE_T1_W4A4_QUANT_ROWS=0: w4a4 T = 1 gathers (routing launch)
+  bool gemm2_guesses_token_ids_ = true;
   // NVFP4MOE_WS_GATHER=1 (read at creation; measured slower on the H200, +1..9%, bench/results/1316906-ws-gather-ab,
   // so off): at decode (a warp-streaming GEMM1, T > 1; w4a16, bf16 hidden, not calibrating) GEMM1 reads `hidden`
   // through the plan's permutation (Sm90GemmArgs::a_gather_src) and no gather step runs (the fused routing kernel

@@ -197,7 +197,8 @@ cudaError_t launch_warp_stream(const Sm90GemmArgs& args, const sm90::GemmParams&
   // The broadcast-row kernels keep the row in shared memory (WarpStreamTraits::kResidentRow): k_tiles x 128 bytes
   // more than their fixed part, sized here (the quantizing ones: the raw row and kWsMaxQuantRows quantized ones).
   constexpr bool kQuantRows = ROWS == sm90::WsRows::kBroadcastQuantized;
-  constexpr bool kTokenRows = ROWS == sm90::WsRows::kRoutedTokens;
+  constexpr bool kTokenQuant = ROWS == sm90::WsRows::kRoutedTokensQuantized;
+  constexpr bool kTokenRows = ROWS == sm90::WsRows::kRoutedTokens || kTokenQuant;
   constexpr bool kResidentRow = ROWS == sm90::WsRows::kBroadcast || kQuantRows || kTokenRows;
   using Tr = sm90::WarpStreamTraits<WARPS, DEPTH, SPW, UNROLLED, EPI, BPW, kResidentRow>;
   using ReadyTr = std::conditional_t<ROWS == sm90::WsRows::kDirect && !ROUTED, Tr,
@@ -205,6 +206,7 @@ cudaError_t launch_warp_stream(const Sm90GemmArgs& args, const sm90::GemmParams&
   auto kernel = sm90::sm90_nvfp4_warp_stream_gemm_kernel<WARPS, DEPTH, SPW, UNROLLED, EPI, ROWS, BPW, ROUTED>;
   int rows = kQuantRows ? 1 + sm90::kWsMaxQuantRows : 1;
   if constexpr (kTokenRows) rows = std::max(1, args.one_token_route->route.tokens);  // (the T token rows)
+  if constexpr (kTokenQuant) rows *= sm90::kWsTokenQuantRowsPerToken;  // (quantized in place + a second expert's)
   const int smem = Tr::kSmemBytes + Tr::resident_row_bytes(p.k_tiles) * rows;
   // (checked: sm90_broadcast_row_max_k)
   int fit = 0;
@@ -214,7 +216,10 @@ cudaError_t launch_warp_stream(const Sm90GemmArgs& args, const sm90::GemmParams&
   Sm90OneTokenRoute rt{};  // (read by the routed kernels only; checked by check_one_token_route)
   if constexpr (ROUTED) rt = *args.one_token_route;
   return launch_pdl(kernel, dim3(grid), dim3(Tr::kThreads), smem, stream, args.a, args.shape.k, p,
-                    args.prologue_before_pdl_wait, rt, kQuantRows ? args.a_broadcast_quant_gs : nullptr);
+                    args.prologue_before_pdl_wait, rt,
+                    kQuantRows    ? args.a_broadcast_quant_gs
+                    : kTokenQuant ? args.a_routed_token_quant_gs
+                                  : nullptr);
 }
 
 // The refusal of a variant kernel (gathered A, broadcast row) for the f32 epilogue: it exists for GEMM1 only.
@@ -254,7 +259,8 @@ cudaError_t launch_warp_stream_epi(const Sm90GemmArgs& args, const sm90::GemmPar
       return launch_warp_stream<WARPS, DEPTH, SPW, UNROLLED, BPW, sm90::Epilogue::kF32, ROWS, true>(args, p, grid,
                                                                                                   stream);
     }
-  } else if constexpr (ROWS == sm90::WsRows::kRoutedTokens) {  // (check_one_token_route ran: the last line)
+  } else if constexpr (ROWS == sm90::WsRows::kRoutedTokens ||
+                       ROWS == sm90::WsRows::kRoutedTokensQuantized) {  // (check_one_token_route ran: the last line)
     if constexpr (!token_rows_route_instantiated(WARPS, DEPTH, SPW, UNROLLED, BPW)) {
       return fail("sm90_nvfp4_grouped_gemm: a_routed_token_rows: no such kernel for this config");
     } else {
@@ -278,7 +284,7 @@ cudaError_t launch_warp_stream_epi(const Sm90GemmArgs& args, const sm90::GemmPar
     }
   }
   if constexpr (ROWS == sm90::WsRows::kBroadcastQuantized || ROWS == sm90::WsRows::kRoutedTokens ||
-                ROWS == sm90::WsRows::kDirectTokenIds) {
+                ROWS == sm90::WsRows::kDirectTokenIds || ROWS == sm90::WsRows::kRoutedTokensQuantized) {
     return fail("sm90_nvfp4_grouped_gemm: a_broadcast_quant_gs: only with a routing one_token_route");
   } else {
     switch (args.epilogue) {
@@ -656,6 +662,13 @@ std::string check_one_token_route(const Sm90GemmArgs& args, const Sm90GemmConfig
     if (args.a_rows_capacity < T)
       return w + ": a_routed_token_rows: a_rows_capacity must hold the route.tokens = " + std::to_string(T) +
              " rows; got " + std::to_string(args.a_rows_capacity);
+    const int quant_rows = sm90::kWsTokenQuantRowsPerToken * T;
+    if (args.a_routed_token_quant_gs != nullptr && T != 0 &&
+        args.shape.k > sm90_resident_rows_max_k(config, quant_rows))
+      return w + ": a_routed_token_quant_gs: shape.k = " + std::to_string(args.shape.k) + " exceeds " +
+             std::to_string(sm90_resident_rows_max_k(config, quant_rows)) + ", the longest K whose " +
+             std::to_string(quant_rows) + " token rows (quantized in place, and a token's second expert's) config " +
+             to_string(config) + " keeps beside its weight rings";
   } else if (args.read_token_ids) {  // GEMM2 after it
     if (!r.read_ids || args.epilogue != Sm90GemmEpilogue::kF32 || args.a_broadcast_row ||
         args.a_broadcast_quant_gs != nullptr || args.a_gather_src != nullptr)
@@ -763,6 +776,16 @@ cudaError_t device_sm_count(int* sms) {
   return e;
 }
 
+// Whether the quantizing kernels' contiguous piece ranges (kBroadcastQuantized, kRoutedTokensQuantized: CTA b runs
+// pieces [b P / C, (b + 1) P / C) of P = routed experts x pieces an expert) each span at most kWsMaxQuantRows
+// experts: a range of L pieces spans at most 1 + ceil((L - 1) / pieces an expert), L <= ceil(P / C).
+bool contiguous_ranges_within_two_experts(const Sm90GemmConfig& config, int units, int routed_experts, int num_sms) {
+  if (units < 1 || routed_experts < 0 || num_sms < 1) return false;
+  const int64_t per_expert = static_cast<int64_t>(units) * (4 / config.slices_per_warp);
+  const int64_t longest = (routed_experts * per_expert + num_sms - 1) / num_sms;
+  return longest <= 1 || 1 + (longest - 1 + per_expert - 1) / per_expert <= sm90::kWsMaxQuantRows;
+}
+
 }  // namespace
 
 int sm90_broadcast_row_max_k(const Sm90GemmConfig& config, bool quantized_rows) {
@@ -795,11 +818,7 @@ bool sm90_broadcast_quant_rows_fit(const Sm90GemmConfig& config, int units, int 
   if (!sm90_one_token_route_available(config, Sm90GemmEpilogue::kSwiGLU, true) || units < 1 || routed_experts < 0 ||
       num_sms < 1)
     return false;
-  // The kernel's ranges: CTA b runs pieces [b P / C, (b + 1) P / C) of P = routed experts x pieces an expert; a
-  // range of L pieces spans at most 1 + ceil((L - 1) / pieces an expert) experts, L <= ceil(P / C).
-  const int64_t per_expert = static_cast<int64_t>(units) * (4 / config.slices_per_warp);
-  const int64_t longest = (routed_experts * per_expert + num_sms - 1) / num_sms;
-  return longest <= 1 || 1 + (longest - 1 + per_expert - 1) / per_expert <= sm90::kWsMaxQuantRows;
+  return contiguous_ranges_within_two_experts(config, units, routed_experts, num_sms);
 }
 
 bool sm90_token_rows_route_available(const Sm90GemmConfig& config) {
@@ -826,6 +845,16 @@ bool sm90_token_rows_route_fits(const Sm90GemmConfig& config, int tokens, int ex
   NVFP4MOE_SM90_WARP_STREAM_CONFIGS(NVFP4MOE_X)
 #undef NVFP4MOE_X
   return false;
+}
+
+bool sm90_token_rows_quant_fits(const Sm90GemmConfig& config, int tokens, int experts, int top_k, int k, int units,
+                                bool append_shared, int num_sms) {
+  if (!sm90_token_rows_route_fits(config, tokens, experts, top_k, k) ||
+      k > sm90_resident_rows_max_k(config, sm90::kWsTokenQuantRowsPerToken * tokens) || units < 1 || num_sms < 1)
+    return false;
+  // (fewer experts, e.g. tokens sharing them, make fewer pieces: the most the tokens reach is the worst case)
+  const int routed = std::min(tokens * top_k, experts) + (append_shared ? 1 : 0);
+  return contiguous_ranges_within_two_experts(config, units, routed, num_sms);
 }
 
 bool sm90_one_token_route_fits(const Sm90GemmConfig& config, int experts, int top_k) {
@@ -861,6 +890,9 @@ cudaError_t sm90_nvfp4_grouped_gemm(const Sm90GemmArgs& args, const Sm90GemmConf
                 " keeps in shared memory beside its weight rings");
   if (args.a_routed_token_rows && args.read_token_ids)
     return fail(who + ": a_routed_token_rows (GEMM1) and read_token_ids (GEMM2) together");
+  if (args.a_routed_token_quant_gs != nullptr && !args.a_routed_token_rows)
+    return fail(who + ": a_routed_token_quant_gs: only with a_routed_token_rows (GEMM1 at T = 2 .. " +
+                std::to_string(kSm90RoutedTokensMax) + " routing its tokens); got a_routed_token_rows = false");
   if (args.read_token_ids && (args.one_token_route == nullptr || !sm90_token_rows_route_available(config)))
     return fail(who + ": read_token_ids: only with a read_ids one_token_route and a config with its kernels "
                       "(sm90_token_rows_route_available; config " + to_string(config) + ", one_token_route " +
@@ -890,10 +922,21 @@ cudaError_t sm90_nvfp4_grouped_gemm(const Sm90GemmArgs& args, const Sm90GemmConf
                   std::to_string(args.shape.units) + " units on " + std::to_string(num_sms) + " CTAs of config " +
                   to_string(config) + " put more than two experts' pieces on a CTA (sm90_broadcast_quant_rows_fit)");
   }
+  if (args.a_routed_token_quant_gs != nullptr && args.one_token_route->route.tokens != 0) {
+    const Sm90OneTokenRoute& r = *args.one_token_route;
+    const int routed = std::min(r.route.tokens * r.route.top_k, r.route.experts) + (r.plan.append_shared ? 1 : 0);
+    if (!contiguous_ranges_within_two_experts(config, args.shape.units, routed, num_sms))
+      return fail(who + ": a_routed_token_quant_gs: up to " + std::to_string(routed) + " routed experts of " +
+                  std::to_string(args.shape.units) + " units on " + std::to_string(num_sms) + " CTAs of config " +
+                  to_string(config) + " put more than two experts' pieces on a CTA (sm90_token_rows_quant_fits)");
+  }
   if (config.warp_stream) {  // no TMA: every warp copies its own rows; its pieces are spread statically
 #define NVFP4MOE_X(warps, depth, spw, unrolled, bpw)                                                  \
     if (is_warp_stream_config(config, warps, depth, spw, unrolled != 0, bpw))                           \
-      return args.a_routed_token_rows                                                                   \
+      return args.a_routed_token_rows && args.a_routed_token_quant_gs != nullptr                        \
+                 ? launch_warp_stream_epi<warps, depth, spw, unrolled != 0, bpw,                        \
+                                          sm90::WsRows::kRoutedTokensQuantized>(args, p, num_sms, stream) \
+             : args.a_routed_token_rows                                                                 \
                  ? launch_warp_stream_epi<warps, depth, spw, unrolled != 0, bpw,                        \
                                           sm90::WsRows::kRoutedTokens>(args, p, num_sms, stream)        \
              : args.read_token_ids                                                                      \
@@ -976,9 +1019,11 @@ cudaError_t sm90_nvfp4_chained_gemms(const Sm90GemmArgs& gemm1, const Sm90GemmAr
                 "; got K = " + std::to_string(gemm2.shape.k) + ")");
   if (gemm1.a_gather_src != nullptr || gemm2.a_gather_src != nullptr || gemm1.a_broadcast_row ||
       gemm2.a_broadcast_row || gemm1.a_broadcast_quant_gs != nullptr || gemm2.a_broadcast_quant_gs != nullptr ||
-      gemm1.a_routed_token_rows || gemm2.a_routed_token_rows || gemm1.read_token_ids || gemm2.read_token_ids)
-    return fail(who + ": a_gather_src / a_broadcast_row / a_broadcast_quant_gs / a_routed_token_rows: a chained "
-                      "launch reads A through its TMA descriptors only");
+      gemm1.a_routed_token_rows || gemm2.a_routed_token_rows || gemm1.read_token_ids || gemm2.read_token_ids ||
+      gemm1.a_routed_token_quant_gs != nullptr || gemm2.a_routed_token_quant_gs != nullptr)
+    return fail(who + ": a_gather_src / a_broadcast_row / a_broadcast_quant_gs / a_routed_token_rows / "
+                      "a_routed_token_quant_gs / read_token_ids: a chained launch reads A through its TMA descriptors "
+                      "only");
   if (chain_counters == nullptr || (reinterpret_cast<uintptr_t>(chain_counters) & 3) != 0)
     return fail(who + ": chain_counters must be a 4-byte aligned device buffer of sm90_chain_counter_count(E) int32");
   CUtensorMap map1, map2;

@@ -212,6 +212,13 @@ struct Sm90GemmArgs {
   // gather runs. The same bits as `a` holding the gathered rows. Only sm90_token_rows_route_available configs,
   // where sm90_token_rows_route_fits.
   bool a_routed_token_rows = false;
+  // w4a4 at 2 <= T <= kSm90RoutedTokensMax (with a_routed_token_rows; nullptr: the raw rows): [E (+ 1 with
+  // plan.append_shared)] device activation global scales; the rows of the tokens routed to an expert are
+  // NVFP4-quantized with its own scale (the merged shared expert's at index E, all T tokens), as the layer's gather
+  // quantizes them, so neither the routing launch nor the gather runs. Each CTA runs a contiguous range of the
+  // pieces and quantizes its (at most two) experts' token rows in shared memory (2 T rows):
+  // sm90_token_rows_quant_fits. The same bits as `a` holding the gathered quantized rows.
+  const float* a_routed_token_quant_gs = nullptr;
   // GEMM2 after such a GEMM1 (f32 epilogue, direct rows, with a one_token_route of read_ids and route.tokens = T, or
   // 0: nothing routed): its pieces from the T k ids that GEMM1 wrote, mapped in registers as at T = 1 (read after
   // the PDL wait, or with prologue_before_pdl_wait guessed before it and checked after it, a wrong guess rerunning
@@ -228,6 +235,13 @@ bool sm90_token_rows_route_available(const Sm90GemmConfig& config);
 // warps) in its CTA, the routing's and the plan's scratch within its ring slots, and the T rows beside the rings
 // (k <= sm90_resident_rows_max_k(config, tokens)).
 bool sm90_token_rows_route_fits(const Sm90GemmConfig& config, int tokens, int experts, int top_k, int k);
+// Whether the w4a4 kernel of that GEMM1 (Sm90GemmArgs::a_routed_token_quant_gs) fits: sm90_token_rows_route_fits,
+// 2 T token rows beside the rings (quantized in place, and a second copy of a token routed to both of a CTA's
+// experts: k <= sm90_resident_rows_max_k(config, 2 tokens)), and on
+// num_sms CTAs each CTA's contiguous piece range within two experts for the most experts the tokens can reach
+// (min(tokens x top_k, experts), + 1 with a merged shared expert: append_shared) of `units` weight units each.
+bool sm90_token_rows_quant_fits(const Sm90GemmConfig& config, int tokens, int experts, int top_k, int k, int units,
+                                bool append_shared, int num_sms);
 // The longest K of which a warp-streaming config keeps `rows` resident rows in shared memory beside its rings
 // (sm90_broadcast_row_max_k is rows 1, or 3 with quantized_rows); 0 for a tile config.
 int sm90_resident_rows_max_k(const Sm90GemmConfig& config, int rows);

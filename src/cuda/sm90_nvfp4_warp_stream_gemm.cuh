@@ -151,7 +151,19 @@ __device__ __forceinline__ WsPairPlaces ws_pair_places(const int id, const int p
 // routed to its expert.
 // kDirectTokenIds: GEMM2 after such a GEMM1 (direct rows; Sm90OneTokenRoute::read_ids with route.tokens = T): its
 // pieces from the T k ids GEMM1 wrote, read after its wait or guessed before it, as at T = 1.
-enum class WsRows { kDirect, kBroadcast, kGathered, kBroadcastQuantized, kRoutedTokens, kDirectTokenIds };
+// kRoutedTokensQuantized: kRoutedTokens in w4a4 (Sm90GemmArgs::a_routed_token_quant_gs): a CTA runs a contiguous
+// range of pieces (as kBroadcastQuantized) and quantizes the rows of the tokens routed to its (at most
+// kWsMaxQuantRows) experts with each one's activation scale in shared memory: in place over the token's raw row,
+// and where a token has both experts, the second expert's into one more row (2 T rows in all).
+enum class WsRows {
+  kDirect,
+  kBroadcast,
+  kGathered,
+  kBroadcastQuantized,
+  kRoutedTokens,
+  kDirectTokenIds,
+  kRoutedTokensQuantized
+};
 
 // kBroadcastQuantized: a CTA runs one contiguous range of the launch's pieces (at most ceil(pieces / CTAs), far
 // fewer than an expert's pieces at T = 1), so its pieces belong to at most this many routed experts (the host
@@ -159,6 +171,8 @@ enum class WsRows { kDirect, kBroadcast, kGathered, kBroadcastQuantized, kRouted
 inline constexpr int kWsMaxQuantRows = 2;
 // The named barrier of a CTA's quantizing warps (the warp pairs of BPW = 1 use 1 .. WARPS / 2).
 inline constexpr int kWsQuantRowsBarrier = 15;
+// kRoutedTokensQuantized keeps this many resident rows a token (its row, and its second expert's quantized copy).
+inline constexpr int kWsTokenQuantRowsPerToken = 2;
 
 // A lane's two token chunks of a piece (chunk lane and lane + 32: tile row lane / 8 + 4 h, 16-byte column
 // lane % 8): where each chunk's row starts (column 0 of its source row; a valid address even when the row is
@@ -633,8 +647,12 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
   static_assert(!ROUTED || ROWS != WsRows::kGathered, "the routed kernels read a broadcast row or direct rows");
   constexpr bool kQuantRows = ROWS == WsRows::kBroadcastQuantized;
   static_assert(!kQuantRows || ROUTED, "the quantized rows follow the launch's own routing (GEMM1 at T = 1)");
-  constexpr bool kTokenRows = ROWS == WsRows::kRoutedTokens;
+  // (kTokenQuant: the token rows of kTokenRows, quantized per expert: w4a4)
+  constexpr bool kTokenQuant = ROWS == WsRows::kRoutedTokensQuantized;
+  constexpr bool kTokenRows = ROWS == WsRows::kRoutedTokens || kTokenQuant;
   static_assert(!kTokenRows || ROUTED, "the token rows follow the launch's own routing (GEMM1 at T = 2 .. 4)");
+  // kContiguous: each CTA runs one contiguous range of the pieces (the quantizing kernels: few rows a CTA)
+  constexpr bool kContiguous = kQuantRows || kTokenQuant;
   constexpr bool kTokenIds = ROWS == WsRows::kDirectTokenIds;
   static_assert(!kTokenIds || (ROUTED && BPW == 2), "GEMM2 at T = 2 .. 4 reads (guesses) GEMM1's ids: routed");
   constexpr bool kResidentRow = ROWS == WsRows::kBroadcast || kQuantRows || kTokenRows;
@@ -665,7 +683,11 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
       for (int i = tid; i < kWsMaxQuantRows * pad; i += Tr::kThreads)
         sts32(row_smem + static_cast<uint32_t>((1 + i / pad) * p.k_tiles * 128 + 4 * (k / 2 + i % pad)), 0);
     }
-    if constexpr (kTokenRows) {  // and the other token rows' (rows 1 .. T - 1)
+    if constexpr (kTokenQuant) {  // and the other token rows' (rows 1 .. 2T - 1)
+      const int pad = p.k_tiles * 32 - k / 2;
+      for (int i = tid; i < (kWsTokenQuantRowsPerToken * rt.route.tokens - 1) * pad; i += Tr::kThreads)
+        sts32(row_smem + static_cast<uint32_t>((1 + i / pad) * p.k_tiles * 128 + 4 * (k / 2 + i % pad)), 0);
+    } else if constexpr (kTokenRows) {  // and the other token rows' (rows 1 .. T - 1)
       const int pad = p.k_tiles * 32 - k / 2;
       for (int i = tid; i < (rt.route.tokens - 1) * pad; i += Tr::kThreads)
         sts32(row_smem + static_cast<uint32_t>((1 + i / pad) * p.k_tiles * 128 + 4 * (k / 2 + i % pad)), 0);
@@ -899,15 +921,43 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
     if (quant_places > 0) quant_gs0 = __ldg(quant_gs + e0);
     if (quant_places > 1) quant_gs1 = __ldg(quant_gs + e1);
   }
+  // kTokenQuant: the same ranges over the T tokens' places (routed_experts: the chosen experts, then the merged
+  // shared expert); quant_tokens0 / 1: the tokens routed to the range's first / second expert (bit t: token t; the
+  // merged shared expert: all T), whose rows the CTA quantizes (quantize_token_rows).
+  [[maybe_unused]] unsigned quant_tokens0 = 0u, quant_tokens1 = 0u;
+  if constexpr (kTokenQuant) {
+    static_assert(kWsMaxQuantRows == 2 && BPW == 2, "two scales; the named barrier 1 .. kWalkers leave free");
+    const int64_t pieces = static_cast<int64_t>(routed_experts) * n_pieces;
+    piece_begin = static_cast<int>(pieces * blockIdx.x / gridDim.x);
+    piece_end = static_cast<int>(pieces * (blockIdx.x + 1) / gridDim.x);
+    quant_place0 = piece_begin / n_pieces;
+    quant_places = piece_end > piece_begin ? (piece_end - 1) / n_pieces - quant_place0 + 1 : 0;
+    if (quant_places > kWsMaxQuantRows) __trap();  // (excluded by the host: sm90_token_rows_quant_fits)
+    quant_threads = piece_end > piece_begin ? Tr::kThreads : 0;  // every warp of a CTA with a piece
+    // Lane p < T k: pair p's token bit; a place's tokens are its expert's pairs' bits (OR over the warp).
+    const unsigned token_bit = pair_id >= 0 ? 1u << (lane / rt.route.top_k) : 0u;
+    const unsigned all_tokens = (1u << rt.route.tokens) - 1u;
+    auto place_expert = [&](const int q, unsigned& tokens) {
+      const unsigned m = __ballot_sync(0xFFFFFFFFu, pair_first && pair_place == q);
+      const int e = __shfl_sync(0xFFFFFFFFu, pair_id, m != 0u ? __ffs(m) - 1 : 0);
+      tokens = m != 0u ? __reduce_or_sync(0xFFFFFFFFu, pair_id == e ? token_bit : 0u) : all_tokens;
+      return m != 0u ? e : rt.route.experts;  // past the chosen ones: the merged shared expert
+    };
+    const int e0 = place_expert(quant_place0, quant_tokens0), e1 = place_expert(quant_place0 + 1, quant_tokens1);
+    if (quant_places > 0) quant_gs0 = __ldg(quant_gs + e0);
+    if (quant_places > 1) quant_gs1 = __ldg(quant_gs + e1);
+    if (quant_places < 2) quant_tokens1 = 0u;
+    if (quant_places < 1) quant_tokens0 = 0u;
+  }
   auto next_piece = [&](TileCursor<kWsTokens>& c, const int idx) {
-    if constexpr (kQuantRows) {
+    if constexpr (kContiguous) {
       if (idx >= piece_end) return false;
     }
     if constexpr (kTokenRows || kTokenIds) return token_rows_seek(c, idx);
     else if constexpr (ROUTED) return routed_seek(c, idx);
     else return c.template seek<kWsExpertsPerLane, true>(p, n_pieces, idx);
   };
-  const int stride = kQuantRows ? kWalkers : kWalkers * static_cast<int>(gridDim.x);
+  const int stride = kContiguous ? kWalkers : kWalkers * static_cast<int>(gridDim.x);
   [[maybe_unused]] int pieces_run = 0;  // (BPW = 1: the parity of the pair's handoff buffer)
   // ldmatrix.x4 lane l addresses token row l % 8, 16-byte chunk 4h + l / 8 of the slot's token tile.
   const uint32_t ldsm_off = (lane & 7) * 128 + (((lane >> 3) ^ (lane & 7)) << 4);
@@ -931,6 +981,38 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
       const uint32_t dst = row_smem + (1u + r) * row_stride + 32u * b;
       sts128(dst, bits[0], bits[1], bits[2], bits[3]);
       sts128(dst + 16u, bits[4], bits[5], bits[6], bits[7]);
+    }
+    named_bar_sync(kWsQuantRowsBarrier, quant_threads);
+  };
+  // kTokenQuant: the rows of the tokens routed to the CTA's experts (quant_tokens0 / 1), each 16-column block by
+  // one thread: the raw block (resident) quantized with the token's first expert's scale in place (row t), and for
+  // a token routed to both experts also with the second's into row T + t (token_quant_row); then the barrier.
+  [[maybe_unused]] auto quantize_token_rows = [&] {
+    const int blocks = k / 16;  // per row
+    const int T = rt.route.tokens;
+    const uint32_t row_stride = static_cast<uint32_t>(p.k_tiles) * 128u;
+    const unsigned tokens = quant_tokens0 | quant_tokens1;
+    for (int i = warp * 32 + lane; i < __popc(tokens) * blocks; i += quant_threads) {
+      const int j = i / blocks, b = i - j * blocks;
+      unsigned m = tokens;
+      for (int s = j; s > 0; --s) m &= m - 1u;  // its j-th token
+      const int tok = __ffs(m) - 1;
+      const bool first = ((quant_tokens0 >> tok) & 1u) != 0u, second = ((quant_tokens1 >> tok) & 1u) != 0u;
+      const uint32_t src = row_smem + static_cast<uint32_t>(tok) * row_stride + 32u * b;
+      const uint4 v0 = lds128(src), v1 = lds128(src + 16u);
+      const uint32_t w[8] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w};
+      float x[16];
+      kernels::bf16x16_to_floats(w, x);
+      uint32_t bits[8];
+      kernels::quant_block16_operand(x, first ? quant_gs0 : quant_gs1, bits);
+      sts128(src, bits[0], bits[1], bits[2], bits[3]);
+      sts128(src + 16u, bits[4], bits[5], bits[6], bits[7]);
+      if (first && second) {
+        kernels::quant_block16_operand(x, quant_gs1, bits);
+        const uint32_t dst = src + static_cast<uint32_t>(T) * row_stride;
+        sts128(dst, bits[0], bits[1], bits[2], bits[3]);
+        sts128(dst + 16u, bits[4], bits[5], bits[6], bits[7]);
+      }
     }
     named_bar_sync(kWsQuantRowsBarrier, quant_threads);
   };
@@ -978,6 +1060,7 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
           }
           mbar_wait(row_bar, 0);
           if constexpr (kQuantRows) quantize_rows();
+          if constexpr (kTokenQuant) quantize_token_rows();
           row_seen = true;
         }
       };
@@ -987,6 +1070,12 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
         unsigned m = piece_pairs;
         for (int r = lane & 7; r > 0; --r) m &= m - 1u;
         row_index = piece_pairs != 0u ? (__ffs(m) - 1) / rt.route.top_k : (lane & 7);
+        // (kTokenQuant: that token's row quantized for the piece's expert: in place, or for the range's second
+        // expert of a token the first has too, row T + t; quantize_token_rows)
+        if constexpr (kTokenQuant) {
+          const bool second_place = cur.first / n_pieces != quant_place0;
+          if (second_place && ((quant_tokens0 >> row_index) & 1u) != 0u) row_index += rt.route.tokens;
+        }
       }
       const uint32_t row_base_smem = row_smem + static_cast<uint32_t>(row_index * p.k_tiles * 128);
       const uint32_t tok = row_lane ? row_base_smem + 16 * (lane >> 3) : row_zero;
@@ -1082,7 +1171,7 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
   };
 
   TileCursor<kWsTokens> cur;
-  int idx = kQuantRows ? piece_begin + walker : walker * static_cast<int>(gridDim.x) + static_cast<int>(blockIdx.x);
+  int idx = kContiguous ? piece_begin + walker : walker * static_cast<int>(gridDim.x) + static_cast<int>(blockIdx.x);
   if constexpr (ROWS != WsRows::kGathered) {
     // Row r of a, zero-filled past the tile's rows (src-size 0 from the tile's first row). (kBroadcast reads its
     // resident row instead: run_piece never calls this there.)
@@ -1121,10 +1210,11 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
       }
     } else {
       for (; next_piece(cur, idx); idx += stride) run_piece(cur, idx, rows_of, false, nothing);
-      if constexpr (kQuantRows) {  // a warp without a piece quantizes its share too (quantize_rows), then exits
+      if constexpr (kContiguous) {  // a warp without a piece quantizes its share too (quantize_rows), then exits
         if (!row_seen && piece_end > piece_begin) {
           mbar_wait(row_bar, 0);
-          quantize_rows();
+          if constexpr (kQuantRows) quantize_rows();
+          else quantize_token_rows();
           row_seen = true;
         }
       }

@@ -1120,6 +1120,29 @@ TEST(CudaLayer, T1RouteInGemmBitIdenticalToRoutingLaunch) {
   EXPECT_GE(b1_points, 1) << "no routed GEMM1 with one block a warp: its kernel is untested";
 }
 
+// T rows of H (H % 16 == 0) whose 16-column blocks stress the NVFP4 quantization, block b of row t by kind
+// (b + t + shift) % 6: all zero (scale 0), one large outlier, tiny values (the scale's low end), values past the e4m3
+// scale's range, values on and halfway between e2m1 grid points, random.
+std::vector<uint16_t> adversarial_quant_rows(int64_t T, int64_t H, uint64_t seed, int64_t shift) {
+  std::vector<uint16_t> rows(T * H);
+  Rng r(seed);
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t b = 0; b < H / 16; ++b)
+      for (int64_t i = 0; i < 16; ++i) {
+        float v = r.normal();
+        switch ((b + t + shift) % 6) {
+          case 0: v = 0.0f; break;                                                         // all zero: scale 0
+          case 1: v = i == 5 ? 300.0f : v; break;                                          // one outlier
+          case 2: v *= 1e-6f; break;                                                       // tiny
+          case 3: v *= 1e4f; break;                                                        // past e4m3's range
+          case 4: v = (i % 2 ? -1.0f : 1.0f) * 0.5f * static_cast<float>(i % 8); break;  // on / between the grid
+          default: break;
+        }
+        rows[t * H + b * 16 + i] = fmt::bf16_from_float(v);
+      }
+  return rows;
+}
+
 // w4a4 at T = 1 with router logits (the default; NVFP4MOE_T1_W4A4_QUANT_ROWS=0: the routing launch and the gather
 // of k quantized rows): GEMM1 routes the token, each CTA runs a contiguous range of the pieces and quantizes the
 // hidden row with the activation scale of each of its (at most two) experts into shared memory, GEMM2 reads (guesses)
@@ -1153,22 +1176,7 @@ TEST(CudaLayer, T1W4A4QuantizedRowsBitIdenticalToGather) {
       const int kinds[6] = {0, 0, 1, 2, 0, 3};  // (trials 1 and 4: adversarial rows)
       const std::vector<float> logits = t1_trial_logits(E, 3700 + trial, kinds[trial]);
       auto hidden = random_hidden(1, H, 3800 + trial);
-      if (trial == 1 || trial == 4) {  // adversarial 16-column blocks
-        Rng r(3900 + trial);
-        for (int64_t b = 0; b < H / 16; ++b)
-          for (int64_t i = 0; i < 16; ++i) {
-            float v = r.normal();
-            switch ((b + trial) % 6) {
-              case 0: v = 0.0f; break;                                  // all zero: scale 0
-              case 1: v = i == 5 ? 300.0f : v; break;                   // one outlier
-              case 2: v *= 1e-6f; break;                                // tiny: the scale's low end
-              case 3: v *= 1e4f; break;                                 // past the e4m3 scale's range
-              case 4: v = (i % 2 ? -1.0f : 1.0f) * 0.5f * static_cast<float>(i % 8); break;  // on / between the grid
-              default: break;
-            }
-            hidden[b * 16 + i] = fmt::bf16_from_float(v);
-          }
-      }
+      if (trial == 1 || trial == 4) hidden = adversarial_quant_rows(1, H, 3900 + trial, trial);
       PlanDump gather_plan;  // (the routing launch's, with the gather)
       expect_poisoned_forwards_match(h.switched, {{&h.base, "quantized in GEMM1"}}, 1, hidden, logits, gather_plan);
       if (trial == 5) EXPECT_EQ(gather_plan.offsets[E], 0) << "all-NaN logits choose no expert";
@@ -1262,6 +1270,101 @@ TEST(CudaLayer, TokensRoutedInGemm1BitIdenticalToRoutingLaunch) {
   EXPECT_GE(merged_points, 6) << "too few points with a merged shared expert (its rows: all T tokens)";
   EXPECT_GE(relu2_points, 6) << "too few relu^2 points";
   EXPECT_GE(separate_shared_points, 2) << "too few points with a separate shared expert (offsets from GEMM1's plan)";
+}
+
+// w4a4 at T = 2 .. 4 with router logits (NVFP4MOE_GEMM1_QUANTIZES_TOKEN_ROWS=1; "0": the routing launch with the
+// quantizing gather): GEMM1 routes the T tokens, each CTA runs a contiguous range of the pieces and quantizes the
+// rows of the tokens routed to its (at most two) experts with each expert's activation scale into shared memory;
+// GEMM2 seeks GEMM1's offsets, or reads (guesses) its T k ids. The same ids, weights, plan and output bits as the
+// gather path, on t1_routing_dims (the merged shared expert: all T tokens with its own scale at index E) with the
+// default GEMM1 config and, on three of them, each of the three configs that has the kernel; per-expert activation
+// scales; per token random, tied, NaN and all-NaN logits; random rows and adversarial 16-column blocks
+// (adversarial_quant_rows); a poisoned workspace; a captured graph replayed with new inputs.
+TEST(CudaLayer, W4A4TokensQuantizedInGemm1BitIdenticalToGather) {
+  const std::vector<LayerDims> dims = t1_routing_dims();
+  std::map<std::string, int> config_points;
+  int merged_points = 0, relu2_points = 0, gemm2_points = 0, two_expert_ranges = 0;
+  auto check = [&](const LayerDims& d, const char* gemm1_config, uint64_t seed) {
+    SCOPED_TRACE(std::string(d.name) + " gemm1 config " + (gemm1_config ? gemm1_config : "(picked)"));
+    if (gemm1_config) ASSERT_EQ(setenv("NVFP4MOE_SM90_CONFIG", (std::string("gemm1=") + gemm1_config).c_str(), 1), 0);
+    const char* kSwitch = "NVFP4MOE_GEMM1_QUANTIZES_TOKEN_ROWS";
+    SwitchPair off(kSwitch, "0", d, Mode::W4A4, 64, seed);  // switched: the routing launch with the gather
+    SwitchPair on(kSwitch, "1", d, Mode::W4A4, 64, seed);   // switched: quantized in GEMM1
+    ASSERT_EQ(setenv(kSwitch, "1", 1), 0);
+    // switched: GEMM1 quantizing, GEMM2 reading (guessing) its T k ids
+    SwitchPair ids("NVFP4MOE_GEMM2_READS_TOKEN_IDS", "1", d, Mode::W4A4, 64, seed);
+    unsetenv(kSwitch);
+    unsetenv("NVFP4MOE_SM90_CONFIG");
+    Harness& gather = off.switched;
+    Harness& quant = on.switched;
+    EXPECT_FALSE(quant.cuda->decode_routing(1, false, true).gemm1_routes_tokens);  // (T = 1: its own path)
+    EXPECT_FALSE(quant.cuda->decode_routing(kSm90RoutedTokensMax + 1, false, true).gemm1_quantizes_rows);
+    EXPECT_FALSE(quant.cuda->decode_routing(2, false, false).gemm1_routes_tokens);  // router logits only
+    EXPECT_FALSE(quant.cuda->decode_routing(2, true, true).gemm1_routes_tokens);    // bf16 hidden only
+    const int64_t E = d.E, H = d.H;
+    const int sms = [] {
+      int dev = 0, n = 0;
+      cudaGetDevice(&dev);
+      cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev);
+      return n;
+    }();
+    for (int64_t T = 2; T <= kSm90RoutedTokensMax; ++T) {
+      SCOPED_TRACE("T=" + std::to_string(T));
+      EXPECT_FALSE(gather.cuda->decode_routing(T, false, true).gemm1_routes_tokens);
+      const auto routing = quant.cuda->decode_routing(T, false, true);
+      EXPECT_EQ(routing.gemm1_quantizes_rows, routing.gemm1_routes_tokens);
+      const Sm90GemmConfig c1 = quant.cuda->sm90_launches(T)[0].config;
+      if (!routing.gemm1_routes_tokens) {
+        // only a config without the kernel (ws8_s6_w16_b1), too many (token, expert) threads, or ranges past two
+        // experts / rows past shared memory
+        const int units = quant.cuda->routed().w13_shape.units;
+        EXPECT_TRUE(!sm90_token_rows_route_available(c1) || T * ((E + 31) / 32 * 32) > 512 ||
+                    !sm90_token_rows_quant_fits(c1, static_cast<int>(T), static_cast<int>(E),
+                                                static_cast<int>(d.k), static_cast<int>(H), units,
+                                                quant.cuda->shared_in_routed(), sms));
+        continue;
+      }
+      ++config_points[to_string(c1)];
+      merged_points += quant.cuda->shared_in_routed();
+      relu2_points += d.act == Activation::Relu2;
+      const auto id_routing = ids.switched.cuda->decode_routing(T, false, true);
+      EXPECT_TRUE(id_routing.gemm1_quantizes_rows);
+      gemm2_points += id_routing.gemm2_reads_ids;
+      for (int trial = 0; trial < 5; ++trial) {
+        SCOPED_TRACE("trial " + std::to_string(trial));
+        std::vector<float> logits;
+        for (int64_t t = 0; t < T; ++t) {  // token t: kind (trial + t) % 4 (trial 3: one token all NaN, one tied...)
+          const auto l = t1_trial_logits(E, seed + 100 * trial + t, static_cast<int>((trial + t) % 4));
+          logits.insert(logits.end(), l.begin(), l.end());
+        }
+        const auto hidden = trial % 2 == 1 ? adversarial_quant_rows(T, H, seed + 11 * trial, trial)
+                                           : random_hidden(T, H, seed + 7 * trial);
+        PlanDump gather_plan;
+        expect_poisoned_forwards_match(gather,
+                                       {{&quant, "quantized in GEMM1"},
+                                        {&on.base, "the default"},
+                                        {&ids.switched, "quantized in GEMM1, GEMM2 reading the ids"}},
+                                       T, hidden, logits, gather_plan);
+        // (a CTA's range spanning two experts: some expert's pieces end inside a range; counted on the plan)
+        const int64_t places = std::count_if(gather_plan.counts.begin(), gather_plan.counts.end(),
+                                             [](int32_t c) { return c > 0; }) +
+                               quant.cuda->shared_in_routed();
+        two_expert_ranges += places > 1;
+      }
+      expect_replays_bit_identical(gather, quant, T, seed + 1000 + T);
+      expect_replays_bit_identical(gather, ids.switched, T, seed + 2000 + T);
+    }
+  };
+  uint64_t seed = 6100;
+  for (const LayerDims& d : dims) check(d, nullptr, seed += 10);
+  for (const LayerDims& d : {dims[0], dims[2], dims[3]})
+    for (const char* c : {"ws8_s6_w16", "ws8_s6_w16_u", "ws8_s4_w16_x2"}) check(d, c, seed += 10);
+  for (const char* c : {"ws8_s6_w16", "ws8_s6_w16_u", "ws8_s4_w16_x2"})
+    EXPECT_GE(config_points[c], 6) << c << ": its quantizing token-routing GEMM1 ran at too few points";
+  EXPECT_GE(merged_points, 6) << "too few points with a merged shared expert (all T tokens, its own scale)";
+  EXPECT_GE(relu2_points, 6) << "too few relu^2 points";
+  EXPECT_GE(gemm2_points, 6) << "too few points with GEMM2 reading the quantizing GEMM1's ids";
+  EXPECT_GE(two_expert_ranges, 20) << "too few forwards with several experts (ranges spanning two)";
 }
 
 // Decode with the warp-streaming GEMM1 gathering its own rows (NVFP4MOE_WS_GATHER=1: GEMM1 reads `hidden` through

@@ -629,5 +629,70 @@ TEST(Sm90TokenRowsRoute, FitAndRefusals) {
   expect_route_refusals(cases2, g2, rt, x2, "read_token_ids");
 }
 
+
+// w4a4 at T = 2 .. 4: the token-routing GEMM1 quantizing its tokens' rows per expert (Sm90GemmArgs::
+// a_routed_token_quant_gs). Where it fits (the token routing's limits, the T raw and 2 T quantized rows beside the
+// rings, each CTA's contiguous piece range within two experts for the most experts T tokens reach), and the
+// launcher's refusals by name, before any device call (host-only).
+TEST(Sm90TokenRowsQuant, FitAndRefusals) {
+  const T1Configs t1 = t1_configs();
+  const Sm90GemmConfig &ws = t1.ws, &ws_u = t1.ws_u, &b1 = t1.b1, &x2 = t1.x2, &tile = t1.tile;
+  EXPECT_EQ(sm90_resident_rows_max_k(ws, 8), (232448 - (16 * 6 * 1152 + 144)) / (8 * 128) * 64);
+  for (const Sm90GemmConfig& c : {ws, ws_u, x2}) {
+    SCOPED_TRACE(to_string(c));
+    for (int T = 2; T <= 4; ++T) {
+      SCOPED_TRACE(T);
+      // (units: gated I / 64, relu^2 N / 128)
+      EXPECT_TRUE(sm90_token_rows_quant_fits(c, T, 128, 8, 4096, 24, false, 132));  // qwen3-235b
+      EXPECT_TRUE(sm90_token_rows_quant_fits(c, T, 128, 8, 2048, 12, false, 132));  // qwen3-30b
+      EXPECT_TRUE(sm90_token_rows_quant_fits(c, T, 128, 4, 2880, 45, false, 132));  // gpt-oss-120b
+      EXPECT_TRUE(sm90_token_rows_quant_fits(c, T, 128, 6, 2688, 15, false, 132));  // nemotron-nano (routed)
+      EXPECT_TRUE(sm90_token_rows_quant_fits(c, T, 12, 2, 208, 1, true, 132));      // few pieces, merged shared
+      EXPECT_FALSE(sm90_token_rows_quant_fits(c, T, 128, 8, 4096, 24, false, 2)) << "ranges past two experts";
+      EXPECT_FALSE(sm90_token_rows_quant_fits(c, T, 128, 8, 4096, 24, false, 0));
+      EXPECT_FALSE(sm90_token_rows_quant_fits(c, T, 128, 8, 4096, 0, false, 132));
+      const int max_k = sm90_resident_rows_max_k(c, 2 * T);
+      EXPECT_LT(max_k, sm90_resident_rows_max_k(c, T));
+      EXPECT_TRUE(sm90_token_rows_quant_fits(c, T, 128, 8, max_k, 24, false, 132));
+      EXPECT_FALSE(sm90_token_rows_quant_fits(c, T, 128, 8, max_k + 64, 24, false, 132)) << "rows past the smem";
+      EXPECT_TRUE(sm90_token_rows_route_fits(c, T, 128, 8, max_k + 64)) << "(the raw rows alone fit)";
+    }
+    EXPECT_TRUE(sm90_token_rows_quant_fits(c, 2, 256, 8, 7168, 32, true, 132));    // deepseek-v3, T = 2
+    EXPECT_FALSE(sm90_token_rows_quant_fits(c, 3, 256, 8, 7168, 32, true, 132));   // 768 (token, expert) threads
+    EXPECT_FALSE(sm90_token_rows_quant_fits(c, 1, 128, 8, 4096, 24, false, 132));  // T = 1: its own kernel
+    EXPECT_FALSE(sm90_token_rows_quant_fits(c, 5, 128, 4, 4096, 24, false, 132));
+    // 2 tokens x top-2 of 4 experts reach at most 4 (+ shared): 5 x 4 pieces on 7 CTAs, ranges of 2 .. 3 pieces
+    EXPECT_TRUE(sm90_token_rows_quant_fits(c, 2, 4, 2, 208, 1, true, 7));
+  }
+  EXPECT_FALSE(sm90_token_rows_quant_fits(b1, 2, 128, 8, 2048, 12, false, 132));  // no token kernel
+  EXPECT_FALSE(sm90_token_rows_quant_fits(tile, 2, 128, 8, 2048, 12, false, 132));
+
+  static float gs[129];
+  Sm90OneTokenRoute rt;
+  Sm90GemmArgs g;
+  routed_gemm1_args(rt, g);
+  rt.route.tokens = 4;
+  rt.plan.tokens = 4;
+  g.a_broadcast_row = false;
+  g.a_routed_token_rows = true;
+  g.a_rows_capacity = 4;
+  g.gs = gs;
+  g.a_routed_token_quant_gs = gs;
+  const std::vector<RouteCase> cases = {
+      {"without the token rows",
+       [](auto& x, auto&, auto&) { x.a_routed_token_rows = false; }, "only with a_routed_token_rows"},
+      {"a row past the limit",
+       [](auto& x, auto&, auto&) { x.shape = sm90_prepared_shape(128, 1536, 8192, true); }, "shape.k = 8192 exceeds"},
+  };
+  expect_route_refusals(cases, g, rt, ws, "a_routed_token_quant_gs");
+  Sm90GemmArgs few = g;
+  few.one_token_route = &rt;
+  EXPECT_EQ(sm90_nvfp4_grouped_gemm(few, ws, nullptr, 2), cudaErrorInvalidValue);
+  const std::string msg = sm90_gemm_last_error_message();
+  EXPECT_NE(msg.find("a_routed_token_quant_gs"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("more than two experts' pieces on a CTA"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("on 2 CTAs"), std::string::npos) << msg;
+}
+
 }  // namespace
 }  // namespace nvfp4moe::cuda
