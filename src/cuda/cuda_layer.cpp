@@ -299,10 +299,9 @@ CudaMoeLayer::CudaMoeLayer(MoeWeights w, const MoeLayerOptions& options, GemmPat
       t1_gemm2_guesses_ids_ = env_switch("NVFP4MOE_T1_GEMM2_GUESSES_IDS");  // A/B: "0" = reads them after its wait
       t1_w4a4_quant_rows_enabled_ = env_switch("NVFP4MOE_T1_W4A4_QUANT_ROWS");  // A/B: "0" = w4a4 T = 1 gathers
       gemm1_routes_tokens_enabled_ = env_switch("NVFP4MOE_GEMM1_ROUTES_TOKENS");  // A/B: "0" = T = 2 .. 4 launch
-      // opt-in until its GPU test has run: "1" = w4a4 T = 2 .. 4 routed and quantized in GEMM1 (default: gather)
-      gemm1_quantizes_token_rows_enabled_ = env_opt_in("NVFP4MOE_GEMM1_QUANTIZES_TOKEN_ROWS");
-      // opt-in until its GPU test has run: "1" = GEMM2 reads GEMM1's T k ids at T = 2 .. 4 (default: it seeks)
-      gemm2_reads_token_ids_ = env_opt_in("NVFP4MOE_GEMM2_READS_TOKEN_IDS");
+      // A/B: "0" = w4a4 T = 2 .. 4 take the routing launch with the quantizing gather
+      gemm1_quantizes_token_rows_enabled_ = env_switch("NVFP4MOE_GEMM1_QUANTIZES_TOKEN_ROWS");
+      gemm2_reads_token_ids_ = env_switch("NVFP4MOE_GEMM2_READS_TOKEN_IDS");  // A/B: "0" = T = 2 .. 4 GEMM2 seeks
       gemm2_guesses_token_ids_ = env_switch("NVFP4MOE_GEMM2_GUESSES_TOKEN_IDS");  // A/B: "0" = after its wait
       // Zero once; every chained launch leaves its counters zero (sm90_nvfp4_chained_gemms), every dynamically
       // scheduled one its tile counter.
@@ -1112,7 +1111,10 @@ bool CudaMoeLayer::gemm1_token_rows_fit(const Sm90GemmConfig& c1, int T) const {
   const int E = static_cast<int>(spec_.num_experts), K = static_cast<int>(spec_.top_k);
   const int k = static_cast<int>(routed_.w13_shape.k);
   if (options_.mode == Mode::W4A16) return sm90_token_rows_route_fits(c1, T, E, K, k);
-  return options_.mode == Mode::W4A4 && gemm1_quantizes_token_rows_enabled_ &&
+  // w4a4: not with a separate shared expert (nemotron-nano T = 4 measured +5.2 us against the gather path, H100,
+  // bench/results/1c71133-w4a4-token-quant-ab-h100; its w4a16 token routing gained nothing there either)
+  const bool separate_shared = shared_.num_experts > 0 && !shared_in_routed_;
+  return options_.mode == Mode::W4A4 && gemm1_quantizes_token_rows_enabled_ && !separate_shared &&
          sm90_token_rows_quant_fits(c1, T, E, K, k, routed_launch_shape(routed_.w13_shape).units, shared_in_routed_,
                                     device_sm_count());
 }

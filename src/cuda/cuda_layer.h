@@ -170,7 +170,8 @@ class CudaMoeLayer final : public MoeLayer {
   // its rows in shared memory, each CTA's pieces within two experts on this device's SMs).
   bool t1_quant_rows_fit(const Sm90GemmConfig& c1) const;
   // T = 2 .. 4: whether GEMM1 (config c1) can route T tokens and read their rows in this layer's mode (w4a16: the
-  // raw rows, sm90_token_rows_route_fits; w4a4: quantized per expert where enabled, sm90_token_rows_quant_fits).
+  // raw rows, sm90_token_rows_route_fits; w4a4: quantized per expert where enabled and the layer has no separate
+  // shared expert, sm90_token_rows_quant_fits).
   bool gemm1_token_rows_fit(const Sm90GemmConfig& c1, int T) const;
   // Rows the routed launches' operand buffers hold (the TMA descriptors' bound): max_tokens * k, plus
   // max_tokens when the shared expert is expert E.
@@ -265,14 +266,15 @@ class CudaMoeLayer final : public MoeLayer {
   bool t1_w4a4_quant_rows_enabled_ = true;  // NVFP4MOE_T1_W4A4_QUANT_ROWS=0: w4a4 T = 1 gathers (routing launch)
   bool gemm1_routes_tokens_enabled_ = true;  // NVFP4MOE_GEMM1_ROUTES_TOKENS=0: T = 2 .. 4 route in their own launch
   // w4a4 at T = 2 .. 4: GEMM1 routes the tokens and quantizes their rows per expert (Sm90GemmArgs::
-  // a_routed_token_quant_gs) where NVFP4MOE_GEMM1_QUANTIZES_TOKEN_ROWS=1 (opt-in until its GPU test has run;
-  // default: the routing launch with the quantizing gather).
-  bool gemm1_quantizes_token_rows_enabled_ = false;
-  // After such a GEMM1, GEMM2 seeks the offsets GEMM1 wrote after its wait; NVFP4MOE_GEMM2_READS_TOKEN_IDS=1
-  // (opt-in: built and host-tested, its GPU test not run yet) maps its pieces from GEMM1's T k ids instead
-  // (Sm90GemmArgs::read_token_ids), guessed before its PDL wait; with NVFP4MOE_GEMM2_GUESSES_TOKEN_IDS=0 read after
-  // the wait (A/B, bitwise tests).
-  bool gemm2_reads_token_ids_ = false;
+  // a_routed_token_quant_gs; not with a separate shared expert: gemm1_token_rows_fit). H100, against the routing
+  // launch with the quantizing gather: −3.3..6.3 us a layer (bench/results/1c71133-w4a4-token-quant-ab-h100).
+  // NVFP4MOE_GEMM1_QUANTIZES_TOKEN_ROWS=0 (read at creation): that gather path, for A/B and the bitwise test.
+  bool gemm1_quantizes_token_rows_enabled_ = true;
+  // After such a GEMM1, GEMM2 maps its pieces from GEMM1's T k ids (Sm90GemmArgs::read_token_ids), guessed before
+  // its PDL wait (H100, against seeking the offsets after the wait: −1.1..4.3 us a layer in w4a16,
+  // bench/results/1c71133-w4a4-token-quant-ab-h100); NVFP4MOE_GEMM2_READS_TOKEN_IDS=0 (read at creation): it seeks;
+  // NVFP4MOE_GEMM2_GUESSES_TOKEN_IDS=0: reads the ids after the wait (A/B, bitwise tests).
+  bool gemm2_reads_token_ids_ = true;
   bool gemm2_guesses_token_ids_ = true;
   // NVFP4MOE_WS_GATHER=1 (read at creation; measured slower on the H200, +1..9%, bench/results/1316906-ws-gather-ab,
   // so off): at decode (a warp-streaming GEMM1, T > 1; w4a16, bf16 hidden, not calibrating) GEMM1 reads `hidden`

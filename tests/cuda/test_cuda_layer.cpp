@@ -1161,7 +1161,7 @@ TEST(CudaLayer, T1W4A4QuantizedRowsBitIdenticalToGather) {
     EXPECT_FALSE(h.switched.cuda->decode_routing(1, false, true).gemm1_quantizes_rows);
     EXPECT_FALSE(h.switched.cuda->decode_routing(1, false, true).gemm1_broadcasts) << "w4a4 broadcasts quantized only";
     EXPECT_FALSE(h.base.cuda->decode_routing(1, false, false).gemm1_broadcasts) << "caller ids: the gather";
-    EXPECT_FALSE(h.base.cuda->decode_routing(2, false, true).gemm1_quantizes_rows);  // T = 1 only
+    EXPECT_FALSE(h.base.cuda->decode_routing(2, false, true).gemm1_broadcasts);  // T = 1 only (2 .. 4: token rows)
     if (routing.gemm1_quantizes_rows) {
       EXPECT_TRUE(routing.gemm1_routes && routing.gemm1_broadcasts);
       EXPECT_EQ(routing.gemm2_guesses_ids, routing.gemm2_reads_ids);
@@ -1192,28 +1192,27 @@ TEST(CudaLayer, T1W4A4QuantizedRowsBitIdenticalToGather) {
 // T = 2 .. 4 with router logits routed inside GEMM1 (the default for w4a16; NVFP4MOE_GEMM1_ROUTES_TOKENS=0: the
 // routing launch with the gather): every CTA routes the T tokens with the block routing, keeps their rows of
 // `hidden` in shared memory and runs each piece on the tokens routed to its expert; CTA 0 writes the ids, weights
-// and the whole plan (plan_few_tokens_block); GEMM2 seeks the offsets after its wait, or (opt-in
-// NVFP4MOE_GEMM2_READS_TOKEN_IDS=1) maps its pieces from those T k ids, guessed before its wait
-// (NVFP4MOE_GEMM2_GUESSES_TOKEN_IDS=0: read after it; the poisoned workspace makes the first guesses wrong). The
-// same ids, weights, counts, offsets, perm, inv and output bits as the routing launch, on t1_routing_dims (softmax
-// at 40 and 128 experts, sigmoid with a separate shared expert, the shared expert merged as expert E, 256 experts in
-// groups where T x 256 fits the CTA, relu^2 with a K tail, K = 2880), with the default GEMM1 config and, on three
-// of them, each of the three configs that has the kernel (NVFP4MOE_SM90_CONFIG); per token random, tied, NaN and
+// and the whole plan (plan_few_tokens_block); GEMM2 maps its pieces from those T k ids, guessed before its wait
+// (the default; NVFP4MOE_GEMM2_GUESSES_TOKEN_IDS=0: read after it; the poisoned workspace makes the first guesses
+// wrong), or (NVFP4MOE_GEMM2_READS_TOKEN_IDS=0) seeks the offsets after its wait. The same ids, weights, counts,
+// offsets, perm, inv and output bits as the routing launch, on t1_routing_dims (softmax at 40 and 128 experts,
+// sigmoid with a separate shared expert, the shared expert merged as expert E, 256 experts in groups where T x 256
+// fits the CTA, relu^2 with a K tail, K = 2880), with the picked configs and, on three of them, each of the three
+// configs that has the kernels forced for both GEMMs (NVFP4MOE_SM90_CONFIG); per token random, tied, NaN and
 // all-NaN logits (t1_trial_logits); a poisoned workspace; a captured graph replayed with new inputs. T = 1 and
-// T = 5 and w4a4 keep their paths.
+// T = 5 keep their paths (w4a4: W4A4TokensQuantizedInGemm1BitIdenticalToGather).
 TEST(CudaLayer, TokensRoutedInGemm1BitIdenticalToRoutingLaunch) {
   const std::vector<LayerDims> dims = t1_routing_dims();
   std::map<std::string, int> config_points, gemm2_config_points;
   int merged_points = 0, relu2_points = 0, separate_shared_points = 0;
   auto check = [&](const LayerDims& d, const char* gemm1_config, uint64_t seed) {
-    SCOPED_TRACE(std::string(d.name) + " gemm1 config " + (gemm1_config ? gemm1_config : "(picked)"));
-    if (gemm1_config) ASSERT_EQ(setenv("NVFP4MOE_SM90_CONFIG", (std::string("gemm1=") + gemm1_config).c_str(), 1), 0);
+    SCOPED_TRACE(std::string(d.name) + " config " + (gemm1_config ? gemm1_config : "(picked)"));
+    if (gemm1_config)
+      ASSERT_EQ(setenv("NVFP4MOE_SM90_CONFIG",
+                       (std::string("gemm1=") + gemm1_config + ",gemm2=" + gemm1_config).c_str(), 1), 0);
     SwitchPair h("NVFP4MOE_GEMM1_ROUTES_TOKENS", "0", d, Mode::W4A16, 64, seed);  // base: in GEMM1; switched: launch
-    // switched: GEMM2 reads GEMM1's T k ids, guessing them before its wait (opt-in; base: it seeks the offsets)
-    SwitchPair h2("NVFP4MOE_GEMM2_READS_TOKEN_IDS", "1", d, Mode::W4A16, 64, seed);
-    ASSERT_EQ(setenv("NVFP4MOE_GEMM2_READS_TOKEN_IDS", "1", 1), 0);
+    SwitchPair h2("NVFP4MOE_GEMM2_READS_TOKEN_IDS", "0", d, Mode::W4A16, 64, seed);  // switched: GEMM2 seeks
     SwitchPair h3("NVFP4MOE_GEMM2_GUESSES_TOKEN_IDS", "0", d, Mode::W4A16, 64, seed);  // switched: after its wait
-    unsetenv("NVFP4MOE_GEMM2_READS_TOKEN_IDS");
     unsetenv("NVFP4MOE_SM90_CONFIG");
     EXPECT_FALSE(h.base.cuda->decode_routing(1, false, true).gemm1_routes_tokens);  // (T = 1: its own path)
     EXPECT_FALSE(h.base.cuda->decode_routing(kSm90RoutedTokensMax + 1, false, true).gemm1_routes_tokens);
@@ -1230,12 +1229,12 @@ TEST(CudaLayer, TokensRoutedInGemm1BitIdenticalToRoutingLaunch) {
         continue;
       }
       ++config_points[to_string(h.base.cuda->sm90_launches(T)[0].config)];
-      EXPECT_FALSE(h.base.cuda->decode_routing(T, false, true).gemm2_reads_ids) << "opt-in";
-      const auto routing = h2.switched.cuda->decode_routing(T, false, true);
+      EXPECT_FALSE(h2.switched.cuda->decode_routing(T, false, true).gemm2_reads_ids);
+      const auto routing = h.base.cuda->decode_routing(T, false, true);
       EXPECT_EQ(routing.gemm2_guesses_ids, routing.gemm2_reads_ids) << "GEMM2 reading the ids guesses them by default";
       EXPECT_EQ(h3.switched.cuda->decode_routing(T, false, true).gemm2_reads_ids, routing.gemm2_reads_ids);
       EXPECT_FALSE(h3.switched.cuda->decode_routing(T, false, true).gemm2_guesses_ids);
-      if (routing.gemm2_reads_ids) ++gemm2_config_points[to_string(h2.switched.cuda->sm90_launches(T)[1].config)];
+      if (routing.gemm2_reads_ids) ++gemm2_config_points[to_string(h.base.cuda->sm90_launches(T)[1].config)];
       merged_points += h.base.cuda->shared_in_routed();
       relu2_points += d.act == Activation::Relu2;
       separate_shared_points += d.shared_I > 0 && !h.base.cuda->shared_in_routed();
@@ -1249,8 +1248,8 @@ TEST(CudaLayer, TokensRoutedInGemm1BitIdenticalToRoutingLaunch) {
         const auto hidden = random_hidden(T, H, seed + 7 * trial);
         PlanDump launch_plan;
         expect_poisoned_forwards_match(h.switched,
-                                       {{&h.base, "routed in GEMM1"},
-                                        {&h2.switched, "GEMM2 guessing the ids"},
+                                       {{&h.base, "routed in GEMM1, GEMM2 guessing the ids"},
+                                        {&h2.switched, "GEMM2 seeking"},
                                         {&h3.switched, "GEMM2 reading the ids after its wait"}},
                                        T, hidden, logits, launch_plan);
       }
@@ -1272,27 +1271,31 @@ TEST(CudaLayer, TokensRoutedInGemm1BitIdenticalToRoutingLaunch) {
   EXPECT_GE(separate_shared_points, 2) << "too few points with a separate shared expert (offsets from GEMM1's plan)";
 }
 
-// w4a4 at T = 2 .. 4 with router logits (NVFP4MOE_GEMM1_QUANTIZES_TOKEN_ROWS=1; "0": the routing launch with the
-// quantizing gather): GEMM1 routes the T tokens, each CTA runs a contiguous range of the pieces and quantizes the
-// rows of the tokens routed to its (at most two) experts with each expert's activation scale into shared memory;
-// GEMM2 seeks GEMM1's offsets, or reads (guesses) its T k ids. The same ids, weights, plan and output bits as the
-// gather path, on t1_routing_dims (the merged shared expert: all T tokens with its own scale at index E) with the
-// default GEMM1 config and, on three of them, each of the three configs that has the kernel; per-expert activation
-// scales; per token random, tied, NaN and all-NaN logits; random rows and adversarial 16-column blocks
-// (adversarial_quant_rows); a poisoned workspace; a captured graph replayed with new inputs.
+// w4a4 at T = 2 .. 4 with router logits (the default without a separate shared expert;
+// NVFP4MOE_GEMM1_QUANTIZES_TOKEN_ROWS=0: the routing launch with the quantizing gather): GEMM1 routes the T
+// tokens, each CTA runs a contiguous range of the pieces and quantizes the rows of the tokens routed to its (at most
+// two) experts with each expert's activation scale in shared memory (in place, and a token routed to both into a
+// second row); GEMM2 reads (guesses) its T k ids, or (NVFP4MOE_GEMM2_READS_TOKEN_IDS=0) seeks GEMM1's offsets. The
+// same ids, weights, plan and output bits as the gather path, on t1_routing_dims (the merged shared expert: all T
+// tokens with its own scale at index E) with the picked configs and, on three of them, each of the three configs
+// that has the kernels forced for both GEMMs; per-expert activation scales; per token random, tied, NaN and all-NaN
+// logits; random rows and adversarial 16-column blocks (adversarial_quant_rows); a poisoned workspace; a captured
+// graph replayed with new inputs.
 TEST(CudaLayer, W4A4TokensQuantizedInGemm1BitIdenticalToGather) {
   const std::vector<LayerDims> dims = t1_routing_dims();
   std::map<std::string, int> config_points;
   int merged_points = 0, relu2_points = 0, gemm2_points = 0, two_expert_ranges = 0;
   auto check = [&](const LayerDims& d, const char* gemm1_config, uint64_t seed) {
-    SCOPED_TRACE(std::string(d.name) + " gemm1 config " + (gemm1_config ? gemm1_config : "(picked)"));
-    if (gemm1_config) ASSERT_EQ(setenv("NVFP4MOE_SM90_CONFIG", (std::string("gemm1=") + gemm1_config).c_str(), 1), 0);
+    SCOPED_TRACE(std::string(d.name) + " config " + (gemm1_config ? gemm1_config : "(picked)"));
+    if (gemm1_config)
+      ASSERT_EQ(setenv("NVFP4MOE_SM90_CONFIG",
+                       (std::string("gemm1=") + gemm1_config + ",gemm2=" + gemm1_config).c_str(), 1), 0);
     const char* kSwitch = "NVFP4MOE_GEMM1_QUANTIZES_TOKEN_ROWS";
     SwitchPair off(kSwitch, "0", d, Mode::W4A4, 64, seed);  // switched: the routing launch with the gather
-    SwitchPair on(kSwitch, "1", d, Mode::W4A4, 64, seed);   // switched: quantized in GEMM1
+    SwitchPair on(kSwitch, "1", d, Mode::W4A4, 64, seed);   // switched: quantized in GEMM1 (base: the default)
     ASSERT_EQ(setenv(kSwitch, "1", 1), 0);
-    // switched: GEMM1 quantizing, GEMM2 reading (guessing) its T k ids
-    SwitchPair ids("NVFP4MOE_GEMM2_READS_TOKEN_IDS", "1", d, Mode::W4A4, 64, seed);
+    // GEMM1 quantizing; switched: GEMM2 seeking the offsets (base: reading, guessing, its T k ids)
+    SwitchPair ids("NVFP4MOE_GEMM2_READS_TOKEN_IDS", "0", d, Mode::W4A4, 64, seed);
     unsetenv(kSwitch);
     unsetenv("NVFP4MOE_SM90_CONFIG");
     Harness& gather = off.switched;
@@ -1315,10 +1318,11 @@ TEST(CudaLayer, W4A4TokensQuantizedInGemm1BitIdenticalToGather) {
       EXPECT_EQ(routing.gemm1_quantizes_rows, routing.gemm1_routes_tokens);
       const Sm90GemmConfig c1 = quant.cuda->sm90_launches(T)[0].config;
       if (!routing.gemm1_routes_tokens) {
-        // only a config without the kernel (ws8_s6_w16_b1), too many (token, expert) threads, or ranges past two
-        // experts / rows past shared memory
+        // only a separate shared expert (kept on the gather: measured slower), a config without the kernel
+        // (ws8_s6_w16_b1), too many (token, expert) threads, or ranges past two experts / rows past shared memory
         const int units = quant.cuda->routed().w13_shape.units;
-        EXPECT_TRUE(!sm90_token_rows_route_available(c1) || T * ((E + 31) / 32 * 32) > 512 ||
+        const bool separate_shared = d.shared_I > 0 && !quant.cuda->shared_in_routed();
+        EXPECT_TRUE(separate_shared || !sm90_token_rows_route_available(c1) || T * ((E + 31) / 32 * 32) > 512 ||
                     !sm90_token_rows_quant_fits(c1, static_cast<int>(T), static_cast<int>(E),
                                                 static_cast<int>(d.k), static_cast<int>(H), units,
                                                 quant.cuda->shared_in_routed(), sms));
@@ -1327,9 +1331,10 @@ TEST(CudaLayer, W4A4TokensQuantizedInGemm1BitIdenticalToGather) {
       ++config_points[to_string(c1)];
       merged_points += quant.cuda->shared_in_routed();
       relu2_points += d.act == Activation::Relu2;
-      const auto id_routing = ids.switched.cuda->decode_routing(T, false, true);
-      EXPECT_TRUE(id_routing.gemm1_quantizes_rows);
-      gemm2_points += id_routing.gemm2_reads_ids;
+      EXPECT_TRUE(on.base.cuda->decode_routing(T, false, true).gemm1_quantizes_rows) << "the default";
+      EXPECT_TRUE(ids.base.cuda->decode_routing(T, false, true).gemm1_quantizes_rows);
+      EXPECT_FALSE(ids.switched.cuda->decode_routing(T, false, true).gemm2_reads_ids);
+      gemm2_points += ids.base.cuda->decode_routing(T, false, true).gemm2_reads_ids;
       for (int trial = 0; trial < 5; ++trial) {
         SCOPED_TRACE("trial " + std::to_string(trial));
         std::vector<float> logits;
@@ -1343,7 +1348,8 @@ TEST(CudaLayer, W4A4TokensQuantizedInGemm1BitIdenticalToGather) {
         expect_poisoned_forwards_match(gather,
                                        {{&quant, "quantized in GEMM1"},
                                         {&on.base, "the default"},
-                                        {&ids.switched, "quantized in GEMM1, GEMM2 reading the ids"}},
+                                        {&ids.base, "quantized in GEMM1, GEMM2 reading the ids"},
+                                        {&ids.switched, "quantized in GEMM1, GEMM2 seeking"}},
                                        T, hidden, logits, gather_plan);
         // (a CTA's range spanning two experts: some expert's pieces end inside a range; counted on the plan)
         const int64_t places = std::count_if(gather_plan.counts.begin(), gather_plan.counts.end(),
@@ -1353,6 +1359,7 @@ TEST(CudaLayer, W4A4TokensQuantizedInGemm1BitIdenticalToGather) {
       }
       expect_replays_bit_identical(gather, quant, T, seed + 1000 + T);
       expect_replays_bit_identical(gather, ids.switched, T, seed + 2000 + T);
+      expect_replays_bit_identical(gather, ids.base, T, seed + 3000 + T);
     }
   };
   uint64_t seed = 6100;
@@ -1408,7 +1415,10 @@ TEST(CudaLayer, FusedRoutePlanGatherBitIdenticalToTwoLaunches) {
   for (const LayerDims& d : {kSmallSoftmax, kMergedSigmoid, kWideSoftmax})
     for (Mode mode : {Mode::W4A16, Mode::W4A4}) {
       SCOPED_TRACE(std::string(d.name) + " " + mode_name(mode));
+      // (T = 2 .. 4 through the routing launch: by default GEMM1 routes them itself and no gather runs)
+      ASSERT_EQ(setenv("NVFP4MOE_GEMM1_ROUTES_TOKENS", "0", 1), 0);
       SwitchPair h("NVFP4MOE_FUSED_GATHER", "0", d, mode, 32, 61);  // base: fused (default), switched: two launches
+      unsetenv("NVFP4MOE_GEMM1_ROUTES_TOKENS");
       const bool merged = h.base.cuda->shared_in_routed();
       ASSERT_EQ(merged, d.shared_I > 0) << "the test needs the shared expert merged as expert E";
       const bool wide = d.H > 512;
