@@ -112,6 +112,18 @@ __host__ __device__ inline int token_rows_route_scratch_bytes(int tokens, int ex
   return token_rows_route_scan_offset(tokens, experts, top_k) + 32 * 8;
 }
 
+// The quantizing kernels' contiguous piece range of this CTA (kBroadcastQuantized, kRoutedTokensQuantized): pieces
+// [begin, end) of the launch's places x n_pieces (floor or ceil of pieces / CTAs, as many as the round-robin gives
+// it), which belong to the places place0 .. place0 + places - 1.
+__device__ __forceinline__ void ws_contiguous_piece_range(const int places_total, const int n_pieces, int& begin,
+                                                          int& end, int& place0, int& places) {
+  const int64_t pieces = static_cast<int64_t>(places_total) * n_pieces;
+  begin = static_cast<int>(pieces * blockIdx.x / gridDim.x);
+  end = static_cast<int>(pieces * (blockIdx.x + 1) / gridDim.x);
+  place0 = begin / n_pieces;
+  places = end > begin ? (end - 1) / n_pieces - place0 + 1 : 0;
+}
+
 // A warp's T = 2 .. 4 routing pairs (the routed kernels of WsRows::kRoutedTokens and kDirectTokenIds): lane p <
 // pairs holds pair p's expert `id` (-1: none; its token p / k). same: the lanes of the same expert (in token order:
 // the plan's rows of that expert); first: p is its expert's first pair; place: the chosen experts below its expert
@@ -909,11 +921,7 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
   if constexpr (kQuantRows) {
     static_assert(kWsMaxQuantRows == 2 && (BPW == 2 || kWalkers < kWsQuantRowsBarrier),
                   "two scales; a named barrier the warp pairs (1 .. kWalkers) leave free");
-    const int64_t pieces = static_cast<int64_t>(routed_experts) * n_pieces;
-    piece_begin = static_cast<int>(pieces * blockIdx.x / gridDim.x);
-    piece_end = static_cast<int>(pieces * (blockIdx.x + 1) / gridDim.x);
-    quant_place0 = piece_begin / n_pieces;
-    quant_places = piece_end > piece_begin ? (piece_end - 1) / n_pieces - quant_place0 + 1 : 0;
+    ws_contiguous_piece_range(routed_experts, n_pieces, piece_begin, piece_end, quant_place0, quant_places);
     if (quant_places > kWsMaxQuantRows) __trap();  // (excluded by the host: sm90_broadcast_quant_rows_fit)
     quant_threads = piece_end > piece_begin ? Tr::kThreads : 0;  // every warp of a CTA with a piece
     // The places' activation scales, loaded now: their round trip overlaps the first weights' copies.
@@ -927,11 +935,7 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
   [[maybe_unused]] unsigned quant_tokens0 = 0u, quant_tokens1 = 0u;
   if constexpr (kTokenQuant) {
     static_assert(kWsMaxQuantRows == 2 && BPW == 2, "two scales; the named barrier 1 .. kWalkers leave free");
-    const int64_t pieces = static_cast<int64_t>(routed_experts) * n_pieces;
-    piece_begin = static_cast<int>(pieces * blockIdx.x / gridDim.x);
-    piece_end = static_cast<int>(pieces * (blockIdx.x + 1) / gridDim.x);
-    quant_place0 = piece_begin / n_pieces;
-    quant_places = piece_end > piece_begin ? (piece_end - 1) / n_pieces - quant_place0 + 1 : 0;
+    ws_contiguous_piece_range(routed_experts, n_pieces, piece_begin, piece_end, quant_place0, quant_places);
     if (quant_places > kWsMaxQuantRows) __trap();  // (excluded by the host: sm90_token_rows_quant_fits)
     quant_threads = piece_end > piece_begin ? Tr::kThreads : 0;  // every warp of a CTA with a piece
     // Lane p < T k: pair p's token bit; a place's tokens are its expert's pairs' bits (OR over the warp).

@@ -426,6 +426,16 @@ void routed_gemm1_args(Sm90OneTokenRoute& rt, Sm90GemmArgs& g) {
 
 // A refusal case of a routed launch: `bend` changes the arguments, the route or the config of a valid launch;
 // the launcher must refuse it before any device call with a message naming `name` and containing `expect`.
+// The same GEMM1 routing T = 4 tokens (Sm90GemmArgs::a_routed_token_rows).
+void token_rows_gemm1_args(Sm90OneTokenRoute& rt, Sm90GemmArgs& g) {
+  routed_gemm1_args(rt, g);
+  rt.route.tokens = 4;
+  rt.plan.tokens = 4;
+  g.a_broadcast_row = false;
+  g.a_routed_token_rows = true;
+  g.a_rows_capacity = 4;
+}
+
 struct RouteCase {
   const char* what;
   std::function<void(Sm90GemmArgs&, Sm90OneTokenRoute&, Sm90GemmConfig&)> bend;
@@ -584,12 +594,7 @@ TEST(Sm90TokenRowsRoute, FitAndRefusals) {
 
   Sm90OneTokenRoute rt;
   Sm90GemmArgs g;
-  routed_gemm1_args(rt, g);
-  rt.route.tokens = 4;
-  rt.plan.tokens = 4;
-  g.a_broadcast_row = false;
-  g.a_routed_token_rows = true;
-  g.a_rows_capacity = 4;
+  token_rows_gemm1_args(rt, g);
   const std::vector<RouteCase> cases = {
       {"no routing", [](auto& x, auto&, auto&) { x.one_token_route = nullptr; }, "only with a routing one_token_route"},
       {"a tile config", [&](auto&, auto&, auto& c) { c = tile; }, "only with a routing one_token_route and a config"},
@@ -670,12 +675,7 @@ TEST(Sm90TokenRowsQuant, FitAndRefusals) {
   static float gs[129];
   Sm90OneTokenRoute rt;
   Sm90GemmArgs g;
-  routed_gemm1_args(rt, g);
-  rt.route.tokens = 4;
-  rt.plan.tokens = 4;
-  g.a_broadcast_row = false;
-  g.a_routed_token_rows = true;
-  g.a_rows_capacity = 4;
+  token_rows_gemm1_args(rt, g);
   g.gs = gs;
   g.a_routed_token_quant_gs = gs;
   const std::vector<RouteCase> cases = {
