@@ -1,8 +1,10 @@
-# One call (twenty-ninth session), on the commit that turned on w4a4 T = 2 .. 4 quantized in GEMM1 and GEMM2
-# reading GEMM1's T k ids: the layer tests of both defaults (the bitwise tests with both GEMMs' configs forced, the
-# w4a4 model tests against the CPU reference incl. PresetDims at T = 1 / 4 / 9 / 300, fused gather, batch
-# invariance, graph capture), memcheck of the w4a16 token test (GEMM2's x2 token-ids kernel), then the protocol
-# run (ceilings, every preset and T, the torch baseline). Run as SHA=<sha> END_S=570 bash <this script>.
+# One call, on the commits that turned on w4a4 T = 2 .. 4 quantized in GEMM1 and GEMM2 reading GEMM1's T k ids:
+# the layer tests of both defaults (the bitwise tests with both GEMMs' configs forced, GEMM2's ws8_s4_w16_x2
+# token-ids kernel included; the w4a4 model tests against the CPU reference incl. PresetDims at T = 1 / 4 / 9 / 300;
+# fused gather, batch invariance, graph capture), memcheck of the w4a16 token test, then the protocol run
+# (ceilings, every preset and T, the torch baseline). Run as SHA=<sha> END_S=570 bash <this script>. Written in the
+# twenty-ninth session; not run there (six starts refused after the A/B call used the device time).
+# If the tests pass: NVFP4MOE_GEMM2_READS_TOKEN_IDS's two-slice exclusion (cuda_layer.cpp) can go.
 for b in .carry/*.tar.xz; do tar xJf $b -C .carry; done
 export LD_LIBRARY_PATH=$PWD/.carry NVFP4MOE_TEST_DATA=$PWD/tests/data
 SHA=${SHA:-unknown}; W=$OUT/v; mkdir -p $W
