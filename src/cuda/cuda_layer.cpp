@@ -301,6 +301,8 @@ CudaMoeLayer::CudaMoeLayer(MoeWeights w, const MoeLayerOptions& options, GemmPat
       gemm1_routes_tokens_enabled_ = env_switch("NVFP4MOE_GEMM1_ROUTES_TOKENS");  // A/B: "0" = T = 2 .. 4 launch
       // A/B: "0" = w4a4 T = 2 .. 4 take the routing launch with the quantizing gather
       gemm1_quantizes_token_rows_enabled_ = env_switch("NVFP4MOE_GEMM1_QUANTIZES_TOKEN_ROWS");
+      // "1": also with a separate shared expert (measured slower there; A/B and the bitwise test)
+      gemm1_quantizes_token_rows_separate_shared_ = env_opt_in("NVFP4MOE_GEMM1_QUANTIZES_TOKEN_ROWS");
       gemm2_reads_token_ids_ = env_switch("NVFP4MOE_GEMM2_READS_TOKEN_IDS");  // A/B: "0" = T = 2 .. 4 GEMM2 seeks
       // "1": also with the two-slice config, whose kernel has not run its bitwise GPU test yet (default: not)
       gemm2_token_ids_two_slice_ = env_opt_in("NVFP4MOE_GEMM2_READS_TOKEN_IDS");
@@ -1119,7 +1121,8 @@ bool CudaMoeLayer::gemm1_token_rows_fit(const Sm90GemmConfig& c1, int T) const {
   // w4a4: not with a separate shared expert (nemotron-nano T = 4 measured +5.2 us against the gather path, H100,
   // bench/results/1c71133-w4a4-token-quant-ab-h100; its w4a16 token routing gained nothing there either)
   const bool separate_shared = shared_.num_experts > 0 && !shared_in_routed_;
-  return options_.mode == Mode::W4A4 && gemm1_quantizes_token_rows_enabled_ && !separate_shared &&
+  return options_.mode == Mode::W4A4 && gemm1_quantizes_token_rows_enabled_ &&
+         (!separate_shared || gemm1_quantizes_token_rows_separate_shared_) &&
          sm90_token_rows_quant_fits(c1, T, E, K, k, routed_launch_shape(routed_.w13_shape).units, shared_in_routed_,
                                     device_sm_count());
 }

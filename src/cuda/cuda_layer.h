@@ -171,7 +171,7 @@ class CudaMoeLayer final : public MoeLayer {
   bool t1_quant_rows_fit(const Sm90GemmConfig& c1) const;
   // T = 2 .. 4: whether GEMM1 (config c1) can route T tokens and read their rows in this layer's mode (w4a16: the
   // raw rows, sm90_token_rows_route_fits; w4a4: quantized per expert where enabled and the layer has no separate
-  // shared expert, sm90_token_rows_quant_fits).
+  // shared expert or NVFP4MOE_GEMM1_QUANTIZES_TOKEN_ROWS=1, sm90_token_rows_quant_fits).
   bool gemm1_token_rows_fit(const Sm90GemmConfig& c1, int T) const;
   // Rows the routed launches' operand buffers hold (the TMA descriptors' bound): max_tokens * k, plus
   // max_tokens when the shared expert is expert E.
@@ -268,8 +268,10 @@ class CudaMoeLayer final : public MoeLayer {
   // w4a4 at T = 2 .. 4: GEMM1 routes the tokens and quantizes their rows per expert (Sm90GemmArgs::
   // a_routed_token_quant_gs; not with a separate shared expert: gemm1_token_rows_fit). H100, against the routing
   // launch with the quantizing gather: −3.3..6.3 us a layer (bench/results/1c71133-w4a4-token-quant-ab-h100).
-  // NVFP4MOE_GEMM1_QUANTIZES_TOKEN_ROWS=0 (read at creation): that gather path, for A/B and the bitwise test.
+  // NVFP4MOE_GEMM1_QUANTIZES_TOKEN_ROWS=0 (read at creation): that gather path, for A/B and the bitwise test; "1":
+  // also with a separate shared expert (gemm1_quantizes_token_rows_separate_shared_: A/B, tests).
   bool gemm1_quantizes_token_rows_enabled_ = true;
+  bool gemm1_quantizes_token_rows_separate_shared_ = false;
   // After such a GEMM1, GEMM2 maps its pieces from GEMM1's T k ids (Sm90GemmArgs::read_token_ids), guessed before
   // its PDL wait (H100, against seeking the offsets after the wait: −1.1..4.3 us a layer in w4a16,
   // bench/results/1c71133-w4a4-token-quant-ab-h100; not with GEMM2 on ws8_s4_w16_x2 by default:

@@ -1282,8 +1282,8 @@ TEST(CudaLayer, TokensRoutedInGemm1BitIdenticalToRoutingLaunch) {
   EXPECT_GE(separate_shared_points, 2) << "too few points with a separate shared expert (offsets from GEMM1's plan)";
 }
 
-// w4a4 at T = 2 .. 4 with router logits (the default without a separate shared expert;
-// NVFP4MOE_GEMM1_QUANTIZES_TOKEN_ROWS=0: the routing launch with the quantizing gather): GEMM1 routes the T
+// w4a4 at T = 2 .. 4 with router logits (the default without a separate shared expert, with one where
+// NVFP4MOE_GEMM1_QUANTIZES_TOKEN_ROWS=1; "0": the routing launch with the quantizing gather): GEMM1 routes the T
 // tokens, each CTA runs a contiguous range of the pieces and quantizes the rows of the tokens routed to its (at most
 // two) experts with each expert's activation scale in shared memory (in place, and a token routed to both into a
 // second row); GEMM2 reads (guesses) its T k ids, or (NVFP4MOE_GEMM2_READS_TOKEN_IDS=0) seeks GEMM1's offsets. The
@@ -1295,7 +1295,7 @@ TEST(CudaLayer, TokensRoutedInGemm1BitIdenticalToRoutingLaunch) {
 TEST(CudaLayer, W4A4TokensQuantizedInGemm1BitIdenticalToGather) {
   const std::vector<LayerDims> dims = t1_routing_dims();
   std::map<std::string, int> config_points;
-  int merged_points = 0, relu2_points = 0, gemm2_points = 0, two_expert_ranges = 0;
+  int merged_points = 0, relu2_points = 0, gemm2_points = 0, two_expert_ranges = 0, separate_points = 0;
   auto check = [&](const LayerDims& d, const char* gemm1_config, uint64_t seed) {
     SCOPED_TRACE(std::string(d.name) + " config " + (gemm1_config ? gemm1_config : "(picked)"));
     if (gemm1_config)
@@ -1303,7 +1303,8 @@ TEST(CudaLayer, W4A4TokensQuantizedInGemm1BitIdenticalToGather) {
                        (std::string("gemm1=") + gemm1_config + ",gemm2=" + gemm1_config).c_str(), 1), 0);
     const char* kSwitch = "NVFP4MOE_GEMM1_QUANTIZES_TOKEN_ROWS";
     SwitchPair off(kSwitch, "0", d, Mode::W4A4, 64, seed);  // switched: the routing launch with the gather
-    SwitchPair on(kSwitch, "1", d, Mode::W4A4, 64, seed);   // switched: quantized in GEMM1 (base: the default)
+    // switched: quantized in GEMM1, a separate shared expert too (base: the default, not with one)
+    SwitchPair on(kSwitch, "1", d, Mode::W4A4, 64, seed);
     ASSERT_EQ(setenv(kSwitch, "1", 1), 0);
     // GEMM1 quantizing; switched: GEMM2 seeking the offsets (base: reading, guessing, its T k ids)
     SwitchPair ids("NVFP4MOE_GEMM2_READS_TOKEN_IDS", "0", d, Mode::W4A4, 64, seed);
@@ -1329,11 +1330,10 @@ TEST(CudaLayer, W4A4TokensQuantizedInGemm1BitIdenticalToGather) {
       EXPECT_EQ(routing.gemm1_quantizes_rows, routing.gemm1_routes_tokens);
       const Sm90GemmConfig c1 = quant.cuda->sm90_launches(T)[0].config;
       if (!routing.gemm1_routes_tokens) {
-        // only a separate shared expert (kept on the gather: measured slower), a config without the kernel
-        // (ws8_s6_w16_b1), too many (token, expert) threads, or ranges past two experts / rows past shared memory
+        // only a config without the kernel (ws8_s6_w16_b1), too many (token, expert) threads, or ranges past two
+        // experts / rows past shared memory
         const int units = quant.cuda->routed().w13_shape.units;
-        const bool separate_shared = d.shared_I > 0 && !quant.cuda->shared_in_routed();
-        EXPECT_TRUE(separate_shared || !sm90_token_rows_route_available(c1) || T * ((E + 31) / 32 * 32) > 512 ||
+        EXPECT_TRUE(!sm90_token_rows_route_available(c1) || T * ((E + 31) / 32 * 32) > 512 ||
                     !sm90_token_rows_quant_fits(c1, static_cast<int>(T), static_cast<int>(E),
                                                 static_cast<int>(d.k), static_cast<int>(H), units,
                                                 quant.cuda->shared_in_routed(), sms));
@@ -1342,7 +1342,10 @@ TEST(CudaLayer, W4A4TokensQuantizedInGemm1BitIdenticalToGather) {
       ++config_points[to_string(c1)];
       merged_points += quant.cuda->shared_in_routed();
       relu2_points += d.act == Activation::Relu2;
-      EXPECT_TRUE(on.base.cuda->decode_routing(T, false, true).gemm1_quantizes_rows) << "the default";
+      const bool separate_shared = d.shared_I > 0 && !quant.cuda->shared_in_routed();
+      separate_points += separate_shared;
+      EXPECT_EQ(on.base.cuda->decode_routing(T, false, true).gemm1_quantizes_rows, !separate_shared)
+          << "the default: not with a separate shared expert";
       EXPECT_TRUE(ids.base.cuda->decode_routing(T, false, true).gemm1_quantizes_rows);
       EXPECT_FALSE(ids.switched.cuda->decode_routing(T, false, true).gemm2_reads_ids);
       gemm2_points += ids.base.cuda->decode_routing(T, false, true).gemm2_reads_ids;
@@ -1382,6 +1385,7 @@ TEST(CudaLayer, W4A4TokensQuantizedInGemm1BitIdenticalToGather) {
   EXPECT_GE(merged_points, 6) << "too few points with a merged shared expert (all T tokens, its own scale)";
   EXPECT_GE(relu2_points, 6) << "too few relu^2 points";
   EXPECT_GE(gemm2_points, 6) << "too few points with GEMM2 reading the quantizing GEMM1's ids";
+  EXPECT_GE(separate_points, 2) << "too few points with a separate shared expert (opt-in there)";
   EXPECT_GE(two_expert_ranges, 20) << "too few forwards with several experts (ranges spanning two)";
 }
 
