@@ -1067,6 +1067,21 @@ std::vector<float> t1_trial_logits(int64_t E, uint64_t seed, int kind) {
   return logits;
 }
 
+// The configs with the token-routing GEMM1 kernels (NVFP4MOE_SM90_TOKEN_ROWS_ROUTE_CONFIGS), forced in the T = 2 .. 4
+// tests.
+const char* const kTokenRouteConfigs[] = {"ws8_s6_w16", "ws8_s6_w16_u", "ws8_s4_w16_x2"};
+
+// A T = 2 .. 4 trial's logits: token t of kind (trial + t) % 4 (t1_trial_logits: random, tied, NaN, all NaN), so
+// that every trial mixes the kinds (trial 3: one token all NaN, one random, one tied ...).
+std::vector<float> tokens_trial_logits(int64_t T, int64_t E, uint64_t seed, int trial) {
+  std::vector<float> logits;
+  for (int64_t t = 0; t < T; ++t) {
+    const auto l = t1_trial_logits(E, seed + 100 * trial + t, static_cast<int>((trial + t) % 4));
+    logits.insert(logits.end(), l.begin(), l.end());
+  }
+  return logits;
+}
+
 // T = 1 with router logits routed inside GEMM1 (the default; NVFP4MOE_T1_ROUTE_IN_GEMM=0: the routing launch):
 // every CTA of the warp-streaming GEMM1 routes the token with the block routing and maps its pieces from the ids,
 // CTA 0 writes the ids, weights and plan; GEMM2 guesses those ids before its wait and checks them after it
@@ -1249,11 +1264,7 @@ TEST(CudaLayer, TokensRoutedInGemm1BitIdenticalToRoutingLaunch) {
       separate_shared_points += d.shared_I > 0 && !h.base.cuda->shared_in_routed();
       for (int trial = 0; trial < 4; ++trial) {
         SCOPED_TRACE("trial " + std::to_string(trial));
-        std::vector<float> logits;
-        for (int64_t t = 0; t < T; ++t) {  // token t: kind (trial + t) % 4 (trial 3: one token all NaN, one tied...)
-          const auto l = t1_trial_logits(E, seed + 100 * trial + t, static_cast<int>((trial + t) % 4));
-          logits.insert(logits.end(), l.begin(), l.end());
-        }
+        const std::vector<float> logits = tokens_trial_logits(T, E, seed, trial);
         const auto hidden = random_hidden(T, H, seed + 7 * trial);
         PlanDump launch_plan;
         expect_poisoned_forwards_match(h.switched,
@@ -1272,10 +1283,10 @@ TEST(CudaLayer, TokensRoutedInGemm1BitIdenticalToRoutingLaunch) {
   uint64_t seed = 5100;
   for (const LayerDims& d : dims) check(d, nullptr, seed += 10);
   for (const LayerDims& d : {dims[0], dims[2], dims[3]})
-    for (const char* c : {"ws8_s6_w16", "ws8_s6_w16_u", "ws8_s4_w16_x2"}) check(d, c, seed += 10);
-  for (const char* c : {"ws8_s6_w16", "ws8_s6_w16_u", "ws8_s4_w16_x2"})
+    for (const char* c : kTokenRouteConfigs) check(d, c, seed += 10);
+  for (const char* c : kTokenRouteConfigs)
     EXPECT_GE(config_points[c], 6) << c << ": its token-routing GEMM1 ran at too few points";
-  for (const char* c : {"ws8_s6_w16", "ws8_s6_w16_u", "ws8_s4_w16_x2"})
+  for (const char* c : kTokenRouteConfigs)
     EXPECT_GE(gemm2_config_points[c], 2) << c << ": its GEMM2 reading GEMM1's T k ids ran at too few points";
   EXPECT_GE(merged_points, 6) << "too few points with a merged shared expert (its rows: all T tokens)";
   EXPECT_GE(relu2_points, 6) << "too few relu^2 points";
@@ -1351,11 +1362,7 @@ TEST(CudaLayer, W4A4TokensQuantizedInGemm1BitIdenticalToGather) {
       gemm2_points += ids.base.cuda->decode_routing(T, false, true).gemm2_reads_ids;
       for (int trial = 0; trial < 5; ++trial) {
         SCOPED_TRACE("trial " + std::to_string(trial));
-        std::vector<float> logits;
-        for (int64_t t = 0; t < T; ++t) {  // token t: kind (trial + t) % 4 (trial 3: one token all NaN, one tied...)
-          const auto l = t1_trial_logits(E, seed + 100 * trial + t, static_cast<int>((trial + t) % 4));
-          logits.insert(logits.end(), l.begin(), l.end());
-        }
+        const std::vector<float> logits = tokens_trial_logits(T, E, seed, trial);
         const auto hidden = trial % 2 == 1 ? adversarial_quant_rows(T, H, seed + 11 * trial, trial)
                                            : random_hidden(T, H, seed + 7 * trial);
         PlanDump gather_plan;
@@ -1379,8 +1386,8 @@ TEST(CudaLayer, W4A4TokensQuantizedInGemm1BitIdenticalToGather) {
   uint64_t seed = 6100;
   for (const LayerDims& d : dims) check(d, nullptr, seed += 10);
   for (const LayerDims& d : {dims[0], dims[2], dims[3]})
-    for (const char* c : {"ws8_s6_w16", "ws8_s6_w16_u", "ws8_s4_w16_x2"}) check(d, c, seed += 10);
-  for (const char* c : {"ws8_s6_w16", "ws8_s6_w16_u", "ws8_s4_w16_x2"})
+    for (const char* c : kTokenRouteConfigs) check(d, c, seed += 10);
+  for (const char* c : kTokenRouteConfigs)
     EXPECT_GE(config_points[c], 6) << c << ": its quantizing token-routing GEMM1 ran at too few points";
   EXPECT_GE(merged_points, 6) << "too few points with a merged shared expert (all T tokens, its own scale)";
   EXPECT_GE(relu2_points, 6) << "too few relu^2 points";
