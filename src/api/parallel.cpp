@@ -9,6 +9,7 @@
 #include <mutex>
 #include <sstream>
 
+#include "api/cpu_forward_scratch.h"
 #include "api/parallel_internal.h"
 #include "cpu/reference.h"
 #include "cpu/shard.h"
@@ -272,45 +273,17 @@ class ShardedCpuMoeLayer final : public MoeLayer {
   size_t weight_bytes() const override { return s_.local.packed_bytes(); }
   size_t workspace_bytes() const override {
     std::lock_guard<std::mutex> lock(mu_);
-    return hidden_.capacity() * 2 + ids_.capacity() * 4 + weights_.capacity() * 4 + out_.capacity() * 4;
+    return scratch_.bytes();
   }
 
   void forward(const TensorRef& hidden, const RoutingArgs& routing, const TensorRef& out, void*) override {
     validate_forward_args(s_.spec, options_, hidden, routing, out, DeviceType::CPU);
-    const int64_t T = hidden.dim(0), H = s_.spec.hidden, K = s_.spec.top_k;
-    if (T == 0) return;
+    if (hidden.dim(0) == 0) return;
     std::lock_guard<std::mutex> lock(mu_);
-    const size_t th = static_cast<size_t>(T * H), tk = static_cast<size_t>(T * K);
-    const uint16_t* x = static_cast<const uint16_t*>(hidden.data);
-    if (hidden.dtype == DType::F32) {
-      hidden_.resize(std::max(hidden_.size(), th));
-      const float* src = static_cast<const float*>(hidden.data);
-      for (size_t i = 0; i < th; ++i) hidden_[i] = fmt::bf16_from_float(src[i]);
-      x = hidden_.data();
-    }
-    const int32_t* ids = nullptr;
-    const float* ws = nullptr;
-    if (routing.router_logits) {
-      ids_.resize(std::max(ids_.size(), tk));
-      weights_.resize(std::max(weights_.size(), tk));
-      cpu::route(s_.spec, static_cast<const float*>(routing.router_logits->data),
-                 s_.router_bias.empty() ? nullptr : s_.router_bias.data(), T, ids_.data(), weights_.data());
-      ids = ids_.data();
-      ws = weights_.data();
-    } else {
-      ids = static_cast<const int32_t*>(routing.topk_ids->data);
-      ws = static_cast<const float*>(routing.topk_weights->data);
-    }
-    float* y = static_cast<float*>(out.data);
-    if (out.dtype == DType::BF16) {
-      out_.resize(std::max(out_.size(), th));
-      y = out_.data();
-    }
-    cpu::shard_forward(s_, options_.mode, x, T, ids, ws, y);
-    if (out.dtype == DType::BF16) {
-      uint16_t* o = static_cast<uint16_t*>(out.data);
-      for (size_t i = 0; i < th; ++i) o[i] = fmt::bf16_from_float(out_[i]);
-    }
+    scratch_.run(s_.spec, s_.router_bias, hidden, routing, out,
+                 [&](const uint16_t* x, int64_t T, const int32_t* ids, const float* ws, float* y) {
+                   cpu::shard_forward(s_, options_.mode, x, T, ids, ws, y);
+                 });
   }
 
   void begin_calibration() override { refuse_calibration(); }
@@ -326,10 +299,7 @@ class ShardedCpuMoeLayer final : public MoeLayer {
   MoeShard s_;
   MoeLayerOptions options_;
   mutable std::mutex mu_;
-  std::vector<uint16_t> hidden_;
-  std::vector<int32_t> ids_;
-  std::vector<float> weights_;
-  std::vector<float> out_;
+  cpu_layer_detail::CpuForwardScratch scratch_;
 };
 
 }  // namespace

@@ -14,6 +14,7 @@
 //     these random layers the worst observed error is 377 u S against a bound of ~3000 u S).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -22,6 +23,7 @@
 
 #include "cpu/reference.h"
 #include "cpu/shard.h"
+#include "format/nvfp4.h"
 #include "model/synthetic.h"
 #include "nvfp4moe/checkpoint.h"
 #include "nvfp4moe/error.h"
@@ -350,6 +352,49 @@ TEST(ShardedMoeLayer, SumOfRanksEqualsUnshardedLayer) {
     const double I = 128;
     EXPECT_LE(worst_ratio(sum, full, S), tp == 1 ? 2 * (3 + 2) : (2 * I + 20) * std::sqrt(I));
   }
+}
+
+// One rank's forward takes every input form the whole layer takes: F32 hidden (rounded to bf16 first), the
+// caller's ids and weights instead of logits, a BF16 out (the f32 partial rounded once). Fed the same values, each
+// form gives the BF16-hidden / logits / F32-out result bit for bit, and a second call at a smaller T reuses it.
+TEST(ShardedMoeLayer, EveryInputFormGivesTheSamePartial) {
+  const MoeSpec spec = deepseek();
+  const int64_t T = 9, H = spec.hidden, K = spec.top_k;
+  const std::vector<uint16_t> x = test::random_hidden_bf16(T, H, 3);
+  const std::vector<float> logits = test::random_logits(T, spec.num_experts, 4);
+  std::vector<float> xf(x.size());
+  for (size_t i = 0; i < x.size(); ++i) xf[i] = fmt::bf16_to_float(x[i]) * (1.0f + 0x1p-12f);  // rounds back to x
+  const MoeWeights w = test::random_weights(spec);
+  std::vector<int32_t> ids(static_cast<size_t>(T * K));
+  std::vector<float> tw(ids.size());
+  cpu::route(spec, logits.data(), w.router_bias.data(), T, ids.data(), tw.data());
+  MoeLayerOptions o;
+  o.mode = Mode::W4A4;
+  o.parallel = ParallelConfig::of_rank(2, 2, 3);
+  auto layer = MoeLayer::create(test::random_weights(spec), o);
+  auto lt = test::cpu_tensor(logits.data(), DType::F32, {T, spec.num_experts});
+  auto it = test::cpu_tensor(ids.data(), DType::I32, {T, K});
+  auto wt = test::cpu_tensor(tw.data(), DType::F32, {T, K});
+  RoutingArgs by_logits, by_ids;
+  by_logits.router_logits = &lt;
+  by_ids.topk_ids = &it;
+  by_ids.topk_weights = &wt;
+  std::vector<float> part(static_cast<size_t>(T * H)), part_ids(part.size());
+  layer->forward(test::cpu_tensor(x.data(), DType::BF16, {T, H}), by_logits,
+                 test::cpu_tensor(part.data(), DType::F32, {T, H}));
+  EXPECT_GT(layer->workspace_bytes(), size_t{0});  // the routed ids and weights
+  ASSERT_TRUE(std::any_of(part.begin(), part.end(), [](float v) { return v != 0.0f; }));  // the rank has work
+  layer->forward(test::cpu_tensor(xf.data(), DType::F32, {T, H}), by_ids,
+                 test::cpu_tensor(part_ids.data(), DType::F32, {T, H}));
+  ASSERT_EQ(0, std::memcmp(part.data(), part_ids.data(), part.size() * sizeof(float)));
+  std::vector<uint16_t> part_bf16(part.size());
+  auto lt_head = test::cpu_tensor(logits.data(), DType::F32, {T - 2, spec.num_experts});  // the first T - 2 tokens
+  RoutingArgs head;
+  head.router_logits = &lt_head;
+  layer->forward(test::cpu_tensor(xf.data(), DType::F32, {T - 2, H}), head,
+                 test::cpu_tensor(part_bf16.data(), DType::BF16, {T - 2, H}));
+  for (size_t i = 0; i < static_cast<size_t>((T - 2) * H); ++i)
+    ASSERT_EQ(part_bf16[i], fmt::bf16_from_float(part[i])) << "element " << i;
 }
 
 TEST(ShardedMoeLayer, RefusesWhatItCannotDo) {
