@@ -47,32 +47,12 @@ std::string shape_str(const std::vector<int64_t>& s) {
   return r + "]";
 }
 
-// IEEE half -> float (exact).
-float f16_to_float(uint16_t h) {
-  const uint32_t sign = (h & 0x8000u) << 16, exp = (h >> 10) & 0x1Fu, man = h & 0x3FFu;
-  if (exp == 0) {
-    const float v = std::ldexp(static_cast<float>(man), -24);
-    return sign ? -v : v;
-  }
-  if (exp == 31) return fmt::bits_float(sign | 0x7F800000u | (man << 13));
-  return fmt::bits_float(sign | ((exp + 112) << 23) | (man << 13));
-}
-
-// The values of a BF16 / F16 / F32 tensor as fp32.
+// The values of a BF16 / F16 / F32 tensor as fp32 (the error names the file).
 std::vector<float> to_float(const io::TensorInfo& t, const std::string& file) {
-  const size_t n = static_cast<size_t>(t.numel());
-  std::vector<float> v(n);
-  if (t.dtype == DType::F32) {
-    std::memcpy(v.data(), t.data, n * 4);
-  } else if (t.dtype == DType::BF16 || t.dtype == DType::F16) {
-    for (size_t i = 0; i < n; ++i) {
-      uint16_t h;
-      std::memcpy(&h, t.data + 2 * i, 2);
-      v[i] = t.dtype == DType::BF16 ? fmt::bf16_to_float(h) : f16_to_float(h);
-    }
-  } else {
+  if (t.dtype != DType::F32 && t.dtype != DType::BF16 && t.dtype != DType::F16)
     throw FormatError(cat(file, ": tensor ", t.name, ": expected dtype BF16, F16 or F32, got ", dtype_name(t.dtype)));
-  }
+  std::vector<float> v(static_cast<size_t>(t.numel()));
+  tensor_to_float(t, v.data());
   return v;
 }
 std::vector<uint16_t> to_bf16(const io::TensorInfo& t, const std::string& file) {
