@@ -368,6 +368,11 @@ struct ProjScalars {
   float weight_scale_2 = 0, input_scale = 0;
 };
 
+// Expert scalars of one expert (routed or shared), validated.
+struct ExpertScalars {
+  ProjScalars gate, up, down;
+};
+
 double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
@@ -445,6 +450,12 @@ class Nvfp4Checkpoint final : public Checkpoint {
   // Validation: throws FormatError naming layer/expert/tensor. Returns the scalars.
   ProjScalars check_proj(const LayerInfo& li, const std::string& base, const std::string& what, int64_t n,
                          int64_t k, const SuffixSet* suffixes) const;
+  // Experts 0..E-1 all present and no other (config.json's num_experts, untrusted until then), before anything
+  // is sized by E.
+  void check_expert_set(const LayerInfo& li, const std::string& lname) const;
+  // One expert's projections (tensors under `base`, I = width): only the layer's projection names, each checked.
+  ExpertScalars check_expert(const LayerInfo& li, const std::string& base, const ProjMap& projs,
+                             const std::string& what, int64_t width) const;
   float read_scalar(const std::string& name, const std::string& what, bool reciprocal) const;
   const io::TensorInfo& need(const std::string& name, const std::string& what) const;
   size_t layer_bytes(const LayerInfo& li) const;
@@ -695,10 +706,37 @@ size_t Nvfp4Checkpoint::layer_bytes(const LayerInfo& li) const {
   return b;
 }
 
-// Expert scalars of one expert (routed or shared), validated.
-struct ExpertScalars {
-  ProjScalars gate, up, down;
-};
+void Nvfp4Checkpoint::check_expert_set(const LayerInfo& li, const std::string& lname) const {
+  const int64_t E = li.spec.num_experts;
+  for (const auto& [e, projs] : li.t.experts)
+    NVFP4MOE_CHECK(e < E, FormatError, dir_, ": ", lname, ": extra expert ", e, " (tensors ", li.t.prefix, ".experts.", e,
+                   ".*) but config ", model_.file, " says num_experts = ", E, " (expected experts 0..", E - 1, ")");
+  for (int64_t e = 0; e < E; ++e)
+    NVFP4MOE_CHECK(li.t.experts.count(e), FormatError, dir_, ": ", lname, ": missing expert ", e, " (no tensors ",
+                   li.t.prefix, ".experts.", e, ".*; config says num_experts = ", E, ", found ",
+                   li.t.experts.size(), ")");
+}
+
+ExpertScalars Nvfp4Checkpoint::check_expert(const LayerInfo& li, const std::string& base, const ProjMap& projs,
+                                            const std::string& what, int64_t width) const {
+  const MoeSpec& s = li.spec;
+  const int64_t H = s.hidden;
+  ExpertScalars x;
+  for (const auto& [p, sufs] : projs) {
+    const bool known = p == li.proj.up || p == li.proj.down || (s.gated() && p == li.proj.gate);
+    NVFP4MOE_CHECK(known, FormatError, dir_, ": ", what, ": unexpected projection ", base, p, ".* (expected ",
+                   s.gated() ? li.proj.gate + ", " : std::string(), li.proj.up, ", ", li.proj.down,
+                   s.gated() ? "" : " for non-gated relu2 experts", ")");
+  }
+  auto sufs_of = [&](const std::string& p) -> const SuffixSet* {
+    auto it = projs.find(p);
+    return it == projs.end() ? nullptr : &it->second;
+  };
+  if (s.gated()) x.gate = check_proj(li, base + li.proj.gate, what + " " + li.proj.gate, width, H, sufs_of(li.proj.gate));
+  x.up = check_proj(li, base + li.proj.up, what + " " + li.proj.up, width, H, sufs_of(li.proj.up));
+  x.down = check_proj(li, base + li.proj.down, what + " " + li.proj.down, H, width, sufs_of(li.proj.down));
+  return x;
+}
 
 MoeWeights Nvfp4Checkpoint::load_layer(int layer, const ProgressFn& progress) const {
   const LayerInfo& li = info(layer);
@@ -707,39 +745,15 @@ MoeWeights Nvfp4Checkpoint::load_layer(int layer, const ProgressFn& progress) co
   const std::string lname = cat("layer ", layer);
 
   // ---- 1. validate everything before allocating anything
-  for (const auto& [e, projs] : li.t.experts)
-    NVFP4MOE_CHECK(e < E, FormatError, dir_, ": ", lname, ": extra expert ", e, " (tensors ", li.t.prefix, ".experts.", e,
-                   ".*) but config ", model_.file, " says num_experts = ", E, " (expected experts 0..", E - 1, ")");
-  auto check_expert = [&](const std::string& base, const ProjMap& projs, const std::string& what, int64_t width) {
-    ExpertScalars x;
-    for (const auto& [p, sufs] : projs) {
-      const bool known = p == li.proj.up || p == li.proj.down || (s.gated() && p == li.proj.gate);
-      NVFP4MOE_CHECK(known, FormatError, dir_, ": ", what, ": unexpected projection ", base, p, ".* (expected ",
-                     s.gated() ? li.proj.gate + ", " : std::string(), li.proj.up, ", ", li.proj.down,
-                     s.gated() ? "" : " for non-gated relu2 experts", ")");
-    }
-    auto sufs_of = [&](const std::string& p) -> const SuffixSet* {
-      auto it = projs.find(p);
-      return it == projs.end() ? nullptr : &it->second;
-    };
-    if (s.gated()) x.gate = check_proj(li, base + li.proj.gate, what + " " + li.proj.gate, width, H, sufs_of(li.proj.gate));
-    x.up = check_proj(li, base + li.proj.up, what + " " + li.proj.up, width, H, sufs_of(li.proj.up));
-    x.down = check_proj(li, base + li.proj.down, what + " " + li.proj.down, H, width, sufs_of(li.proj.down));
-    return x;
-  };
-  // Every expert present before anything is sized by E (config.json's num_experts, untrusted until then).
-  for (int64_t e = 0; e < E; ++e)
-    NVFP4MOE_CHECK(li.t.experts.count(e), FormatError, dir_, ": ", lname, ": missing expert ", e, " (no tensors ",
-                   li.t.prefix, ".experts.", e, ".*; config says num_experts = ", E, ", found ",
-                   li.t.experts.size(), ")");
+  check_expert_set(li, lname);
   std::vector<ExpertScalars> scalars(static_cast<size_t>(E));
   for (int64_t e = 0; e < E; ++e)
     scalars[static_cast<size_t>(e)] =
-        check_expert(cat(li.t.prefix, ".experts.", e, "."), li.t.experts.at(e), cat(lname, " expert ", e), I);
+        check_expert(li, cat(li.t.prefix, ".experts.", e, "."), li.t.experts.at(e), cat(lname, " expert ", e), I);
   ExpertScalars shared_scalars;
   const std::string shared_base = cat(li.t.prefix, ".", li.t.shared_kind, ".");
   if (s.shared_intermediate > 0)
-    shared_scalars = check_expert(shared_base, li.t.shared, lname + " shared expert", s.shared_intermediate);
+    shared_scalars = check_expert(li, shared_base, li.t.shared, lname + " shared expert", s.shared_intermediate);
   const io::TensorInfo* router = li.t.router.empty() ? nullptr : &need(li.t.router, lname + " router");
   if (router) {
     NVFP4MOE_CHECK(router->dtype == DType::BF16 || router->dtype == DType::F32, FormatError, dir_, ": ", lname,
@@ -888,27 +902,7 @@ MoeShard Nvfp4Checkpoint::load_shard(int layer, const ParallelConfig& parallel, 
   shard.plan = plan_shard(s, parallel);
   const ShardPlan& plan = shard.plan;
   shard.local.spec = local_spec(s, plan);
-  for (const auto& [e, projs] : li.t.experts)
-    NVFP4MOE_CHECK(e < E, FormatError, dir_, ": ", lname, ": extra expert ", e, " (tensors ", li.t.prefix, ".experts.", e,
-                   ".*) but config ", model_.file, " says num_experts = ", E, " (expected experts 0..", E - 1, ")");
-  for (int64_t e = 0; e < E; ++e)
-    NVFP4MOE_CHECK(li.t.experts.count(e), FormatError, dir_, ": ", lname, ": missing expert ", e, " (no tensors ",
-                   li.t.prefix, ".experts.", e, ".*; config says num_experts = ", E, ", found ", li.t.experts.size(), ")");
-  auto check_expert = [&](const std::string& base, const ProjMap& projs, const std::string& what, int64_t width) {
-    ExpertScalars x;
-    for (const auto& [p, sufs] : projs) {
-      const bool known = p == li.proj.up || p == li.proj.down || (s.gated() && p == li.proj.gate);
-      NVFP4MOE_CHECK(known, FormatError, dir_, ": ", what, ": unexpected projection ", base, p, ".*");
-    }
-    auto sufs_of = [&](const std::string& p) -> const SuffixSet* {
-      auto it = projs.find(p);
-      return it == projs.end() ? nullptr : &it->second;
-    };
-    if (s.gated()) x.gate = check_proj(li, base + li.proj.gate, what + " " + li.proj.gate, width, H, sufs_of(li.proj.gate));
-    x.up = check_proj(li, base + li.proj.up, what + " " + li.proj.up, width, H, sufs_of(li.proj.up));
-    x.down = check_proj(li, base + li.proj.down, what + " " + li.proj.down, H, width, sufs_of(li.proj.down));
-    return x;
-  };
+  check_expert_set(li, lname);
   const MoeSpec& ls = shard.local.spec;
   shard.local.experts.allocate(ls.num_experts, H, ls.intermediate, s.gated());
   if (plan.has_shared) shard.local.shared.allocate(1, H, ls.shared_intermediate, s.gated());
@@ -953,11 +947,12 @@ MoeShard Nvfp4Checkpoint::load_shard(int layer, const ParallelConfig& parallel, 
   for (int64_t e = 0; e < ls.num_experts; ++e) {
     const int64_t g = plan.expert_begin + e;
     bases[static_cast<size_t>(e)] = cat(li.t.prefix, ".experts.", g, ".");
-    scalars[static_cast<size_t>(e)] = check_expert(bases[static_cast<size_t>(e)], li.t.experts.at(g), cat(lname, " expert ", g), I);
+    scalars[static_cast<size_t>(e)] =
+        check_expert(li, bases[static_cast<size_t>(e)], li.t.experts.at(g), cat(lname, " expert ", g), I);
   }
   ExpertScalars shared_x;
   const std::string shared_base = cat(li.t.prefix, ".", li.t.shared_kind, ".");
-  if (plan.has_shared) shared_x = check_expert(shared_base, li.t.shared, lname + " shared expert", s.shared_intermediate);
+  if (plan.has_shared) shared_x = check_expert(li, shared_base, li.t.shared, lname + " shared expert", s.shared_intermediate);
 #pragma omp parallel for schedule(dynamic, 1) if (total >= (16u << 20))
   for (int64_t e = 0; e < ls.num_experts; ++e)
     copy_slice(shard.local.experts, e, bases[static_cast<size_t>(e)], scalars[static_cast<size_t>(e)], I,
