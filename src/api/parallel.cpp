@@ -11,6 +11,7 @@
 
 #include "api/cpu_forward_scratch.h"
 #include "api/parallel_internal.h"
+#include "api/weights_internal.h"
 #include "cpu/reference.h"
 #include "cpu/shard.h"
 #include "format/nvfp4.h"
@@ -110,32 +111,6 @@ MoeSpec local_spec(const MoeSpec& spec, const ShardPlan& plan) {
   return s;
 }
 
-namespace {
-void check_local_experts(const StackedExperts& x, const char* what, int64_t e, int64_t h, int64_t i, bool gated) {
-  NVFP4MOE_CHECK(x.num_experts == e && x.hidden == h && x.intermediate == i && x.gated == gated, ArgumentError, what,
-                 ": expected E ", e, ", H ", h, ", I ", i, gated ? " gated" : " non-gated", ", got E ", x.num_experts,
-                 ", H ", x.hidden, ", I ", x.intermediate, x.gated ? " gated" : " non-gated");
-  const size_t ue = static_cast<size_t>(e);
-  auto bytes = [&](const char* f, size_t got, size_t want) {
-    NVFP4MOE_CHECK(got == want, ArgumentError, what, ".", f, ": expected ", want, " bytes, got ", got);
-  };
-  bytes("w13", x.w13.size(), ue * x.w13_bytes_per_expert());
-  bytes("w13_scale", x.w13_scale.size(), ue * x.w13_scale_bytes_per_expert());
-  bytes("w2", x.w2.size(), ue * x.w2_bytes_per_expert());
-  bytes("w2_scale", x.w2_scale.size(), ue * x.w2_scale_bytes_per_expert());
-  auto scales = [&](const char* f, const std::vector<float>& v, size_t want, bool nan_ok) {
-    NVFP4MOE_CHECK(v.size() == want, ArgumentError, what, ".", f, ": expected ", want, " values, got ", v.size());
-    for (size_t k = 0; k < v.size(); ++k)
-      NVFP4MOE_CHECK((nan_ok && std::isnan(v[k])) || (v[k] > 0.0f && v[k] < 3.4e38f), ArgumentError, what, ".", f,
-                     "[", k, "] must be finite and > 0, got ", v[k]);
-  };
-  scales("w13_gate_scale2", x.w13_gate_scale2, gated ? ue : 0, false);
-  scales("w13_up_scale2", x.w13_up_scale2, ue, false);
-  scales("w13_input_scale", x.w13_input_scale, ue, true);  // NaN: a W4A16 checkpoint (no input scales)
-  scales("w2_scale2", x.w2_scale2, ue, false);
-  scales("w2_input_scale", x.w2_input_scale, ue, true);
-}
-}  // namespace
 
 namespace parallel_detail {
 
@@ -171,24 +146,9 @@ void slice_expert(const StackedExperts& src, int64_t e_src, StackedExperts& dst,
 }  // namespace parallel_detail
 
 MoeShard slice_weights(const MoeWeights& full, const ParallelConfig& pc, int64_t granule) {
-  // MoeWeights::validate() minus its positivity check of the input scales: NaN = none (a W4A16 checkpoint),
-  // which MoeLayer::create handles per mode.
-  full.spec.validate();
-  check_local_experts(full.experts, "MoeWeights.experts", full.spec.num_experts, full.spec.hidden,
-                      full.spec.intermediate, full.spec.gated());
-  if (full.spec.shared_intermediate > 0)
-    check_local_experts(full.shared, "MoeWeights.shared", 1, full.spec.hidden, full.spec.shared_intermediate,
-                        full.spec.gated());
-  else  // as MoeWeights::validate(): a shared expert the spec does not declare would be dropped silently
-    NVFP4MOE_CHECK(full.shared.num_experts == 0, ArgumentError,
-                   "MoeWeights.shared: spec has no shared expert but shared.num_experts = ", full.shared.num_experts);
-  NVFP4MOE_CHECK(full.router_bias.size() == (full.spec.has_router_bias ? static_cast<size_t>(full.spec.num_experts) : 0u),
-                 ArgumentError, "MoeWeights.router_bias: expected ", full.spec.has_router_bias ? full.spec.num_experts : 0,
-                 " values, got ", full.router_bias.size());
-  NVFP4MOE_CHECK(full.shared_gate_weight.size() ==
-                     (full.spec.shared_expert_gated ? static_cast<size_t>(full.spec.hidden) : 0u),
-                 ArgumentError, "MoeWeights.shared_gate_weight: expected ", full.spec.shared_expert_gated ? full.spec.hidden : 0,
-                 " values, got ", full.shared_gate_weight.size());
+  // MoeWeights::validate() but NaN input scales let through: none (a W4A16 checkpoint), which MoeLayer::create
+  // handles per mode.
+  weights_detail::validate_moe_weights(full, weights_detail::NanInputScales::Allowed);
   MoeShard s;
   s.spec = full.spec;
   s.plan = plan_shard(full.spec, pc, granule);
@@ -236,11 +196,13 @@ void validate_shard(const MoeShard& s) {
                  ", shared I ", probe_spec.shared_intermediate, ", H ", probe_spec.hidden, ", k ", probe_spec.top_k,
                  ", ", activation_name(probe_spec.activation), ", shared_expert_gated ",
                  probe_spec.shared_expert_gated);
-  check_local_experts(s.local.experts, "MoeShard.local.experts", want_local.num_experts, want_local.hidden,
-                      want_local.intermediate, want_local.gated());
+  using weights_detail::NanInputScales;
+  weights_detail::check_stacked_experts(s.local.experts, "MoeShard.local.experts", want_local.num_experts,
+                                        want_local.hidden, want_local.intermediate, want_local.gated(),
+                                        NanInputScales::Allowed);
   if (want_local.shared_intermediate > 0)
-    check_local_experts(s.local.shared, "MoeShard.local.shared", 1, want_local.hidden, want_local.shared_intermediate,
-                        want_local.gated());
+    weights_detail::check_stacked_experts(s.local.shared, "MoeShard.local.shared", 1, want_local.hidden,
+                                          want_local.shared_intermediate, want_local.gated(), NanInputScales::Allowed);
   else
     NVFP4MOE_CHECK(s.local.shared.num_experts == 0, ArgumentError, "MoeShard.local.shared: the rank holds no shared "
                    "expert slice but shared.num_experts = ", s.local.shared.num_experts);

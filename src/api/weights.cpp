@@ -1,9 +1,11 @@
 #include "nvfp4moe/weights.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <new>
 
+#include "api/weights_internal.h"
 #include "nvfp4moe/error.h"
 
 namespace nvfp4moe {
@@ -37,8 +39,10 @@ void StackedExperts::allocate(int64_t experts, int64_t h, int64_t i, bool is_gat
 
 size_t StackedExperts::packed_bytes() const { return w13.size() + w13_scale.size() + w2.size() + w2_scale.size(); }
 
-namespace {
-void check_experts(const StackedExperts& s, const char* what, int64_t e, int64_t h, int64_t i, bool gated) {
+namespace weights_detail {
+
+void check_stacked_experts(const StackedExperts& s, const char* what, int64_t e, int64_t h, int64_t i, bool gated,
+                           NanInputScales nan_input_scales) {
   NVFP4MOE_CHECK(s.num_experts == e, ArgumentError, what, ".num_experts: expected ", e, ", got ", s.num_experts);
   NVFP4MOE_CHECK(s.hidden == h, ArgumentError, what, ".hidden: expected ", h, ", got ", s.hidden);
   NVFP4MOE_CHECK(s.intermediate == i, ArgumentError, what, ".intermediate: expected ", i, ", got ", s.intermediate);
@@ -59,36 +63,45 @@ void check_experts(const StackedExperts& s, const char* what, int64_t e, int64_t
   len_is("w13_input_scale", s.w13_input_scale.size(), ue);
   len_is("w2_scale2", s.w2_scale2.size(), ue);
   len_is("w2_input_scale", s.w2_input_scale.size(), ue);
-  auto positive = [&](const char* field, const std::vector<float>& v) {
+  auto positive = [&](const char* field, const std::vector<float>& v, bool nan_ok) {
     for (size_t x = 0; x < v.size(); ++x)
-      NVFP4MOE_CHECK(v[x] > 0.0f && v[x] < 3.4e38f, ArgumentError, what, ".", field, "[", x,
-                     "] must be finite and > 0, got ", v[x]);
+      NVFP4MOE_CHECK((nan_ok && std::isnan(v[x])) || (v[x] > 0.0f && v[x] < 3.4e38f), ArgumentError, what, ".",
+                     field, "[", x, "] must be finite and > 0, got ", v[x]);
   };
-  positive("w13_gate_scale2", s.w13_gate_scale2);
-  positive("w13_up_scale2", s.w13_up_scale2);
-  positive("w13_input_scale", s.w13_input_scale);
-  positive("w2_scale2", s.w2_scale2);
-  positive("w2_input_scale", s.w2_input_scale);
+  const bool nan_ok = nan_input_scales == NanInputScales::Allowed;
+  positive("w13_gate_scale2", s.w13_gate_scale2, false);
+  positive("w13_up_scale2", s.w13_up_scale2, false);
+  positive("w13_input_scale", s.w13_input_scale, nan_ok);
+  positive("w2_scale2", s.w2_scale2, false);
+  positive("w2_input_scale", s.w2_input_scale, nan_ok);
 }
-}  // namespace
+
+void validate_moe_weights(const MoeWeights& w, NanInputScales nan_input_scales) {
+  const MoeSpec& spec = w.spec;
+  spec.validate();
+  check_stacked_experts(w.experts, "MoeWeights.experts", spec.num_experts, spec.hidden, spec.intermediate,
+                        spec.gated(), nan_input_scales);
+  if (spec.shared_intermediate > 0)
+    check_stacked_experts(w.shared, "MoeWeights.shared", 1, spec.hidden, spec.shared_intermediate, spec.gated(),
+                          nan_input_scales);
+  else
+    NVFP4MOE_CHECK(w.shared.num_experts == 0, ArgumentError,
+                   "MoeWeights.shared: spec has no shared expert but shared.num_experts = ", w.shared.num_experts);
+  const size_t eh = static_cast<size_t>(spec.num_experts * spec.hidden);
+  NVFP4MOE_CHECK(w.router_weight.empty() || w.router_weight.size() == eh, ArgumentError,
+                 "MoeWeights.router_weight: expected [E, H] = ", eh, " values, got ", w.router_weight.size());
+  NVFP4MOE_CHECK(w.router_bias.size() == (spec.has_router_bias ? static_cast<size_t>(spec.num_experts) : 0u),
+                 ArgumentError, "MoeWeights.router_bias: expected ", spec.has_router_bias ? spec.num_experts : 0,
+                 " values, got ", w.router_bias.size());
+  NVFP4MOE_CHECK(w.shared_gate_weight.size() == (spec.shared_expert_gated ? static_cast<size_t>(spec.hidden) : 0u),
+                 ArgumentError, "MoeWeights.shared_gate_weight: expected ", spec.shared_expert_gated ? spec.hidden : 0,
+                 " values, got ", w.shared_gate_weight.size());
+}
+
+}  // namespace weights_detail
 
 void MoeWeights::validate() const {
-  spec.validate();
-  check_experts(experts, "MoeWeights.experts", spec.num_experts, spec.hidden, spec.intermediate, spec.gated());
-  if (spec.shared_intermediate > 0)
-    check_experts(shared, "MoeWeights.shared", 1, spec.hidden, spec.shared_intermediate, spec.gated());
-  else
-    NVFP4MOE_CHECK(shared.num_experts == 0, ArgumentError,
-                   "MoeWeights.shared: spec has no shared expert but shared.num_experts = ", shared.num_experts);
-  const size_t eh = static_cast<size_t>(spec.num_experts * spec.hidden);
-  NVFP4MOE_CHECK(router_weight.empty() || router_weight.size() == eh, ArgumentError,
-                 "MoeWeights.router_weight: expected [E, H] = ", eh, " values, got ", router_weight.size());
-  NVFP4MOE_CHECK(router_bias.size() == (spec.has_router_bias ? static_cast<size_t>(spec.num_experts) : 0u),
-                 ArgumentError, "MoeWeights.router_bias: expected ", spec.has_router_bias ? spec.num_experts : 0,
-                 " values, got ", router_bias.size());
-  NVFP4MOE_CHECK(shared_gate_weight.size() == (spec.shared_expert_gated ? static_cast<size_t>(spec.hidden) : 0u),
-                 ArgumentError, "MoeWeights.shared_gate_weight: expected ", spec.shared_expert_gated ? spec.hidden : 0,
-                 " values, got ", shared_gate_weight.size());
+  weights_detail::validate_moe_weights(*this, weights_detail::NanInputScales::Refused);
 }
 
 void use_shared_max_input_scales(MoeWeights& w) {

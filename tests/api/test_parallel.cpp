@@ -20,6 +20,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <limits>
 
 #include "cpu/reference.h"
 #include "cpu/shard.h"
@@ -424,6 +425,21 @@ TEST(ShardedMoeLayer, RefusesInconsistentShards) {
   w.shared.allocate(1, 64, 64, true);
   expect_error<ArgumentError>([&] { slice_weights(w, {2, 0, 1, 0}); },
                               {"MoeWeights.shared", "no shared expert", "num_experts = 1"});
+  // The checks of MoeWeights::validate(), but a NaN input scale (none: a W4A16 checkpoint) passes.
+  MoeWeights n = test::random_weights(test::small_spec(64, 128, 4, 2));
+  n.experts.w2_input_scale[1] = std::numeric_limits<float>::quiet_NaN();
+  expect_error<ArgumentError>([&] { n.validate(); }, {"MoeWeights.experts.w2_input_scale[1]", "finite and > 0"});
+  EXPECT_TRUE(std::isnan(slice_weights(n, {2, 0, 1, 0}).local.experts.w2_input_scale[1]));
+  n.experts.w2_scale2[3] = std::numeric_limits<float>::quiet_NaN();
+  expect_error<ArgumentError>([&] { slice_weights(n, {2, 0, 1, 0}); },
+                              {"MoeWeights.experts.w2_scale2[3]", "finite and > 0"});
+  n.experts.w2_scale2[3] = 1.0f;
+  n.router_weight.assign(5, 0.0f);
+  expect_error<ArgumentError>([&] { slice_weights(n, {2, 0, 1, 0}); }, {"MoeWeights.router_weight", "got 5"});
+  n.router_weight.clear();
+  MoeShard short_w2 = slice_weights(n, {2, 1, 1, 0});
+  short_w2.local.experts.w2 = HostBuffer(short_w2.local.experts.w2.size() - 1);
+  expect_error<ArgumentError>([&] { validate_shard(short_w2); }, {"MoeShard.local.experts.w2", "bytes"});
   // local.spec claiming a gated shared expert the shard has no gate weight for: moe_forward would read
   // shared_gate_weight[0..H) of an empty vector.
   const MoeWeights g = test::random_weights(softmax_shared());
