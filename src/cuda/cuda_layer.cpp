@@ -304,8 +304,6 @@ CudaMoeLayer::CudaMoeLayer(MoeWeights w, const MoeLayerOptions& options, GemmPat
       // "1": also with a separate shared expert (measured slower there; A/B and the bitwise test)
       gemm1_quantizes_token_rows_separate_shared_ = env_opt_in("NVFP4MOE_GEMM1_QUANTIZES_TOKEN_ROWS");
       gemm2_reads_token_ids_ = env_switch("NVFP4MOE_GEMM2_READS_TOKEN_IDS");  // A/B: "0" = T = 2 .. 4 GEMM2 seeks
-      // "1": also with the two-slice config, whose kernel has not run its bitwise GPU test yet (default: not)
-      gemm2_token_ids_two_slice_ = env_opt_in("NVFP4MOE_GEMM2_READS_TOKEN_IDS");
       gemm2_guesses_token_ids_ = env_switch("NVFP4MOE_GEMM2_GUESSES_TOKEN_IDS");  // A/B: "0" = after its wait
       // Zero once; every chained launch leaves its counters zero (sm90_nvfp4_chained_gemms), every dynamically
       // scheduled one its tile counter.
@@ -1085,11 +1083,9 @@ CudaMoeLayer::DecodeRouting CudaMoeLayer::decode_routing(int64_t T, bool f32_hid
     d.gemm1_routes_tokens = gemm1_token_rows_fit(c1, static_cast<int>(T));
     d.gemm1_quantizes_rows = d.gemm1_routes_tokens && options_.mode == Mode::W4A4;
     // GEMM2 then maps its pieces from GEMM1's T k ids (read_token_ids), guessed before its wait, as at T = 1
-    // (the two-slice config ws8_s4_w16_x2, which GEMM2 picks at qwen3-235b T = 3 / 4 and deepseek-v3 T = 2, only
-    // with NVFP4MOE_GEMM2_READS_TOKEN_IDS=1 until its kernel has run the bitwise GPU test: 1c71133's call tested the
-    // two others, the test's forced GEMM2 configs came after it)
+    // (every config with the kernel, the two-slice ws8_s4_w16_x2 included: its bitwise GPU test ran at 6ac16ea)
     d.gemm2_reads_ids = d.gemm1_routes_tokens && gemm2_reads_token_ids_ && sm90_token_rows_route_available(c2) &&
-                        c2.blocks_per_warp == 2 && (c2.slices_per_warp == 1 || gemm2_token_ids_two_slice_);
+                        c2.blocks_per_warp == 2;
     d.gemm2_guesses_ids = d.gemm2_reads_ids && early_gemm2_enabled_ && gemm2_guesses_token_ids_;
     return d;
   }

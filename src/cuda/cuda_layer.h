@@ -274,13 +274,9 @@ class CudaMoeLayer final : public MoeLayer {
   bool gemm1_quantizes_token_rows_separate_shared_ = false;
   // After such a GEMM1, GEMM2 maps its pieces from GEMM1's T k ids (Sm90GemmArgs::read_token_ids), guessed before
   // its PDL wait (H100, against seeking the offsets after the wait: −1.1..4.3 us a layer in w4a16,
-  // bench/results/1c71133-w4a4-token-quant-ab-h100; not with GEMM2 on ws8_s4_w16_x2 by default:
-  // gemm2_token_ids_two_slice_); NVFP4MOE_GEMM2_READS_TOKEN_IDS=0 (read at creation): it seeks;
-  // NVFP4MOE_GEMM2_GUESSES_TOKEN_IDS=0: reads the ids after the wait (A/B, bitwise tests).
+  // bench/results/1c71133-w4a4-token-quant-ab-h100); NVFP4MOE_GEMM2_READS_TOKEN_IDS=0 (read at creation): it
+  // seeks; NVFP4MOE_GEMM2_GUESSES_TOKEN_IDS=0: reads the ids after the wait (A/B, bitwise tests).
   bool gemm2_reads_token_ids_ = true;
-  // NVFP4MOE_GEMM2_READS_TOKEN_IDS=1: also where GEMM2's config is ws8_s4_w16_x2 (its token-ids kernel measured in
-  // 1c71133's A/B, its bitwise GPU test not run yet: off by default until it has)
-  bool gemm2_token_ids_two_slice_ = false;
   bool gemm2_guesses_token_ids_ = true;
   // NVFP4MOE_WS_GATHER=1 (read at creation; measured slower on the H200, +1..9%, bench/results/1316906-ws-gather-ab,
   // so off): at decode (a warp-streaming GEMM1, T > 1; w4a16, bf16 hidden, not calibrating) GEMM1 reads `hidden`
