@@ -9,6 +9,13 @@
 #   BASE_CLI=/tmp/old/nvfp4moe VARIANT_BUILDS="x17:build-x17" bash scripts/pack_carry.sh [build]
 set -euo pipefail
 B=${1:-build}
+# A binary older than the library it links was not rebuilt (e.g. `--target nvfp4moe` builds the library, the CLI is
+# nvfp4moe_cli): its A/B would measure the old code (the thirty-second session's first d814566 A/B did).
+for bin in "$B/nvfp4moe" "$B"/tests/cuda_test_*; do
+  if [ -f "$bin" ] && [ "$B/libnvfp4moe.a" -nt "$bin" ]; then
+    echo "pack_carry: $bin is older than $B/libnvfp4moe.a: rebuild it (cmake --build $B)" >&2; exit 1
+  fi
+done
 rm -rf .carry/stage && mkdir -p .carry/stage/base
 cp "$B/nvfp4moe" .carry/stage/
 [ -f "$B/gemm_microbench" ] && cp "$B/gemm_microbench" .carry/stage/
