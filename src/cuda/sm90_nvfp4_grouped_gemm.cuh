@@ -802,15 +802,6 @@ __device__ __forceinline__ int32_t ld_relaxed_gpu(const int32_t* p) {
   asm volatile("ld.relaxed.gpu.global.b32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
   return v;
 }
-// The same for a float: a load the kernel issues where the source puts it. The quantizing warp-streaming GEMM1
-// loads its experts' activation scales right after its routing; as a weak __ldg that load reached the warps with a
-// piece ~1 us after their first weights' copies, not ~1 us after the routing as in the warps without one (experiment
-// 19, docs/gemm.md "The w4a4 T = 1 residual"), and the row quantization waited for it.
-__device__ __forceinline__ float ld_relaxed_gpu(const float* p) {
-  float v;
-  asm volatile("ld.relaxed.gpu.global.f32 %0, [%1];" : "=f"(v) : "l"(p) : "memory");
-  return v;
-}
 __device__ __forceinline__ int32_t ld_acquire_gpu(const int32_t* p) {
   int32_t v;
   asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");

@@ -924,11 +924,10 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
     ws_contiguous_piece_range(routed_experts, n_pieces, piece_begin, piece_end, quant_place0, quant_places);
     if (quant_places > kWsMaxQuantRows) __trap();  // (excluded by the host: sm90_broadcast_quant_rows_fit)
     quant_threads = piece_end > piece_begin ? Tr::kThreads : 0;  // every warp of a CTA with a piece
-    // The places' activation scales, loaded now (a strong load, issued here: see ld_relaxed_gpu), so that their
-    // round trip overlaps the first weights' copies instead of following them.
+    // The places' activation scales, loaded now: their round trip overlaps the first weights' copies.
     const int e0 = expert_at_place(quant_place0), e1 = expert_at_place(quant_place0 + 1);
-    if (quant_places > 0) quant_gs0 = ld_relaxed_gpu(quant_gs + e0);
-    if (quant_places > 1) quant_gs1 = ld_relaxed_gpu(quant_gs + e1);
+    if (quant_places > 0) quant_gs0 = __ldg(quant_gs + e0);
+    if (quant_places > 1) quant_gs1 = __ldg(quant_gs + e1);
   }
   // kTokenQuant: the same ranges over the T tokens' places (routed_experts: the chosen experts, then the merged
   // shared expert); quant_tokens0 / 1: the tokens routed to the range's first / second expert (bit t: token t; the
@@ -949,8 +948,8 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
       return m != 0u ? e : rt.route.experts;  // past the chosen ones: the merged shared expert
     };
     const int e0 = place_expert(quant_place0, quant_tokens0), e1 = place_expert(quant_place0 + 1, quant_tokens1);
-    if (quant_places > 0) quant_gs0 = ld_relaxed_gpu(quant_gs + e0);  // (issued here, as kQuantRows')
-    if (quant_places > 1) quant_gs1 = ld_relaxed_gpu(quant_gs + e1);
+    if (quant_places > 0) quant_gs0 = __ldg(quant_gs + e0);
+    if (quant_places > 1) quant_gs1 = __ldg(quant_gs + e1);
     if (quant_places < 2) quant_tokens1 = 0u;
     if (quant_places < 1) quant_tokens0 = 0u;
   }
