@@ -681,18 +681,6 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
   [[maybe_unused]] const uint32_t row_zero = smem_u32(ws_smem) + Tr::kRowZeroOffset;
   [[maybe_unused]] const uint32_t row_smem = smem_u32(ws_smem) + Tr::kRowOffset;
   [[maybe_unused]] bool row_seen = false;
-  if constexpr (kQuantRows || kTokenQuant) {
-    // The experts' activation scales into L2 now, before the PDL wait (a weight: no kernel writes them), one
-    // prefetch a 128-byte line: their loads after the routing were DRAM round trips beside every SM's first weight
-    // copies, and the warps with a piece waited ~1-2.5 us for them after their row was in (experiment 19,
-    // bench/results/b654b86-x19-w4a4-t1-timeline-h100).
-    const int scales = rt.route.experts + (rt.plan.append_shared ? 1 : 0);
-    const int line = static_cast<int>(threadIdx.x) * 32;
-    if (line < scales + 31) {
-      const float* at = quant_gs + min(line, scales - 1);
-      asm volatile("prefetch.global.L2 [%0];" ::"l"(at));
-    }
-  }
   if constexpr (kResidentRow) {
     if (threadIdx.x == 0) {
       mbar_init(row_bar, 1);
