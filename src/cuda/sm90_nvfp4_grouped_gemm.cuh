@@ -434,9 +434,9 @@ __device__ __forceinline__ void dequant_ktile(const uint4 (&codes)[NB], uint32_t
 // slower at 4df64cb and removed: docs/gemm.md.) (13, 14 and 15, whole-layer A/B builds of the
 // warp-streaming path, measured at deb21f8 / cde2f8d and removed: docs/gemm.md.) 17 (a whole-tree A/B build with
 // correct results, `cmake -DNVFP4MOE_SM90_EXPERIMENT=17`): the tile kernels' SwiGLU epilogue computes its silus
-// in batches without a branch per division (silu_batch, swiglu_values). 23 and 24 (whole-tree A/B builds with
-// correct results): the warp-streaming quantizing GEMM1's row quantization before its first weight copies (23) or by
-// the CTA's idle warps only (24): sm90_nvfp4_warp_stream_gemm.cuh, kQuantRowFirst / kIdleWarpsQuantize.
+// in batches without a branch per division (silu_batch, swiglu_values). (23 and 24, the warp-streaming quantizing
+// GEMM1's row quantization before its first weight copies or by its idle warps, measured at cac7c88: 24 is the
+// engine's at T = 1, kIdleWarpsQuantize in sm90_nvfp4_warp_stream_gemm.cuh.)
 #if NVFP4MOE_SM90_DEQUANT_EXPERIMENT == 1 || NVFP4MOE_SM90_DEQUANT_EXPERIMENT == 2
 __device__ __forceinline__ void dequant_experiment(const uint4 (&codes)[2], const uint2 (&sc)[2],
                                                    uint32_t (&a)[2][16]) {

@@ -540,7 +540,7 @@ __device__ __forceinline__ bool ws_piece_k_loop_unrolled(const int k, const Gemm
 // tok: this lane's ldmatrix address of k-tile 0 (its token row's chunk lane / 8 in the resident row, or the zero
 // bytes for the rows past the tile's), tok_step: 128 or 0 a k-tile. row_ready(): once the prologue's weight
 // copies are issued (the PDL wait, the row's copy and its mbarrier).
-template <int DEPTH, int SPW, int BPW, bool ROW_FIRST, class RowReadyFn, class AfterPrologueFn>
+template <int DEPTH, int SPW, int BPW, class RowReadyFn, class AfterPrologueFn>
 __device__ __forceinline__ void ws_piece_k_loop_resident_row(const GemmParams& p, const uint32_t ring, const int lane,
     const int g, const int t, uint32_t tok, const uint32_t tok_step, const uint8_t* wunit, const int slice0,
     RowReadyFn&& row_ready, AfterPrologueFn&& after_prologue, float (&acc)[SPW][2][4]) {
@@ -549,8 +549,6 @@ __device__ __forceinline__ void ws_piece_k_loop_resident_row(const GemmParams& p
   const uint8_t* wscale = wunit + scale_word_offset<BPW>(slice0, g, t);
   const int k_tiles = p.k_tiles;
   ws_zero_acc<SPW>(acc);
-  // (ROW_FIRST, experiment 23: the row, and in the quantizing kernels its quantization, before the first copies)
-  if constexpr (ROW_FIRST) row_ready();
   // The first DEPTH - 1 k-tiles' weights (one group each, empty past K), then the row.
 #pragma unroll
   for (int d = 0; d < DEPTH - 1; ++d) {
@@ -667,11 +665,6 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
   static_assert(!kTokenRows || ROUTED, "the token rows follow the launch's own routing (GEMM1 at T = 2 .. 4)");
   // kContiguous: each CTA runs one contiguous range of the pieces (the quantizing kernels: few rows a CTA)
   constexpr bool kContiguous = kQuantRows || kTokenQuant;
-  // Two A/B builds of the quantizing kernels (docs/gemm.md, "The w4a4 T = 1 residual on one time axis"; the same
-  // bits): 23, a warp with a piece waits for the row and quantizes before issuing its first weight copies; 24, only
-  // the CTA's warps without a piece quantize (all of them where every warp has one), the others wait at the barrier.
-  constexpr bool kQuantRowFirst = kContiguous && NVFP4MOE_SM90_DEQUANT_EXPERIMENT == 23;
-  constexpr bool kIdleWarpsQuantize = kContiguous && NVFP4MOE_SM90_DEQUANT_EXPERIMENT == 24;
   constexpr bool kTokenIds = ROWS == WsRows::kDirectTokenIds;
   static_assert(!kTokenIds || (ROUTED && BPW == 2), "GEMM2 at T = 2 .. 4 reads (guesses) GEMM1's ids: routed");
   constexpr bool kResidentRow = ROWS == WsRows::kBroadcast || kQuantRows || kTokenRows;
@@ -974,23 +967,22 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
   const uint32_t ldsm_off = (lane & 7) * 128 + (((lane >> 3) ^ (lane & 7)) << 4);
   // kQuantRows: the CTA's expert places' rows, quantized from the raw row (resident, its copy complete) as the
   // gather quantizes them (kernels::quant_block16_operand per 16 columns with the expert's activation scale: the
-  // exact bf16 operands e2m1 x e4m3), into rows 1 and 2 of the resident rows, by every warp of the CTA (the 16-column
-  // blocks thread by thread); then their barrier (a piece's warp reads any of the row's columns in its k-loop). The
-  // padding past K stays zero (set at the start).
-  // (kIdleWarpsQuantize) This thread's first block and the stride of the blocks the CTA quantizes: the threads of
-  // the warps past the CTA's busy walkers where any warp is idle, else every warp's (the default: all of them). A
-  // warp with a piece then only joins the barrier (first past every block).
-  [[maybe_unused]] auto quant_share = [&](int& first, int& step) {
-    const int busy = min(kWalkers, piece_end - piece_begin) * kWarpsPerPiece;
-    const int from = busy < WARPS ? busy : 0;
-    first = warp >= from ? (warp - from) * 32 + lane : 0x7FFFFFFF;
-    step = (WARPS - from) * 32;
-  };
+  // exact bf16 operands e2m1 x e4m3), into rows 1 and 2 of the resident rows, the 16-column blocks thread by thread;
+  // then their barrier (a piece's warp reads any of the row's columns in its k-loop). The padding past K stays zero
+  // (set at the start). Only the CTA's warps without a piece quantize (all of them where every warp has one): the
+  // warps with a piece reach the row only after issuing their first DEPTH - 1 k-tiles' weight copies, then just join
+  // the barrier. Quantized by every warp, the barrier waited for those late warps' share: 1.2-2.5 us from the row's
+  // arrival (experiment 19); by the idle warps deepseek-v3 / qwen3-235b / qwen3-30b w4a4 T = 1 took -1.45 / -1.2 /
+  // -0.4 us (experiment 24, bench/results/cac7c88-x23-x24-quant-order-ab-h100). The token rows of T = 2 .. 4
+  // (quantize_token_rows) stay with every warp: 4 tokens' rows on the few idle warps of 8 rows measured +0.55 us at
+  // qwen3-235b T = 4 there. (Quantizing before the first weight copies, experiment 23, gained less at T = 1 and lost
+  // 1.5 us at T = 4.)
   [[maybe_unused]] auto quantize_rows = [&] {
     const int blocks = k / 16;  // per row
     const uint32_t row_stride = static_cast<uint32_t>(p.k_tiles) * 128u;
-    int first = warp * 32 + lane, step = quant_threads;
-    if constexpr (kIdleWarpsQuantize) quant_share(first, step);
+    const int busy = min(kWalkers, piece_end - piece_begin) * kWarpsPerPiece;  // the warps with a piece: 0 ..
+    const int from = busy < WARPS ? busy : 0;                                   // (all busy: every warp quantizes)
+    const int first = warp >= from ? (warp - from) * 32 + lane : 0x7FFFFFFF, step = (WARPS - from) * 32;
     for (int i = first; i < quant_places * blocks; i += step) {
       const int r = i >= blocks ? 1 : 0;  // (quant_places <= 2)
       const int b = i - r * blocks;
@@ -1014,9 +1006,7 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
     const int T = rt.route.tokens;
     const uint32_t row_stride = static_cast<uint32_t>(p.k_tiles) * 128u;
     const unsigned tokens = quant_tokens0 | quant_tokens1;
-    int first = warp * 32 + lane, step = quant_threads;
-    if constexpr (kIdleWarpsQuantize) quant_share(first, step);
-    for (int i = first; i < __popc(tokens) * blocks; i += step) {
+    for (int i = warp * 32 + lane; i < __popc(tokens) * blocks; i += quant_threads) {
       const int j = i / blocks, b = i - j * blocks;
       unsigned m = tokens;
       for (int s = j; s > 0; --s) m &= m - 1u;  // its j-th token
@@ -1103,8 +1093,8 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
       }
       const uint32_t row_base_smem = row_smem + static_cast<uint32_t>(row_index * p.k_tiles * 128);
       const uint32_t tok = row_lane ? row_base_smem + 16 * (lane >> 3) : row_zero;
-      ws_piece_k_loop_resident_row<DEPTH, SPW, BPW, kQuantRowFirst>(p, ring, lane, g, t, tok, row_lane ? 128u : 0u,
-                                                                    wunit, slice0, row_ready, after_prologue, acc);
+      ws_piece_k_loop_resident_row<DEPTH, SPW, BPW>(p, ring, lane, g, t, tok, row_lane ? 128u : 0u, wunit, slice0,
+                                                    row_ready, after_prologue, acc);
     } else if constexpr (!UNROLLED) {
       if (!ws_piece_k_loop_rolled<DEPTH, SPW, BPW>(k, p, ring, lane, g, t, ldsm_off, wunit, slice0, split, waited,
                                                    token_rows, after_prologue, speculation_holds, acc))
