@@ -1165,14 +1165,31 @@ std::vector<uint16_t> adversarial_quant_rows(int64_t T, int64_t H, uint64_t seed
 // shared expert with its own scale at index E); per-expert activation scales; random rows and adversarial ones
 // (16-column blocks of zeros, one large outlier, tiny values, values past the e4m3 scale's range, values on and
 // halfway between e2m1 grid points); random, tied, NaN and all-NaN logits (t1_trial_logits); a poisoned
-// workspace; a captured graph replayed with new logits.
+// workspace; a captured graph replayed with new logits. Both ways a CTA quantizes: only its warps without a piece,
+// group by group (t1_routing_dims: fewer pieces a CTA than walkers), and every warp with one barrier (kEveryWarpBusy
+// with ws8_s6_w16 forced: 8 x 272 pieces, at least 16 a CTA on up to 136 SMs, so every warp has a piece).
 TEST(CudaLayer, T1W4A4QuantizedRowsBitIdenticalToGather) {
-  const std::vector<LayerDims> dims = t1_routing_dims();
-  int quant_points = 0, b1_points = 0, merged_points = 0;
+  const LayerDims kEveryWarpBusy{"softmax H256 I4352 E8 k8 (ws8_s6_w16: every warp of a CTA with a piece)", 256,
+                                 4352, 8, 8};
+  std::vector<LayerDims> dims = t1_routing_dims();
+  dims.push_back(kEveryWarpBusy);
+  int quant_points = 0, b1_points = 0, merged_points = 0, busy_points = 0;
   for (const LayerDims& d : dims) {
     SCOPED_TRACE(d.name);
+    const bool every_warp_busy = &d == &dims.back();
+    if (every_warp_busy) ASSERT_EQ(setenv("NVFP4MOE_SM90_CONFIG", "ws8_s6_w16", 1), 0);
     SwitchPair h("NVFP4MOE_T1_W4A4_QUANT_ROWS", "0", d, Mode::W4A4, 64, 61);  // switched: routing launch + gather
+    unsetenv("NVFP4MOE_SM90_CONFIG");
     const auto routing = h.base.cuda->decode_routing(1, false, true);
+    if (every_warp_busy) {
+      int dev = 0, sms = 0;
+      CUDA_OK(cudaGetDevice(&dev));
+      CUDA_OK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+      const auto l = h.base.cuda->sm90_launches(1);
+      ASSERT_FALSE(l.empty());
+      const int64_t pieces = d.k * (d.I / 64) * 4;  // (one-slice pieces: 4 a 64-column unit)
+      if (routing.gemm1_quantizes_rows && to_string(l[0].config) == "ws8_s6_w16" && pieces / sms >= 16) ++busy_points;
+    }
     EXPECT_FALSE(h.switched.cuda->decode_routing(1, false, true).gemm1_quantizes_rows);
     EXPECT_FALSE(h.switched.cuda->decode_routing(1, false, true).gemm1_broadcasts) << "w4a4 broadcasts quantized only";
     EXPECT_FALSE(h.base.cuda->decode_routing(1, false, false).gemm1_broadcasts) << "caller ids: the gather";
@@ -1202,6 +1219,7 @@ TEST(CudaLayer, T1W4A4QuantizedRowsBitIdenticalToGather) {
   EXPECT_GE(quant_points, 5) << "GEMM1 quantized the rows at too few points: the test checks little";
   EXPECT_GE(b1_points, 1) << "no quantizing GEMM1 with one block a warp: its kernel is untested";
   EXPECT_GE(merged_points, 2) << "no merged shared expert (its own scale at index E) quantized in GEMM1";
+  EXPECT_EQ(busy_points, 1) << "no quantizing GEMM1 with a piece on every warp of a CTA: its one-barrier path untested";
 }
 
 // T = 2 .. 4 with router logits routed inside GEMM1 (the default for w4a16; NVFP4MOE_GEMM1_ROUTES_TOKENS=0: the
