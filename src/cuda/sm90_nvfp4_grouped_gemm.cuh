@@ -239,11 +239,6 @@ __device__ __forceinline__ int32_t lds32_volatile(uint32_t addr) {
 __device__ __forceinline__ void named_bar_sync(int id, int threads) {
   asm volatile("barrier.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
 }
-// Arrives at named barrier `id` without waiting (the producer side of a barrier the consumers bar.sync on; the
-// release of this warp's shared-memory writes to them).
-__device__ __forceinline__ void named_bar_arrive(int id, int threads) {
-  asm volatile("barrier.arrive %0, %1;" ::"r"(id), "r"(threads) : "memory");
-}
 // Keeps the compiler from moving accumulator reads/writes across the asynchronous wgmma boundary.
 __device__ __forceinline__ void reg_fence(float& x) { asm volatile("" : "+f"(x)::"memory"); }
 

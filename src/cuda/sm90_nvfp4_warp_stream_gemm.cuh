@@ -183,16 +183,6 @@ enum class WsRows {
 inline constexpr int kWsMaxQuantRows = 2;
 // The named barrier of a CTA's quantizing warps (the warp pairs of BPW = 1 use 1 .. WARPS / 2).
 inline constexpr int kWsQuantRowsBarrier = 15;
-// kBroadcastQuantized with idle warps: the quantized rows in this many groups of k-tiles, each on its own named
-// barrier (kWsQuantGroupBarrier0 + group; the idle warps arrive as they finish a group, the piece warps' k-loops
-// wait for a group before its first k-tile), so that a piece's k-loop starts after the first group's quantization
-// rather than the whole rows'.
-inline constexpr int kWsQuantGroups = 4;
-inline constexpr int kWsQuantGroupBarrier0 = 11;
-static_assert(kWsQuantGroupBarrier0 + kWsQuantGroups <= kWsQuantRowsBarrier, "named barriers 11 .. 14");
-__host__ __device__ constexpr int ws_quant_group_k_tiles(int k_tiles) {
-  return (k_tiles + kWsQuantGroups - 1) / kWsQuantGroups;
-}
 // kRoutedTokensQuantized keeps this many resident rows a token (its row, and its second expert's quantized copy).
 inline constexpr int kWsTokenQuantRowsPerToken = 2;
 
@@ -549,14 +539,11 @@ __device__ __forceinline__ bool ws_piece_k_loop_unrolled(const int k, const Gemm
 // a k-tile, which is what a lone warp's k-tile costs at T = 1 (docs/gemm.md, "The rolled k-loop pipelined").
 // tok: this lane's ldmatrix address of k-tile 0 (its token row's chunk lane / 8 in the resident row, or the zero
 // bytes for the rows past the tile's), tok_step: 128 or 0 a k-tile. row_ready(): once the prologue's weight
-// copies are issued (the PDL wait, the row's copy and its mbarrier). GROUPS (the quantizing kernels:
-// kWsQuantGroups): with group_wait_threads > 0, the k-tiles of group gq (ws_quant_group_k_tiles each) are read
-// only after named barrier kWsQuantGroupBarrier0 + gq of that many threads (the idle warps' quantized rows).
-template <int DEPTH, int SPW, int BPW, int GROUPS, class RowReadyFn, class AfterPrologueFn>
+// copies are issued (the PDL wait, the row's copy and its mbarrier).
+template <int DEPTH, int SPW, int BPW, class RowReadyFn, class AfterPrologueFn>
 __device__ __forceinline__ void ws_piece_k_loop_resident_row(const GemmParams& p, const uint32_t ring, const int lane,
     const int g, const int t, uint32_t tok, const uint32_t tok_step, const uint8_t* wunit, const int slice0,
-    RowReadyFn&& row_ready, AfterPrologueFn&& after_prologue, const int group_wait_threads,
-    float (&acc)[SPW][2][4]) {
+    RowReadyFn&& row_ready, AfterPrologueFn&& after_prologue, float (&acc)[SPW][2][4]) {
   using Slot = WarpStreamSlot<SPW, BPW, false>;
   const uint8_t* wcode = wunit + slice0 * 512 + lane * 16;
   const uint8_t* wscale = wunit + scale_word_offset<BPW>(slice0, g, t);
@@ -587,7 +574,7 @@ __device__ __forceinline__ void ws_piece_k_loop_resident_row(const GemmParams& p
   int kt = 0;
   // k-tiles 0 .. k_tiles - DEPTH: each read is followed by the fill of k-tile kt + DEPTH - 1 into the slot read
   // one k-tile before (its lane's bytes were read into registers by then).
-  auto filling_k_tile = [&] {
+  for (; kt <= k_tiles - DEPTH; ++kt) {
     WsSlotRegs<SPW, BPW> r;
     read(r);
     ws_copy_weights<SPW, BPW>(slot_fill, wcode, wscale, 0, lane);
@@ -597,18 +584,6 @@ __device__ __forceinline__ void ws_piece_k_loop_resident_row(const GemmParams& p
     slot_fill = slot_read;
     next_slot();
     ws_mma_slot<SPW, BPW>(r, acc);
-  };
-  if constexpr (GROUPS > 0) {
-    // group by group (each group's wait before its first k-tile; a group past the filling k-tiles is waited for
-    // here too, so every group is in before the last DEPTH - 1 k-tiles)
-    const int per_group = ws_quant_group_k_tiles(k_tiles);
-    for (int gq = 0; gq < GROUPS; ++gq) {
-      if (group_wait_threads > 0) named_bar_sync(kWsQuantGroupBarrier0 + gq, group_wait_threads);
-      const int end = min((gq + 1) * per_group, k_tiles - DEPTH + 1);
-      for (; kt < end; ++kt) filling_k_tile();
-    }
-  } else {
-    for (; kt <= k_tiles - DEPTH; ++kt) filling_k_tile();
   }
   // The last DEPTH - 1 k-tiles (or all, K < DEPTH k-tiles): nothing left to fill; an empty group per k-tile keeps
   // "all but the newest DEPTH - 2 groups done" meaning "this k-tile is in".
@@ -943,19 +918,12 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
   // spreads a CTA's pieces over up to kWalkers experts.
   [[maybe_unused]] int piece_begin = 0, piece_end = 0, quant_place0 = 0, quant_places = 0, quant_threads = 0;
   [[maybe_unused]] float quant_gs0 = 0.0f, quant_gs1 = 0.0f;
-  // (kQuantRows) quant_grouped: the CTA has warps without a piece, which quantize the rows alone, group by group
-  // (quantize_rows); quant_from: the first quantizing warp (0: every warp, then one barrier for the whole rows).
-  [[maybe_unused]] bool quant_grouped = false;
-  [[maybe_unused]] int quant_from = 0;
   if constexpr (kQuantRows) {
-    static_assert(kWsMaxQuantRows == 2 && (BPW == 2 || kWalkers < kWsQuantGroupBarrier0),
-                  "two scales; named barriers the warp pairs (1 .. kWalkers) leave free");
+    static_assert(kWsMaxQuantRows == 2 && (BPW == 2 || kWalkers < kWsQuantRowsBarrier),
+                  "two scales; a named barrier the warp pairs (1 .. kWalkers) leave free");
     ws_contiguous_piece_range(routed_experts, n_pieces, piece_begin, piece_end, quant_place0, quant_places);
     if (quant_places > kWsMaxQuantRows) __trap();  // (excluded by the host: sm90_broadcast_quant_rows_fit)
     quant_threads = piece_end > piece_begin ? Tr::kThreads : 0;  // every warp of a CTA with a piece
-    const int busy = min(kWalkers, piece_end - piece_begin) * kWarpsPerPiece;  // the warps with a piece
-    quant_grouped = piece_end > piece_begin && busy < WARPS;
-    quant_from = quant_grouped ? busy : 0;
     // The places' activation scales, loaded now: their round trip overlaps the first weights' copies.
     const int e0 = expert_at_place(quant_place0), e1 = expert_at_place(quant_place0 + 1);
     if (quant_places > 0) quant_gs0 = __ldg(quant_gs + e0);
@@ -999,44 +967,38 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
   const uint32_t ldsm_off = (lane & 7) * 128 + (((lane >> 3) ^ (lane & 7)) << 4);
   // kQuantRows: the CTA's expert places' rows, quantized from the raw row (resident, its copy complete) as the
   // gather quantizes them (kernels::quant_block16_operand per 16 columns with the expert's activation scale: the
-  // exact bf16 operands e2m1 x e4m3), into rows 1 and 2 of the resident rows, the 16-column blocks thread by thread,
-  // in kWsQuantGroups groups of k-tiles (both rows' blocks of group 0 first). The padding past K stays zero (set at
-  // the start). Where the CTA has warps without a piece (quant_grouped), only those quantize, and each arrives at a
-  // group's named barrier once its share of the group is stored; the piece warps, which reach the row only after
-  // issuing their first DEPTH - 1 k-tiles' weight copies, wait for each group in their first k-loop before its
-  // first k-tile (ws_piece_k_loop_resident_row). Otherwise every warp quantizes its share of the whole rows, then
-  // one barrier. (Measured: every warp, one barrier: the barrier waited for the piece warps' late share, 1.2-2.5 us
-  // from the row's arrival, experiment 19; the idle warps alone, one barrier: deepseek-v3 / qwen3-235b / qwen3-30b
-  // w4a4 T = 1 -1.45 / -1.2 / -0.4 us, experiment 24, bench/results/cac7c88-x23-x24-quant-order-ab-h100; by group:
-  // docs/benchmarks.md, optimisation log.) The token rows of T = 2 .. 4 (quantize_token_rows) stay with every warp:
-  // 4 tokens' rows on the few idle warps of 8 rows measured +0.55 us at qwen3-235b T = 4 there. (Quantizing before
-  // the first weight copies, experiment 23, gained less at T = 1 and lost 1.5 us at T = 4.)
+  // exact bf16 operands e2m1 x e4m3), into rows 1 and 2 of the resident rows, the 16-column blocks thread by thread;
+  // then their barrier (a piece's warp reads any of the row's columns in its k-loop). The padding past K stays zero
+  // (set at the start). Only the CTA's warps without a piece quantize (all of them where every warp has one): the
+  // warps with a piece reach the row only after issuing their first DEPTH - 1 k-tiles' weight copies, then just join
+  // the barrier. Quantized by every warp, the barrier waited for those late warps' share: 1.2-2.5 us from the row's
+  // arrival (experiment 19); by the idle warps deepseek-v3 / qwen3-235b / qwen3-30b w4a4 T = 1 took -1.45 / -1.2 /
+  // -0.4 us (experiment 24, bench/results/cac7c88-x23-x24-quant-order-ab-h100). The token rows of T = 2 .. 4
+  // (quantize_token_rows) stay with every warp: 4 tokens' rows on the few idle warps of 8 rows measured +0.55 us at
+  // qwen3-235b T = 4 there. (Quantizing before the first weight copies, experiment 23, gained less at T = 1 and lost
+  // 1.5 us at T = 4. The idle warps' rows in 4 groups of k-tiles on named barriers, the piece warps' first k-loop
+  // waiting for each group before its first k-tile, measured +0.2..0.95 us at every w4a4 T = 1 preset: 9d535bc,
+  // bench/results/9d535bc-quant-groups-ab-h100.)
   [[maybe_unused]] auto quantize_rows = [&] {
     const int blocks = k / 16;  // per row
     const uint32_t row_stride = static_cast<uint32_t>(p.k_tiles) * 128u;
-    const int first = (warp - quant_from) * 32 + lane, step = (WARPS - quant_from) * 32;
-    const int group_blocks = 4 * ws_quant_group_k_tiles(p.k_tiles);  // (a k-tile: 64 columns, 4 blocks)
-    for (int gq = 0; gq < kWsQuantGroups; ++gq) {
-      const int b0 = min(gq * group_blocks, blocks), nb = min(b0 + group_blocks, blocks) - b0;
-      for (int i = first; i < quant_places * nb; i += step) {
-        const int r = i >= nb ? 1 : 0;  // (quant_places <= 2)
-        const int b = b0 + i - r * nb;
-        const uint4 v0 = lds128(row_smem + 32u * b), v1 = lds128(row_smem + 32u * b + 16u);
-        const uint32_t w[8] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w};
-        float x[16];
-        kernels::bf16x16_to_floats(w, x);  // (the gather's load_block16, from shared memory)
-        uint32_t bits[8];
-        kernels::quant_block16_operand(x, r == 0 ? quant_gs0 : quant_gs1, bits);
-        const uint32_t dst = row_smem + (1u + r) * row_stride + 32u * b;
-        sts128(dst, bits[0], bits[1], bits[2], bits[3]);
-        sts128(dst + 16u, bits[4], bits[5], bits[6], bits[7]);
-      }
-      if (quant_grouped) {
-        __syncwarp();
-        named_bar_arrive(kWsQuantGroupBarrier0 + gq, Tr::kThreads);
-      }
+    const int busy = min(kWalkers, piece_end - piece_begin) * kWarpsPerPiece;  // the warps with a piece: 0 ..
+    const int from = busy < WARPS ? busy : 0;                                   // (all busy: every warp quantizes)
+    const int first = warp >= from ? (warp - from) * 32 + lane : 0x7FFFFFFF, step = (WARPS - from) * 32;
+    for (int i = first; i < quant_places * blocks; i += step) {
+      const int r = i >= blocks ? 1 : 0;  // (quant_places <= 2)
+      const int b = i - r * blocks;
+      const uint4 v0 = lds128(row_smem + 32u * b), v1 = lds128(row_smem + 32u * b + 16u);
+      const uint32_t w[8] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w};
+      float x[16];
+      kernels::bf16x16_to_floats(w, x);  // (the gather's load_block16, from shared memory)
+      uint32_t bits[8];
+      kernels::quant_block16_operand(x, r == 0 ? quant_gs0 : quant_gs1, bits);
+      const uint32_t dst = row_smem + (1u + r) * row_stride + 32u * b;
+      sts128(dst, bits[0], bits[1], bits[2], bits[3]);
+      sts128(dst + 16u, bits[4], bits[5], bits[6], bits[7]);
     }
-    if (!quant_grouped) named_bar_sync(kWsQuantRowsBarrier, quant_threads);
+    named_bar_sync(kWsQuantRowsBarrier, quant_threads);
   };
   // kTokenQuant: the rows of the tokens routed to the CTA's experts (quant_tokens0 / 1), each 16-column block by
   // one thread: the raw block (resident) quantized with the token's first expert's scale in place (row t), and for
@@ -1112,15 +1074,9 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
             mbar_expect_tx(row_bar, static_cast<uint32_t>(2 * k));
             bulk_load(row_smem, a, static_cast<uint32_t>(2 * k), row_bar);
           }
-          if constexpr (kQuantRows) {  // (grouped: the k-loop waits for the idle warps' groups instead)
-            if (!quant_grouped) {
-              mbar_wait(row_bar, 0);
-              quantize_rows();
-            }
-          } else {
-            mbar_wait(row_bar, 0);
-            if constexpr (kTokenQuant) quantize_token_rows();
-          }
+          mbar_wait(row_bar, 0);
+          if constexpr (kQuantRows) quantize_rows();
+          if constexpr (kTokenQuant) quantize_token_rows();
           row_seen = true;
         }
       };
@@ -1139,11 +1095,8 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
       }
       const uint32_t row_base_smem = row_smem + static_cast<uint32_t>(row_index * p.k_tiles * 128);
       const uint32_t tok = row_lane ? row_base_smem + 16 * (lane >> 3) : row_zero;
-      // (kQuantRows, grouped: the first piece's k-loop waits for each group of the quantized rows)
-      const int group_wait_threads = kQuantRows && quant_grouped && !row_seen ? Tr::kThreads : 0;
-      ws_piece_k_loop_resident_row<DEPTH, SPW, BPW, kQuantRows ? kWsQuantGroups : 0>(
-          p, ring, lane, g, t, tok, row_lane ? 128u : 0u, wunit, slice0, row_ready, after_prologue,
-          group_wait_threads, acc);
+      ws_piece_k_loop_resident_row<DEPTH, SPW, BPW>(p, ring, lane, g, t, tok, row_lane ? 128u : 0u, wunit, slice0,
+                                                    row_ready, after_prologue, acc);
     } else if constexpr (!UNROLLED) {
       if (!ws_piece_k_loop_rolled<DEPTH, SPW, BPW>(k, p, ring, lane, g, t, ldsm_off, wunit, slice0, split, waited,
                                                    token_rows, after_prologue, speculation_holds, acc))

@@ -1165,9 +1165,9 @@ std::vector<uint16_t> adversarial_quant_rows(int64_t T, int64_t H, uint64_t seed
 // shared expert with its own scale at index E); per-expert activation scales; random rows and adversarial ones
 // (16-column blocks of zeros, one large outlier, tiny values, values past the e4m3 scale's range, values on and
 // halfway between e2m1 grid points); random, tied, NaN and all-NaN logits (t1_trial_logits); a poisoned
-// workspace; a captured graph replayed with new logits. Both ways a CTA quantizes: only its warps without a piece,
-// group by group (t1_routing_dims: fewer pieces a CTA than walkers), and every warp with one barrier (kEveryWarpBusy
-// with ws8_s6_w16 forced: 8 x 272 pieces, at least 16 a CTA on up to 136 SMs, so every warp has a piece).
+// workspace; a captured graph replayed with new logits. Both ways a CTA quantizes: only its warps without a piece
+// (t1_routing_dims: fewer pieces a CTA than walkers), and every warp (kEveryWarpBusy with ws8_s6_w16 forced: 8 x 272
+// pieces, at least 16 a CTA on up to 136 SMs, so every warp has a piece).
 TEST(CudaLayer, T1W4A4QuantizedRowsBitIdenticalToGather) {
   const LayerDims kEveryWarpBusy{"softmax H256 I4352 E8 k8 (ws8_s6_w16: every warp of a CTA with a piece)", 256,
                                  4352, 8, 8};
@@ -1219,7 +1219,7 @@ TEST(CudaLayer, T1W4A4QuantizedRowsBitIdenticalToGather) {
   EXPECT_GE(quant_points, 5) << "GEMM1 quantized the rows at too few points: the test checks little";
   EXPECT_GE(b1_points, 1) << "no quantizing GEMM1 with one block a warp: its kernel is untested";
   EXPECT_GE(merged_points, 2) << "no merged shared expert (its own scale at index E) quantized in GEMM1";
-  EXPECT_EQ(busy_points, 1) << "no quantizing GEMM1 with a piece on every warp of a CTA: its one-barrier path untested";
+  EXPECT_EQ(busy_points, 1) << "no quantizing GEMM1 with a piece on every warp of a CTA: its every-warp path untested";
 }
 
 // T = 2 .. 4 with router logits routed inside GEMM1 (the default for w4a16; NVFP4MOE_GEMM1_ROUTES_TOKENS=0: the
