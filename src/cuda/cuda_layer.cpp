@@ -228,21 +228,6 @@ ConsumerStagger parse_consumer_stagger(const std::string& value) {
   return st;
 }
 
-namespace {
-// NVFP4MOE_T1_PREFETCH_GEMM2_K_TILES (A/B): an integer in [0, 4096]; unset or empty: the default.
-int t1_prefetch_gemm2_k_tiles_from_env() {
-  constexpr int kDefault = 0;
-  const char* v = std::getenv("NVFP4MOE_T1_PREFETCH_GEMM2_K_TILES");
-  if (v == nullptr || v[0] == '\0') return kDefault;
-  char* end = nullptr;
-  const long n = std::strtol(v, &end, 10);
-  if (end == v || *end != '\0' || n < 0 || n > 4096)
-    throw ArgumentError(std::string("NVFP4MOE_T1_PREFETCH_GEMM2_K_TILES: expected an integer in [0, 4096], got \"") +
-                        v + "\"");
-  return static_cast<int>(n);
-}
-}  // namespace
-
 ConsumerStagger consumer_stagger_from_env() {
   const char* v = std::getenv("NVFP4MOE_CONSUMER_STAGGER_NS");
   return parse_consumer_stagger(v ? v : "");
@@ -313,7 +298,6 @@ CudaMoeLayer::CudaMoeLayer(MoeWeights w, const MoeLayerOptions& options, GemmPat
       t1_gemm2_reads_ids_ = env_switch("NVFP4MOE_T1_GEMM2_READS_IDS");  // A/B: "0" = GEMM2 seeks the offsets
       t1_gemm2_guesses_ids_ = env_switch("NVFP4MOE_T1_GEMM2_GUESSES_IDS");  // A/B: "0" = reads them after its wait
       t1_w4a4_quant_rows_enabled_ = env_switch("NVFP4MOE_T1_W4A4_QUANT_ROWS");  // A/B: "0" = w4a4 T = 1 gathers
-      t1_prefetch_gemm2_k_tiles_ = t1_prefetch_gemm2_k_tiles_from_env();
       gemm1_routes_tokens_enabled_ = env_switch("NVFP4MOE_GEMM1_ROUTES_TOKENS");  // A/B: "0" = T = 2 .. 4 launch
       // A/B: "0" = w4a4 T = 2 .. 4 take the routing launch with the quantizing gather
       gemm1_quantizes_token_rows_enabled_ = env_switch("NVFP4MOE_GEMM1_QUANTIZES_TOKEN_ROWS");
@@ -936,15 +920,7 @@ void CudaMoeLayer::forward(const TensorRef& hidden, const RoutingArgs& routing, 
         s1.a = static_cast<const uint16_t*>(hidden.data);
         s1.a_rows_capacity = 1;
         s1.a_broadcast_row = true;
-        if (gemm1_routes) {
-          s1.one_token_route = &gemm1_route;
-          if (t1_prefetch_gemm2_k_tiles_ > 0) {  // GEMM2's first k-tiles into L2 during GEMM1's tail
-            gemm1_route.next_weights = d.w2_sm90;
-            gemm1_route.next_units = shape2.units;
-            gemm1_route.next_k_tiles = shape2.k_tiles;
-            gemm1_route.next_prefetch_k_tiles = std::min(t1_prefetch_gemm2_k_tiles_, shape2.k_tiles);
-          }
-        }
+        if (gemm1_routes) s1.one_token_route = &gemm1_route;
         if (decode.gemm1_quantizes_rows) s1.a_broadcast_quant_gs = d.gs13;  // w4a4: quantized per routed expert
       }
       if (routed && decode.gemm1_routes_tokens) {  // T = 2 .. 4: the T rows of hidden, each piece its expert's tokens

@@ -263,9 +263,6 @@ class CudaMoeLayer final : public MoeLayer {
   // piece's weights during GEMM1's tail; checked after the wait, the same bits either way).
   // NVFP4MOE_T1_GEMM2_GUESSES_IDS=0 (read at creation): reads them after the wait, for A/B and the bitwise test.
   bool t1_gemm2_guesses_ids_ = true;
-  // NVFP4MOE_T1_PREFETCH_GEMM2_K_TILES: the k-tiles of each of GEMM2's weight units that GEMM1 prefetches into L2
-  // after its pieces at T = 1 (Sm90OneTokenRoute::next_weights; 0: none; clamped to GEMM2's k-tiles)
-  int t1_prefetch_gemm2_k_tiles_ = 0;
   bool t1_w4a4_quant_rows_enabled_ = true;  // NVFP4MOE_T1_W4A4_QUANT_ROWS=0: w4a4 T = 1 gathers (routing launch)
   bool gemm1_routes_tokens_enabled_ = true;  // NVFP4MOE_GEMM1_ROUTES_TOKENS=0: T = 2 .. 4 route in their own launch
   // w4a4 at T = 2 .. 4: GEMM1 routes the tokens and quantizes their rows per expert (Sm90GemmArgs::

@@ -711,16 +711,6 @@ std::string check_one_token_route(const Sm90GemmArgs& args, const Sm90GemmConfig
   if (args.shape.num_experts != launch_experts)
     return w + ": shape.num_experts must be route.experts" + (r.plan.append_shared ? " + 1 (append_shared)" : "") +
            " = " + std::to_string(launch_experts) + "; got " + std::to_string(args.shape.num_experts);
-  if (r.next_weights != nullptr) {
-    if (!args.a_broadcast_row || r.read_ids)
-      return w + ": next_weights (GEMM2's weights prefetched by GEMM1) only with a_broadcast_row and the routing in "
-                 "the launch (GEMM1 at T = 1)";
-    if (r.next_units < 1 || r.next_k_tiles < 1 || r.next_prefetch_k_tiles < 0 ||
-        r.next_prefetch_k_tiles > r.next_k_tiles)
-      return w + ": next_weights: expected next_units >= 1, next_k_tiles >= 1 and 0 <= next_prefetch_k_tiles <= "
-                 "next_k_tiles; got " + std::to_string(r.next_units) + ", " + std::to_string(r.next_k_tiles) +
-             ", " + std::to_string(r.next_prefetch_k_tiles);
-  }
   if ((r.read_ids || r.write_outputs) && r.route.topk_ids == nullptr) return w + ": route.topk_ids is null";
   if (r.write_outputs && (r.route.topk_weights == nullptr || r.plan.counts == nullptr || r.plan.offsets == nullptr ||
                           r.plan.tile_offsets == nullptr || r.plan.perm == nullptr || r.plan.inv == nullptr))

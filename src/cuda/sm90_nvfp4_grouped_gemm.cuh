@@ -232,11 +232,6 @@ __device__ __forceinline__ int32_t lds32_volatile(uint32_t addr) {
   return v;
 }
 
-// L2 prefetch of `bytes` (a multiple of 16) from global address p (16-byte aligned): one bulk request, no data
-// into the SM, no completion to wait for.
-__device__ __forceinline__ void bulk_prefetch_l2(const void* p, uint32_t bytes) {
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
-}
 // Named barrier 1.. (0 is __syncthreads) over `threads` threads (a multiple of 32). The non-.aligned form: the
 // compiler does not reconverge a warp before inline asm (the k-loop's `tid == 0` arrivals leave warp 0
 // diverged), and bar.sync (= barrier.sync.aligned) executed by a diverged warp is what compute-sanitizer's

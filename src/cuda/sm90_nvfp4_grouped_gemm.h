@@ -125,14 +125,6 @@ struct Sm90OneTokenRoute {
   bool read_ids = false;
   // Optional (tests): every warp whose guess was wrong adds 1 here (device int32; nullptr: not counted).
   int32_t* misspeculations = nullptr;
-  // GEMM1 at T = 1 (routing, a_broadcast_row), optional: once a warp has run its pieces it prefetches into L2 the
-  // first next_prefetch_k_tiles k-tiles of weight units of the next launch's experts (GEMM2's: the same places, the
-  // chosen experts, then the merged shared expert; next_weights with its shape's units and k_tiles), item j = place
-  // x next_units + unit on walker j / CTAs of CTA j % CTAs. So GEMM2's first weights are in L2 when its CTAs start,
-  // fetched while the HBM idles in GEMM1's tail and the handoff. Only a hint (cp.async.bulk.prefetch.L2): nothing
-  // is read into the SM, no result changes. nullptr or 0 k-tiles: off.
-  const uint8_t* next_weights = nullptr;
-  int next_units = 0, next_k_tiles = 0, next_prefetch_k_tiles = 0;
 };
 
 struct Sm90GemmArgs {

@@ -1225,7 +1225,6 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
         idx = idx0;
       }
     } else {
-      [[maybe_unused]] const int idx_first = idx;
       for (; next_piece(cur, idx); idx += stride) run_piece(cur, idx, rows_of, false, nothing);
       if constexpr (kContiguous) {  // a warp without a piece quantizes its share too (quantize_rows), then exits
         if (!row_seen && piece_end > piece_begin) {
@@ -1233,25 +1232,6 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
           if constexpr (kQuantRows) quantize_rows();
           else quantize_token_rows();
           row_seen = true;
-        }
-      }
-      // GEMM1 at T = 1: GEMM2's first weights into L2 (Sm90OneTokenRoute::next_weights), by the walkers that ran
-      // a piece (the first walkers of every CTA; a walker without one would issue them beside GEMM1's first
-      // copies), after their pieces: during GEMM1's tail.
-      if constexpr (ROUTED && (ROWS == WsRows::kBroadcast || kQuantRows)) {
-        const int kts = rt.next_prefetch_k_tiles;
-        if (rt.next_weights != nullptr && kts > 0 && rt.route.tokens == 1 && blk == 0 && idx != idx_first) {
-          const int units = rt.next_units, grid = static_cast<int>(gridDim.x);
-          const size_t expert_bytes = static_cast<size_t>(units) * rt.next_k_tiles * kUnitBytes;
-          for (int j = walker * grid + static_cast<int>(blockIdx.x); j < routed_experts * units;
-               j += kWalkers * grid) {
-            const int q = j / units, u = j - q * units;
-            const int e = expert_at_place(q);  // (warp-uniform j)
-            if (lane == 0)
-              bulk_prefetch_l2(rt.next_weights + static_cast<size_t>(e) * expert_bytes +
-                                   static_cast<size_t>(u) * rt.next_k_tiles * kUnitBytes,
-                               static_cast<uint32_t>(kts * kUnitBytes));
-          }
         }
       }
     }

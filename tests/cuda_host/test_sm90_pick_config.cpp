@@ -499,18 +499,6 @@ TEST(Sm90OneTokenRoute, AvailabilityFitAndRefusals) {
       {"the plan's experts", [](auto&, auto& r, auto&) { r.plan.experts = 64; }, "plan.experts / top_k / tokens"},
       {"the launch's experts", [](auto&, auto& r, auto&) { r.plan.append_shared = true; }, "shape.num_experts must be"},
       {"no plan outputs", [](auto&, auto& r, auto&) { r.plan.perm = nullptr; }, "write_outputs with a null"},
-      {"GEMM2's prefetch in GEMM2",
-       [](auto& a, auto& r, auto&) { a.a_broadcast_row = false; a.epilogue = Sm90GemmEpilogue::kF32;
-                                     a.shape = sm90_prepared_shape(128, 2048, 768, false); r.read_ids = true;
-                                     r.write_outputs = false; r.next_weights = a.w; r.next_units = 1;
-                                     r.next_k_tiles = 1; },
-       "next_weights (GEMM2's weights prefetched by GEMM1) only with a_broadcast_row"},
-      {"more k-tiles prefetched than GEMM2 has",
-       [](auto& a, auto& r, auto&) { r.next_weights = a.w; r.next_units = 16; r.next_k_tiles = 12;
-                                     r.next_prefetch_k_tiles = 13; },
-       "0 <= next_prefetch_k_tiles <= next_k_tiles; got 16, 12, 13"},
-      {"no units", [](auto& a, auto& r, auto&) { r.next_weights = a.w; r.next_k_tiles = 12; },
-       "expected next_units >= 1"},
   };
   expect_route_refusals(cases, g, rt, ws, "one_token_route");
 }
