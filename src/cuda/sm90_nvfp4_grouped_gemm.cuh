@@ -436,7 +436,7 @@ __device__ __forceinline__ void dequant_ktile(const uint4 (&codes)[NB], uint32_t
 // correct results, `cmake -DNVFP4MOE_SM90_EXPERIMENT=17`): the tile kernels' SwiGLU epilogue computes its silus
 // in batches without a branch per division (silu_batch, swiglu_values). (23 and 24, the warp-streaming quantizing
 // GEMM1's row quantization before its first weight copies or by its idle warps, measured at cac7c88: 24 is the
-// engine's at T = 1, kIdleWarpsQuantize in sm90_nvfp4_warp_stream_gemm.cuh.)
+// engine's at T = 1, quantize_rows in sm90_nvfp4_warp_stream_gemm.cuh.)
 #if NVFP4MOE_SM90_DEQUANT_EXPERIMENT == 1 || NVFP4MOE_SM90_DEQUANT_EXPERIMENT == 2
 __device__ __forceinline__ void dequant_experiment(const uint4 (&codes)[2], const uint2 (&sc)[2],
                                                    uint32_t (&a)[2][16]) {
