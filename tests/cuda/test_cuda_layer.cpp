@@ -1182,9 +1182,7 @@ TEST(CudaLayer, T1W4A4QuantizedRowsBitIdenticalToGather) {
     unsetenv("NVFP4MOE_SM90_CONFIG");
     const auto routing = h.base.cuda->decode_routing(1, false, true);
     if (every_warp_busy) {
-      int dev = 0, sms = 0;
-      CUDA_OK(cudaGetDevice(&dev));
-      CUDA_OK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+      const int sms = device_sm_count();  // (the layer's grid)
       const auto l = h.base.cuda->sm90_launches(1);
       ASSERT_FALSE(l.empty());
       const int64_t pieces = d.k * (d.I / 64) * 4;  // (one-slice pieces: 4 a 64-column unit)
@@ -1339,12 +1337,7 @@ TEST(CudaLayer, W4A4TokensQuantizedInGemm1BitIdenticalToGather) {
     EXPECT_FALSE(quant.cuda->decode_routing(2, false, false).gemm1_routes_tokens);  // router logits only
     EXPECT_FALSE(quant.cuda->decode_routing(2, true, true).gemm1_routes_tokens);    // bf16 hidden only
     const int64_t E = d.E, H = d.H;
-    const int sms = [] {
-      int dev = 0, n = 0;
-      cudaGetDevice(&dev);
-      cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev);
-      return n;
-    }();
+    const int sms = device_sm_count();  // (the layer's grid)
     for (int64_t T = 2; T <= kSm90RoutedTokensMax; ++T) {
       SCOPED_TRACE("T=" + std::to_string(T));
       EXPECT_FALSE(gather.cuda->decode_routing(T, false, true).gemm1_routes_tokens);
