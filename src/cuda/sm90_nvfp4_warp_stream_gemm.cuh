@@ -114,14 +114,19 @@ __host__ __device__ inline int token_rows_route_scratch_bytes(int tokens, int ex
 
 // The quantizing kernels' contiguous piece range of this CTA (kBroadcastQuantized, kRoutedTokensQuantized): pieces
 // [begin, end) of the launch's places x n_pieces (floor or ceil of pieces / CTAs, as many as the round-robin gives
-// it), which belong to the places place0 .. place0 + places - 1.
+// it), which belong to the places place0 .. place0 + places - 1. In 32-bit unsigned arithmetic: the host bounds
+// pieces x CTAs below 2^32 (contiguous_ranges_within_two_experts), and a 64-bit division is a call into a
+// subroutine: with it, the routing -> first piece span of these kernels was ~0.8 us longer than the broadcast
+// kernel's at every preset (experiment 19c, bench/results/44abfde-x19c-t1-first-piece-h100).
 __device__ __forceinline__ void ws_contiguous_piece_range(const int places_total, const int n_pieces, int& begin,
                                                           int& end, int& place0, int& places) {
-  const int64_t pieces = static_cast<int64_t>(places_total) * n_pieces;
-  begin = static_cast<int>(pieces * blockIdx.x / gridDim.x);
-  end = static_cast<int>(pieces * (blockIdx.x + 1) / gridDim.x);
-  place0 = begin / n_pieces;
-  places = end > begin ? (end - 1) / n_pieces - place0 + 1 : 0;
+  const uint32_t pieces = static_cast<uint32_t>(places_total) * static_cast<uint32_t>(n_pieces);
+  const uint32_t b = pieces * blockIdx.x / gridDim.x, e = pieces * (blockIdx.x + 1u) / gridDim.x;
+  const uint32_t per_place = static_cast<uint32_t>(n_pieces);
+  begin = static_cast<int>(b);
+  end = static_cast<int>(e);
+  place0 = static_cast<int>(b / per_place);
+  places = e > b ? static_cast<int>((e - 1u) / per_place - b / per_place + 1u) : 0;
 }
 
 // A warp's T = 2 .. 4 routing pairs (the routed kernels of WsRows::kRoutedTokens and kDirectTokenIds): lane p <
