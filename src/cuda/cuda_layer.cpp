@@ -297,7 +297,6 @@ CudaMoeLayer::CudaMoeLayer(MoeWeights w, const MoeLayerOptions& options, GemmPat
       t1_route_in_gemm_enabled_ = env_switch("NVFP4MOE_T1_ROUTE_IN_GEMM");    // A/B: "0" = the routing launch
       t1_gemm2_reads_ids_ = env_switch("NVFP4MOE_T1_GEMM2_READS_IDS");  // A/B: "0" = GEMM2 seeks the offsets
       t1_gemm2_guesses_ids_ = env_switch("NVFP4MOE_T1_GEMM2_GUESSES_IDS");  // A/B: "0" = reads them after its wait
-      t1_early_shared_enabled_ = env_switch("NVFP4MOE_T1_EARLY_SHARED");  // A/B: "0" = every warp routes first
       t1_w4a4_quant_rows_enabled_ = env_switch("NVFP4MOE_T1_W4A4_QUANT_ROWS");  // A/B: "0" = w4a4 T = 1 gathers
       gemm1_routes_tokens_enabled_ = env_switch("NVFP4MOE_GEMM1_ROUTES_TOKENS");  // A/B: "0" = T = 2 .. 4 launch
       // A/B: "0" = w4a4 T = 2 .. 4 take the routing launch with the quantizing gather
@@ -857,9 +856,7 @@ void CudaMoeLayer::forward(const TensorRef& hidden, const RoutingArgs& routing, 
     gemm1_route.route = *route;
     gemm1_route.plan = pl;
     gemm1_route.write_outputs = true;
-    gemm1_route.early_shared_route_warps = decode.gemm1_early_shared_route_warps;  // (T = 1 only: 0 otherwise)
     gemm2_route = gemm1_route;
-    gemm2_route.early_shared_route_warps = 0;
     gemm2_route.write_outputs = false;
     gemm2_route.read_ids = true;  // (GEMM1's CTA 0 wrote them; read where decode.gemm2_reads_ids)
   } else if (route) {
@@ -1110,9 +1107,6 @@ CudaMoeLayer::DecodeRouting CudaMoeLayer::decode_routing(int64_t T, bool f32_hid
                    sm90_one_token_route_available(c2, Sm90GemmEpilogue::kF32, false) &&
                    sm90_one_token_route_fits(c2, E, K);
   d.gemm2_guesses_ids = d.gemm2_reads_ids && early_gemm2_enabled_ && t1_gemm2_guesses_ids_;
-  if (d.gemm1_routes && !a4 && shared_in_routed_ && t1_early_shared_enabled_)
-    d.gemm1_early_shared_route_warps =
-        sm90_early_shared_route_warps(c1, E, K, spec_.routing == Routing::SoftmaxTopK);
   return d;
 }
 

@@ -151,9 +151,6 @@ class CudaMoeLayer final : public MoeLayer {
     // a_routed_token_quant_gs); GEMM2 then reads (guesses) GEMM1's T k ids where gemm2_reads_ids
     // (gemm2_guesses_ids), else seeks the offsets GEMM1 wrote after its wait
     bool gemm1_routes_tokens = false;
-    // T = 1, w4a16, a merged shared expert: the warps of GEMM1's CTAs that route the token while the others run the
-    // shared expert's pieces (Sm90OneTokenRoute::early_shared_route_warps; 0: every warp routes first)
-    int gemm1_early_shared_route_warps = 0;
   };
   DecodeRouting decode_routing(int64_t T, bool f32_hidden, bool router_logits) const;
 
@@ -266,12 +263,6 @@ class CudaMoeLayer final : public MoeLayer {
   // piece's weights during GEMM1's tail; checked after the wait, the same bits either way).
   // NVFP4MOE_T1_GEMM2_GUESSES_IDS=0 (read at creation): reads them after the wait, for A/B and the bitwise test.
   bool t1_gemm2_guesses_ids_ = true;
-  // w4a16 at T = 1 with a merged shared expert (deepseek-v3): GEMM1's CTAs route the token on the fewest warps that
-  // hold the routing, and their other warps run the shared expert's pieces meanwhile, each first prefetching its
-  // share of the expert's weights into L2 (Sm90OneTokenRoute::early_shared_route_warps): the HBM, idle while the
-  // token is routed, streams the shared expert then. NVFP4MOE_T1_EARLY_SHARED=0 (read at creation): every warp
-  // routes first (A/B, bitwise test).
-  bool t1_early_shared_enabled_ = true;
   bool t1_w4a4_quant_rows_enabled_ = true;  // NVFP4MOE_T1_W4A4_QUANT_ROWS=0: w4a4 T = 1 gathers (routing launch)
   bool gemm1_routes_tokens_enabled_ = true;  // NVFP4MOE_GEMM1_ROUTES_TOKENS=0: T = 2 .. 4 route in their own launch
   // w4a4 at T = 2 .. 4: GEMM1 routes the tokens and quantizes their rows per expert (Sm90GemmArgs::

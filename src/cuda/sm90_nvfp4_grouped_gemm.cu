@@ -712,16 +712,6 @@ std::string check_one_token_route(const Sm90GemmArgs& args, const Sm90GemmConfig
   if (args.shape.num_experts != launch_experts)
     return w + ": shape.num_experts must be route.experts" + (r.plan.append_shared ? " + 1 (append_shared)" : "") +
            " = " + std::to_string(launch_experts) + "; got " + std::to_string(args.shape.num_experts);
-  if (r.early_shared_route_warps != 0) {
-    const int want = sm90_early_shared_route_warps(config, E, K, r.route.kind == RouteKind::kSoftmax);
-    if (!args.a_broadcast_row || args.a_broadcast_quant_gs != nullptr || r.read_ids || !r.plan.append_shared)
-      return w + ": early_shared_route_warps only with a_broadcast_row (w4a16: no a_broadcast_quant_gs), the routing "
-                 "in the launch (no read_ids) and a merged shared expert (plan.append_shared)";
-    if (r.early_shared_route_warps != want)
-      return w + ": early_shared_route_warps must be 0 or sm90_early_shared_route_warps(config " + to_string(config) +
-             ", experts " + std::to_string(E) + ", top_k " + std::to_string(K) + ") = " + std::to_string(want) +
-             "; got " + std::to_string(r.early_shared_route_warps);
-  }
   if ((r.read_ids || r.write_outputs) && r.route.topk_ids == nullptr) return w + ": route.topk_ids is null";
   if (r.write_outputs && (r.route.topk_weights == nullptr || r.plan.counts == nullptr || r.plan.offsets == nullptr ||
                           r.plan.tile_offsets == nullptr || r.plan.perm == nullptr || r.plan.inv == nullptr))
@@ -883,20 +873,6 @@ bool sm90_one_token_route_fits(const Sm90GemmConfig& config, int experts, int to
   NVFP4MOE_SM90_WARP_STREAM_CONFIGS(NVFP4MOE_X)
 #undef NVFP4MOE_X
   return false;
-}
-
-int sm90_early_shared_route_warps(const Sm90GemmConfig& config, int experts, int top_k, bool softmax) {
-  if (!sm90_one_token_route_available(config, Sm90GemmEpilogue::kSwiGLU, true) ||
-      !sm90_one_token_route_fits(config, experts, top_k))
-    return 0;
-#define NVFP4MOE_X(warps, depth, spw, unrolled, bpw)                                                       \
-  if (is_warp_stream_config(config, warps, depth, spw, unrolled != 0, bpw)) {                               \
-    const int w = sm90::early_shared_route_warps<warps, depth, spw, bpw>(experts, top_k, softmax);          \
-    return w < warps ? w : 0;                                                                               \
-  }
-  NVFP4MOE_SM90_WARP_STREAM_CONFIGS(NVFP4MOE_X)
-#undef NVFP4MOE_X
-  return 0;
 }
 
 cudaError_t sm90_nvfp4_grouped_gemm(const Sm90GemmArgs& args, const Sm90GemmConfig& config, cudaStream_t stream,

@@ -125,11 +125,6 @@ struct Sm90OneTokenRoute {
   bool read_ids = false;
   // Optional (tests): every warp whose guess was wrong adds 1 here (device int32; nullptr: not counted).
   int32_t* misspeculations = nullptr;
-  // GEMM1 routing one token with a merged shared expert (plan.append_shared), the broadcast row in w4a16
-  // (a_broadcast_row without a_broadcast_quant_gs): 0, or sm90_early_shared_route_warps(config, ...): only that many
-  // warps of each CTA route the token, and the others run the shared expert's pieces meanwhile (each first
-  // prefetching its share of the expert's weights into L2), their stores after the routing. The same bits.
-  int early_shared_route_warps = 0;
 };
 
 struct Sm90GemmArgs {
@@ -257,10 +252,6 @@ bool sm90_one_token_route_available(const Sm90GemmConfig& config, Sm90GemmEpilog
 // Whether that kernel can route `experts` experts, top_k of them: a thread per expert (rounded up to warps) in
 // its CTA, and the routing's scratch within its ring slots (512 experts and more do not fit ws8's 16 warps).
 bool sm90_one_token_route_fits(const Sm90GemmConfig& config, int experts, int top_k);
-// Sm90OneTokenRoute::early_shared_route_warps for config's routed broadcast-row GEMM1 (w4a16): the warps of a CTA
-// that route the token (whole warp pairs holding the routing's threads and scratch), or 0 where no warp would be
-// left for the shared expert (or config has no such kernel, or the routing does not fit it).
-int sm90_early_shared_route_warps(const Sm90GemmConfig& config, int experts, int top_k, bool softmax);
 // The longest row (K) a config's broadcast-row kernel keeps in shared memory beside its weight rings (0: a tile
 // config, which has none). 50k+ for every warp-streaming config; a longer K needs the rows in `a`. quantized_rows:
 // the kernel of Sm90GemmArgs::a_broadcast_quant_gs, which keeps the raw row and two quantized ones (20k+).

@@ -161,14 +161,11 @@ __device__ __forceinline__ void plan_small_block(const PlanArgs& a, int pairs, c
 // that the warp-streaming GEMM's T = 1 routing (sm90_nvfp4_warp_stream_gemm.cuh) calls it too; every thread of
 // the block may call it (threads stride over the experts), ids visible to all; perm_smem / routed_rows_smem
 // are visible after the caller's next barrier. (Until the twenty-fifth session: a ballot per warp, the words in
-// static shared memory, a barrier and popcounts: the same integers.) threads > 0: only the block's first
-// `threads` threads call it (the T = 1 GEMM1 whose other warps run the shared expert meanwhile).
+// static shared memory, a barrier and popcounts: the same integers.)
 __device__ __forceinline__ void plan_one_token_block(const PlanArgs& a, const int32_t* ids, bool write_global,
-                                                     int32_t* perm_smem, int32_t* routed_rows_smem,
-                                                     const int threads = 0) {
+                                                     int32_t* perm_smem, int32_t* routed_rows_smem) {
   const int K = a.top_k;
-  const int stride = threads > 0 ? threads : static_cast<int>(blockDim.x);
-  for (int e = threadIdx.x; e < a.experts; e += stride) {
+  for (int e = threadIdx.x; e < a.experts; e += blockDim.x) {
     int slot = -1;
     int32_t below = 0;
     for (int j = 0; j < K; ++j) {

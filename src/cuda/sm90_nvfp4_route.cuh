@@ -333,23 +333,8 @@ __host__ __device__ inline size_t block_route_smem(int tokens, int experts, int 
   return (te * 17 + static_cast<size_t>(tokens) * top_k * 4 + static_cast<size_t>(tokens) * 8 + 15) / 16 * 16;
 }
 
-// The block's barrier, or with kBarrier > 0 named barrier kBarrier over the block's first `threads` threads (route_block
-// on some warps while the others work: the T = 1 GEMM1 whose spare warps run the shared expert meanwhile).
-template <int kBarrier>
-__device__ __forceinline__ void route_barrier(const int threads) {
-  if constexpr (kBarrier == 0) {
-    __syncthreads();
-  } else {
-    asm volatile("bar.sync %0, %1;" ::"n"(kBarrier), "r"(threads) : "memory");
-  }
-}
-
-// kBarrier / threads: the whole block (0), or its first `threads` threads (a multiple of 32, at least
-// block_route_threads) synchronized on named barrier kBarrier; the block's other warps must not call it.
-template <int kBarrier = 0>
 __device__ __forceinline__ void route_block(const RouteArgs& a, uint8_t* smem, int32_t* ids_mirror,
-                                            bool write_global, const int threads = 0) {
-  const int nthreads = kBarrier == 0 ? static_cast<int>(blockDim.x) : threads;
+                                            bool write_global) {
   const int E = a.experts, K = a.top_k, T = a.tokens, Ep = block_route_stride(E);
   float* key = reinterpret_cast<float*>(smem);  // [T][Ep]; pad entries NaN
   float* aux = key + T * Ep;                    // [T][Ep] sigmoid(l)
@@ -377,17 +362,17 @@ __device__ __forceinline__ void route_block(const RouteArgs& a, uint8_t* smem, i
     }
     kt[e] = k;
   }
-  for (int i = tid; i < T * K; i += nthreads) {
+  for (int i = tid; i < T * K; i += blockDim.x) {
     slot[i] = -1;
     if (ids_mirror) ids_mirror[i] = -1;
   }
-  route_barrier<kBarrier>(threads);
+  __syncthreads();
   const int G = softmax ? 1 : a.n_group;
   // The softmax statistics are read only by the weights, after the ranks' barrier: where the block has a warp per
   // token past the T * Ep ranking threads (block_route_threads), those warps compute them while the others rank;
   // else the token's first warp does, before the ranks.
   const bool stats_beside = block_route_stats_warps(T, E, softmax) &&
-                            nthreads >= block_route_threads(T, E, softmax);
+                            static_cast<int>(blockDim.x) >= block_route_threads(T, E, softmax);
   if (softmax && write_global) {  // (only the weights read them: a block that writes nothing needs the ids alone)
     const int ts = stats_beside ? (tid - T * Ep) >> 5 : t;  // the token whose statistics this warp computes
     if (stats_beside ? (tid >= T * Ep && ts < T) : (active && e < 32)) {  // max and normalizer, as the warp path
@@ -405,7 +390,7 @@ __device__ __forceinline__ void route_block(const RouteArgs& a, uint8_t* smem, i
   } else if (G > 1) {
     const int gsize = E / G;
     if (active && e < G) gsw[t * Ep + e] = group_top2_sum(kt + e * gsize, gsize);
-    route_barrier<kBarrier>(threads);
+    __syncthreads();
     if (active && e < G) {
       const float v = gsw[t * Ep + e];
       const bool valid = !(v != v || v == -INFINITY);
@@ -417,10 +402,10 @@ __device__ __forceinline__ void route_block(const RouteArgs& a, uint8_t* smem, i
       }
       kept[t * Ep + e] = (valid && rank < a.topk_group) ? 1 : 0;
     }
-    route_barrier<kBarrier>(threads);
+    __syncthreads();
     if (real && !kept[t * Ep + e / gsize]) kt[e] = __int_as_float(0x7fffffff);  // not eligible: never ranked
   }
-  if (!stats_beside) route_barrier<kBarrier>(threads);  // (the same for the whole block: blockDim and the arguments)
+  if (!stats_beside) __syncthreads();  // (the same for the whole block: blockDim and the arguments)
   // The ranks in two stages (route_rank.h, rank_among_candidates: exactly the slots of one rank among all keys,
   // with 8 + k Ep / 128 compare steps a thread instead of Ep / 4). Stage 1: each expert's rank among the 32 keys
   // of its own warp (Ep is whole warps, so a warp is one token's segment of 32 experts); local rank j < kc makes
@@ -445,7 +430,7 @@ __device__ __forceinline__ void route_block(const RouteArgs& a, uint8_t* smem, i
       }
     }
   }
-  route_barrier<kBarrier>(threads);
+  __syncthreads();
   // Stage 2: candidate e of token t among the token's candidates (keys, then ids for ties).
   if (active && e < ncand) {
     const float k = ck[e];
@@ -458,19 +443,19 @@ __device__ __forceinline__ void route_block(const RouteArgs& a, uint8_t* smem, i
       }
     }
   }
-  route_barrier<kBarrier>(threads);
+  __syncthreads();
   // A block that writes nothing (the GEMM1 CTAs past CTA 0 at T = 1, the fused decode kernels' blocks past the
   // first) needs only the ids, complete in ids_mirror from the barrier above: no weights, no last barrier.
   if (!write_global) return;
   float* wts = gsw;  // the group scores are consumed
-  for (int i = tid; i < T * K; i += nthreads) {
+  for (int i = tid; i < T * K; i += blockDim.x) {
     const int tt = i / K, id = slot[i];
     float w = 0.0f;
     if (id >= 0) w = softmax ? expf(key[tt * Ep + id] - stat[2 * tt]) / stat[2 * tt + 1] : aux[tt * Ep + id];
     wts[tt * Ep + (i - tt * K)] = w;
     a.topk_ids[i] = id;
   }
-  route_barrier<kBarrier>(threads);
+  __syncthreads();
   // Thread (t, j) writes token t's weight j; each of the token's k threads sums its k weights in slot order (the
   // warp path's sum, so the same bits), instead of one thread dividing and storing k times in a row.
   if (tid < T * K) {

@@ -65,9 +65,8 @@ struct WarpStreamSlot {
 
 // RESIDENT_ROW (the broadcast-row kernels, WsRows::kBroadcast): every piece's token rows are row 0 of `a`, so the
 // CTA copies that row into shared memory once (one bulk copy on an mbarrier, zero-padded to whole k-tiles) and
-// the slots hold only weights. Behind the handoff area: the mbarrier and the early shared expert's mbarrier and
-// place word (32 bytes), 128 zero bytes (the ldmatrix rows past the tile's rows read them), then the row (k_tiles x
-// 128 bytes, sized at launch: resident_row_bytes).
+// the slots hold only weights. Behind the handoff area: the mbarrier (16 bytes), 128 zero bytes (the ldmatrix rows
+// past the tile's rows read them), then the row (k_tiles x 128 bytes, sized at launch: resident_row_bytes).
 inline constexpr int kMaxSmemPerBlock = 232448;  // sm_90's opt-in maximum of dynamic shared memory a block
 template <int WARPS, int DEPTH, int SPW, bool UNROLLED, Epilogue EPI, int BPW = 2, bool RESIDENT_ROW = false>
 struct WarpStreamTraits {  // (UNROLLED, EPI only so that each kernel gets its own one-time launch check, kernel_ready)
@@ -82,10 +81,7 @@ struct WarpStreamTraits {  // (UNROLLED, EPI only so that each kernel gets its o
   static constexpr int kHandoffOffset = WARPS * DEPTH * Slot::kBytes;
   static constexpr int kHandoffBytes = BPW == 1 ? WARPS / 2 * 2 * 32 * SPW * 16 : 0;
   static constexpr int kRowBarrierOffset = kHandoffOffset + kHandoffBytes;
-  // (the row's mbarrier, then the routing warps' mbarrier and the shared expert's place: early_shared)
-  static constexpr int kRouteBarrierOffset = kRowBarrierOffset + 8;
-  static constexpr int kSharedPlaceOffset = kRowBarrierOffset + 16;
-  static constexpr int kRowZeroOffset = kRowBarrierOffset + 32;
+  static constexpr int kRowZeroOffset = kRowBarrierOffset + 16;
   static constexpr int kRowZeroBytes = 128;  // >= 64 + 16: the second ldmatrix of a k-tile reads 64 bytes further
   static constexpr int kRowOffset = kRowZeroOffset + kRowZeroBytes;
   // The fixed part; the resident row adds resident_row_bytes(k_tiles) at launch.
@@ -192,22 +188,6 @@ enum class WsRows {
 inline constexpr int kWsMaxQuantRows = 2;
 // The named barrier of a CTA's quantizing warps (the warp pairs of BPW = 1 use 1 .. WARPS / 2).
 inline constexpr int kWsQuantRowsBarrier = 15;
-// The named barrier of the routing warps while the others run the shared expert (Sm90OneTokenRoute::
-// early_shared_route_warps).
-inline constexpr int kWsRouteBarrier = 14;
-
-// The warps of a routed broadcast-row GEMM1 (T = 1) that route the token while the CTA's other warps run the merged
-// shared expert's pieces (early_shared): the fewest whole warp pairs holding the routing's threads
-// (kernels::block_route_threads) and its scratch (in their ring slots); WARPS where none would be left over.
-template <int WARPS, int DEPTH, int SPW, int BPW>
-__host__ __device__ inline int early_shared_route_warps(int experts, int top_k, bool softmax) {
-  using Slot = WarpStreamSlot<SPW, BPW, false>;
-  const int pair = 2 / BPW;
-  int warps = (kernels::block_route_threads(1, experts, softmax) + 31) / 32;
-  warps = (warps + pair - 1) / pair * pair;
-  while (warps < WARPS && one_token_route_scratch_bytes(experts, top_k) > warps * DEPTH * Slot::kBytes) warps += pair;
-  return warps;
-}
 // kRoutedTokensQuantized keeps this many resident rows a token (its row, and its second expert's quantized copy).
 inline constexpr int kWsTokenQuantRowsPerToken = 2;
 
@@ -706,24 +686,9 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
   [[maybe_unused]] const uint32_t row_zero = smem_u32(ws_smem) + Tr::kRowZeroOffset;
   [[maybe_unused]] const uint32_t row_smem = smem_u32(ws_smem) + Tr::kRowOffset;
   [[maybe_unused]] bool row_seen = false;
-  // early_shared (the w4a16 routed broadcast-row GEMM1 at T = 1 with a merged shared expert, Sm90OneTokenRoute::
-  // early_shared_route_warps): warps [0, route_warps) route the token (route_block on a named barrier) and then
-  // run the routed experts' pieces; the CTA's other warps ("spare") run the shared expert's pieces meanwhile,
-  // which need no routing: only their stores wait for it, for the shared expert's place (its output row: the
-  // number of chosen experts), which warp 0 publishes in shared memory behind an mbarrier. Each spare warp first
-  // prefetches its share of the expert's weight units into L2 (one bulk prefetch): the HBM, idle while the token
-  // is routed, streams the shared expert then, and the routed pieces after it have that much less to stream.
-  constexpr bool kEarlyShared = ROUTED && ROWS == WsRows::kBroadcast;
-  [[maybe_unused]] const int route_warps =
-      kEarlyShared && rt.route.tokens == 1 && rt.early_shared_route_warps > 0 ? rt.early_shared_route_warps : WARPS;
-  [[maybe_unused]] const bool early_shared = route_warps < WARPS;
-  [[maybe_unused]] const uint32_t route_bar = smem_u32(ws_smem) + Tr::kRouteBarrierOffset;
-  [[maybe_unused]] const uint32_t shared_place_word = smem_u32(ws_smem) + Tr::kSharedPlaceOffset;
-  [[maybe_unused]] bool shared_piece = false;  // (run_piece: the early shared piece's store waits for the routing)
   if constexpr (kResidentRow) {
     if (threadIdx.x == 0) {
       mbar_init(row_bar, 1);
-      if constexpr (kEarlyShared) mbar_init(route_bar, 1);
       asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
     const int tid = static_cast<int>(threadIdx.x);
@@ -877,29 +842,11 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
         int32_t* ids_smem = reinterpret_cast<int32_t*>(ws_smem + one_token_route_ids_offset(rt.route.experts,
                                                                                            rt.route.top_k));
         const bool writes = rt.write_outputs && blockIdx.x == 0;
-        if (!early_shared) {
-          kernels::route_block(rt.route, ws_smem, ids_smem, writes);  // the ids are visible after its last barrier
-          if (writes) kernels::plan_one_token_block(rt.plan, ids_smem, true, nullptr, nullptr);
-          route_id = rt.route.top_k > lane ? ids_smem[lane] : -1;  // (route_block's ids: an expert or -1)
-          if (route_id >= rt.route.experts) route_id = -1;
-          __syncthreads();  // every warp has read the scratch: the ring slots are the rings' from here on
-        } else if (warp < route_warps) {  // (the scratch lies in these warps' rings: early_shared_route_warps)
-          if constexpr (kEarlyShared) {
-            const int threads = route_warps * 32;
-            kernels::route_block<kWsRouteBarrier>(rt.route, ws_smem, ids_smem, writes, threads);
-            if (writes) kernels::plan_one_token_block(rt.plan, ids_smem, true, nullptr, nullptr, threads);
-            route_id = rt.route.top_k > lane ? ids_smem[lane] : -1;
-            if (route_id >= rt.route.experts) route_id = -1;
-            named_bar_sync(kWsRouteBarrier, threads);  // every routing warp has read the scratch
-            if (warp == 0) {  // the shared expert's place: the chosen experts precede it
-              const int chosen = __popc(__ballot_sync(0xFFFFFFFFu, route_id >= 0));
-              if (lane == 0) {
-                sts32(shared_place_word, static_cast<uint32_t>(chosen));
-                mbar_arrive(route_bar);  // (release: the word is visible to the waiters)
-              }
-            }
-          }
-        }
+        kernels::route_block(rt.route, ws_smem, ids_smem, writes);  // the ids are visible after its last barrier
+        if (writes) kernels::plan_one_token_block(rt.plan, ids_smem, true, nullptr, nullptr);
+        route_id = rt.route.top_k > lane ? ids_smem[lane] : -1;  // (route_block's ids: an expert or -1)
+        if (route_id >= rt.route.experts) route_id = -1;
+        __syncthreads();  // every warp has read the scratch: the ring slots are the rings' from here on
       } else {
         if constexpr (!kSpeculates) {  // (a kernel that cannot check a guess waits first)
           if (!waited) {
@@ -1191,13 +1138,6 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
       }
     }
 
-    if constexpr (kEarlyShared) {
-      if (shared_piece) {  // (its k-loop ran beside the routing: its output row is the shared expert's place)
-        mbar_wait(route_bar, 0);
-        row_base = static_cast<int64_t>(lds32(shared_place_word));
-      }
-    }
-
     // ---------------------------------------------------------------- epilogue (the tile kernels' arithmetic)
     // acc[sj][b][i]: weight row 16 slice + g + 8 ((i >> 1) & 1) of block b, slice = slice0 + sj, token
     // row_base + 2t + (i & 1).
@@ -1288,34 +1228,6 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
         }
         if (!again) break;
         idx = idx0;
-      }
-    } else if (early_shared) {
-      if constexpr (kEarlyShared) {
-        const int route_walkers = route_warps / kWarpsPerPiece, grid = static_cast<int>(gridDim.x);
-        if (warp < route_warps) {  // the routed experts' pieces (the shared place excluded), on the routing warps
-          routed_experts -= 1;     // (the merged shared expert is the last place: early_shared needs it)
-          for (; next_piece(cur, idx); idx += route_walkers * grid) run_piece(cur, idx, rows_of, false, nothing);
-        } else {  // the shared expert's pieces (place routed_experts - 1, known once routed), on the spare warps
-          const int spare = walker - route_walkers, spares = kWalkers - route_walkers;
-          for (int j = spare * grid + static_cast<int>(blockIdx.x); j < n_pieces; j += spares * grid) {
-            cur.e = rt.route.experts;
-            cur.first = 0;
-            cur.count = n_pieces;
-            cur.ttiles = 1;
-            cur.row_begin = 0;  // (run_piece takes the place from the routing before its stores)
-            cur.rows = 1;
-            if (lane == 0 && blk == 0) {  // this piece's share of its unit's weights (its k-tiles, all slices) to L2
-              const uint32_t unit_bytes = static_cast<uint32_t>(p.k_tiles) * kUnitBytes;
-              const uint32_t share = unit_bytes / Slot::kPiecesPerUnit;
-              const int unit = j / Slot::kPiecesPerUnit, part = j % Slot::kPiecesPerUnit;
-              const uint8_t* src = p.w + (static_cast<size_t>(cur.e) * p.units + unit) * unit_bytes + part * share;
-              asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(src), "r"(share) : "memory");
-            }
-            shared_piece = true;
-            run_piece(cur, j, rows_of, false, nothing);
-            shared_piece = false;
-          }
-        }
       }
     } else {
       for (; next_piece(cur, idx); idx += stride) run_piece(cur, idx, rows_of, false, nothing);
