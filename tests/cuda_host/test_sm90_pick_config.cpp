@@ -526,6 +526,11 @@ TEST(Sm90BroadcastQuantRows, MaxKFitAndRefusals) {
     // 8 experts x 4 pieces on 4 CTAs: 8 pieces a CTA span 3 experts where a range starts at an expert's last
     EXPECT_FALSE(sm90_broadcast_quant_rows_fit(c, 1, 8, 4)) << to_string(c);
     EXPECT_FALSE(sm90_broadcast_quant_rows_fit(c, 32, 9, 2)) << to_string(c);    // 576 pieces a CTA: up to 6
+    // The kernel's range arithmetic is 32-bit (ws_contiguous_piece_range): pieces x CTAs must stay below 2^32.
+    // 2^20 units a expert (4 or 2 pieces each) x 9 experts x 132 CTAs is past it, though each range lies within
+    // two experts; 2^16 units is not.
+    EXPECT_FALSE(sm90_broadcast_quant_rows_fit(c, 1 << 20, 9, 132)) << to_string(c);
+    EXPECT_TRUE(sm90_broadcast_quant_rows_fit(c, 1 << 16, 9, 132)) << to_string(c);
   }
   // 2 experts x 4 pieces on 2 CTAs: each CTA one expert; on 3 CTAs ranges of 2 / 3 / 3 pieces, within two
   EXPECT_TRUE(sm90_broadcast_quant_rows_fit(ws, 1, 2, 2));
@@ -656,6 +661,7 @@ TEST(Sm90TokenRowsQuant, FitAndRefusals) {
       EXPECT_FALSE(sm90_token_rows_quant_fits(c, T, 128, 8, 4096, 24, false, 2)) << "ranges past two experts";
       EXPECT_FALSE(sm90_token_rows_quant_fits(c, T, 128, 8, 4096, 24, false, 0));
       EXPECT_FALSE(sm90_token_rows_quant_fits(c, T, 128, 8, 4096, 0, false, 132));
+      EXPECT_FALSE(sm90_token_rows_quant_fits(c, T, 128, 8, 4096, 1 << 20, false, 132)) << "pieces x CTAs >= 2^32";
       const int max_k = sm90_resident_rows_max_k(c, 2 * T);
       EXPECT_LT(max_k, sm90_resident_rows_max_k(c, T));
       EXPECT_TRUE(sm90_token_rows_quant_fits(c, T, 128, 8, max_k, 24, false, 132));
