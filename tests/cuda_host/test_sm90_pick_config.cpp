@@ -503,6 +503,74 @@ TEST(Sm90OneTokenRoute, AvailabilityFitAndRefusals) {
   expect_route_refusals(cases, g, rt, ws, "one_token_route");
 }
 
+// GEMM2 at T = 1 with its rows resident in shared memory (Sm90GemmArgs::direct_rows_resident): which configs have
+// the kernel (the direct-row f32 routed ones), how many rows of which K fit beside the weight rings with their
+// barriers, and the launcher's refusals by name, before any device call (host-only).
+TEST(Sm90DirectRowsResident, FitAndRefusals) {
+  const T1Configs t1 = t1_configs();
+  const Sm90GemmConfig &ws = t1.ws, &ws_u = t1.ws_u, &b1 = t1.b1, &x2 = t1.x2, &tile = t1.tile;
+  // The fixed part (16 warps x 6 slots of 1152 bytes + 144) and 9 rows of K = 2048 (32 k-tiles) with 10 words
+  const int fixed = 16 * 6 * 1152 + 144;
+  for (const Sm90GemmConfig& c : {ws, ws_u}) {
+    SCOPED_TRACE(to_string(c));
+    EXPECT_TRUE(sm90_direct_rows_resident_fits(c, 8, true, 2048));   // deepseek-v3 (I = 2048, + shared)
+    EXPECT_TRUE(sm90_direct_rows_resident_fits(c, 8, false, 1536));  // qwen3-235b
+    EXPECT_TRUE(sm90_direct_rows_resident_fits(c, 8, false, 768));   // qwen3-30b
+    EXPECT_TRUE(sm90_direct_rows_resident_fits(c, 4, false, 2880));  // gpt-oss-120b
+    EXPECT_TRUE(sm90_direct_rows_resident_fits(c, 1, false, 16));
+    // the longest K of 9 rows: (232448 - fixed - 80) / (9 x 128) k-tiles
+    const int max_tiles = (232448 - fixed - 8 * 10) / (9 * 128);
+    EXPECT_TRUE(sm90_direct_rows_resident_fits(c, 8, true, max_tiles * 64));
+    EXPECT_FALSE(sm90_direct_rows_resident_fits(c, 8, true, max_tiles * 64 + 16)) << "a k-tile past the smem";
+    EXPECT_FALSE(sm90_direct_rows_resident_fits(c, 32, true, 4096)) << "33 rows of 4096";
+    EXPECT_FALSE(sm90_direct_rows_resident_fits(c, 0, false, 2048));
+    EXPECT_FALSE(sm90_direct_rows_resident_fits(c, 33, false, 128));
+    EXPECT_FALSE(sm90_direct_rows_resident_fits(c, 8, false, 8));
+    EXPECT_FALSE(sm90_direct_rows_resident_fits(c, 8, false, 1 << 30)) << "no overflow";
+  }
+  for (const Sm90GemmConfig& c : {b1, x2, tile}) EXPECT_FALSE(sm90_direct_rows_resident_fits(c, 8, false, 2048));
+
+  // A valid GEMM2 of qwen3-30b's shapes at T = 1 reading GEMM1's ids (host buffers, never dereferenced).
+  Sm90OneTokenRoute rt;
+  Sm90GemmArgs g;
+  routed_gemm1_args(rt, g);
+  rt.read_ids = true;
+  rt.write_outputs = false;
+  g.a_broadcast_row = false;
+  g.epilogue = Sm90GemmEpilogue::kF32;
+  g.shape = sm90_prepared_shape(128, 2048, 768, false);
+  g.a_rows_capacity = 8;
+  g.direct_rows_resident = true;
+  const std::vector<RouteCase> cases = {
+      {"no route", [](auto& x, auto&, auto&) { x.one_token_route = nullptr; }, "only for GEMM2 at T = 1"},
+      {"a routing route",
+       [](auto&, auto& r, auto&) {
+         r.read_ids = false;
+         r.write_outputs = true;
+       },
+       "routing in a direct-row launch"},
+      {"an activation epilogue",
+       [](auto& x, auto&, auto&) {
+         x.epilogue = Sm90GemmEpilogue::kRelu2;
+         x.one_token_route = nullptr;
+       },
+       "epilogue an activation"},
+      {"with read_token_ids", [](auto& x, auto&, auto&) { x.read_token_ids = true; }, "read_token_ids"},
+      {"a config without the kernel", [&](auto&, auto&, auto& c) { c = b1; }, "has no routed kernel"},
+      {"rows past the smem", [](auto& x, auto&, auto&) { x.shape = sm90_prepared_shape(128, 2048, 65536, false); },
+       "do not fit beside the weight rings"},
+      {"too few rows", [](auto& x, auto&, auto&) { x.a_rows_capacity = 7; },
+       "a_rows_capacity must hold the route.top_k = 8"},
+      {"too few rows with the shared expert",
+       [](auto& x, auto& r, auto&) {
+         r.plan.append_shared = true;
+         x.shape = sm90_prepared_shape(129, 2048, 768, false);
+       },
+       "route.top_k + 1 = 9"},
+  };
+  expect_route_refusals(cases, g, rt, ws, "sm90_nvfp4_grouped_gemm");
+}
+
 // w4a4 at T = 1: the routed GEMM1 quantizing the broadcast row per expert (Sm90GemmArgs::a_broadcast_quant_gs).
 // Its rows in shared memory (the raw row and two quantized ones: a third of the plain broadcast row's K), the
 // fit of each CTA's contiguous piece range within two experts (every preset on 132 SMs; too few SMs or too many
