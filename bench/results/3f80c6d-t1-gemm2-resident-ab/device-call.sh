@@ -1,0 +1,22 @@
+# T = 1 A/B of GEMM2's rows resident in shared memory (3f80c6d, Sm90GemmArgs::direct_rows_resident), one binary:
+#   new = 3f80c6d's CLI (GEMM2 at T = 1 copies its k (+ 1) rows once after its PDL wait, one bulk copy a row on its
+#         own mbarrier, and runs the broadcast kernels' k-loop: no token copies in the ring);
+#   off = the same CLI with NVFP4MOE_T1_GEMM2_RESIDENT=0 (the token tile copied k-tile by k-tile, as before).
+# Predicted before the run (docs/gemm.md, "GEMM2's rows resident at T = 1"): the k-loop ~40 SASS a k-tile shorter
+# (as the broadcast-row GEMM1 measured: qwen3-30b T = 1 -1.1 us there) and its first k-tile waiting only for its
+# own weights' group and its row, against a burst of k (+ 1) rows x 2 I bytes per CTA from L2 (deepseek-v3 36 KB a
+# CTA, 4.75 MB in all) after the wait: qwen3-235b T = 1 -0.3..1.0 us (GEMM2's k-loop at 2.7 TB/s with ~2 warps a
+# scheduler), qwen3-30b -0.3..0.8 (lone warps: bound by their instruction chain), deepseek-v3 -0..0.8 (3.8 warps a
+# scheduler: HBM-bound on the H100), the same in w4a4 (GEMM2 is the same launch).
+# Then the GPU tests of the change: the GEMM suite's speculative-ids test (every case with and without the resident
+# rows, bitwise, stale guesses rerun), the layer's T1RouteInGemm (the switch added), the w4a4 T = 1 quantized-rows
+# test, LayerMatchesReferenceOverT and PresetDims in both modes (the default path now takes the resident rows).
+#   SHA=3f80c6d bash <this>   (carry [".carry"], packed from 3f80c6d's build)
+EXTRA="export NVFP4MOE_TEST_DATA=$PWD/tests/data
+timeout 90 .carry/cuda_test_sm90_grouped_gemm --gtest_color=no --gtest_filter='*T1Speculative*' > \$W/\$SHA-sm90-gemm-subset.log 2>&1
+echo \"gemm exit \$?\"; grep -E '^\[  (PASSED|FAILED|SKIPPED) |^\[  FAILED|^\[       OK|^\[  SKIPPED' \$W/\$SHA-sm90-gemm-subset.log
+timeout 230 .carry/cuda_test_cuda_layer --gtest_color=no --gtest_filter='*T1RouteInGemm*:*T1W4A4QuantizedRows*:Modes/ModeTest.LayerMatchesReferenceOverT/*:Modes/ModeTest.PresetDims/w4a16:Modes/ModeTest.PresetDims/w4a4' > \$W/\$SHA-cuda-layer-subset.log 2>&1
+echo \"layer exit \$?\"; grep -E '^\[  (PASSED|FAILED) |^\[  FAILED|^\[       OK' \$W/\$SHA-cuda-layer-subset.log" \
+AB1_VARIANTS="new:.carry/nvfp4moe off:.carry/nvfp4moe:NVFP4MOE_T1_GEMM2_RESIDENT=0" \
+AB1_POINTS="deepseek-v3:1:w4a16,w4a4 qwen3-235b:1:w4a16,w4a4 qwen3-30b:1:w4a16,w4a4" \
+AB1_REPEAT=2 POINT_TIMEOUT_S=60 DEADLINE_S=560 NVFP4MOE_GIT_SHA=${SHA:-unknown} OUT=$OUT bash scripts/device_bundle.sh
