@@ -10,13 +10,21 @@
 # scheduler: HBM-bound on the H100), the same in w4a4 (GEMM2 is the same launch).
 # Then the GPU tests of the change: the GEMM suite's speculative-ids test (every case with and without the resident
 # rows, bitwise, stale guesses rerun), the layer's T1RouteInGemm (the switch added), the w4a4 T = 1 quantized-rows
-# test, LayerMatchesReferenceOverT and PresetDims in both modes (the default path now takes the resident rows).
-#   SHA=3f80c6d bash <this>   (carry [".carry"], packed from 3f80c6d's build)
+# test and LayerMatchesReferenceOverT in both modes (the default path now takes the resident rows; PresetDims left
+# for the next call: the call's time). Then x19's stamps (bench/experiments/x19e-t1-gemm2-resident-on-3f80c6d.patch:
+# the x19 patch plus P9 / P10 / P11 in GEMM2's resident row_ready: copies issued, guess checked, the piece's row in)
+# at deepseek-v3 and qwen3-235b T = 1 w4a16, with and without the resident rows: GEMM2's P1 (wait) -> P4 (first
+# k-tile) and P4 -> P5 (k-loop) predicted shorter with them.
+#   SHA=3f80c6d bash <this>   (carry [".carry"], packed from 3f80c6d's build with VARIANT_BUILDS="x19:<x19e build>")
 EXTRA="export NVFP4MOE_TEST_DATA=$PWD/tests/data
 timeout 90 .carry/cuda_test_sm90_grouped_gemm --gtest_color=no --gtest_filter='*T1Speculative*' > \$W/\$SHA-sm90-gemm-subset.log 2>&1
 echo \"gemm exit \$?\"; grep -E '^\[  (PASSED|FAILED|SKIPPED) |^\[  FAILED|^\[       OK|^\[  SKIPPED' \$W/\$SHA-sm90-gemm-subset.log
-timeout 230 .carry/cuda_test_cuda_layer --gtest_color=no --gtest_filter='*T1RouteInGemm*:*T1W4A4QuantizedRows*:Modes/ModeTest.LayerMatchesReferenceOverT/*:Modes/ModeTest.PresetDims/w4a16:Modes/ModeTest.PresetDims/w4a4' > \$W/\$SHA-cuda-layer-subset.log 2>&1
-echo \"layer exit \$?\"; grep -E '^\[  (PASSED|FAILED) |^\[  FAILED|^\[       OK' \$W/\$SHA-cuda-layer-subset.log" \
+timeout 150 .carry/cuda_test_cuda_layer --gtest_color=no --gtest_filter='*T1RouteInGemm*:*T1W4A4QuantizedRows*:Modes/ModeTest.LayerMatchesReferenceOverT/*' > \$W/\$SHA-cuda-layer-subset.log 2>&1
+echo \"layer exit \$?\"; grep -E '^\[  (PASSED|FAILED) |^\[  FAILED|^\[       OK' \$W/\$SHA-cuda-layer-subset.log
+for preset in qwen3-235b deepseek-v3; do for r in 1 0; do
+  timeout 50 env NVFP4MOE_X19_REPLAYS=12 NVFP4MOE_T1_GEMM2_RESIDENT=\$r .carry/x19/nvfp4moe bench --preset \$preset --tokens 1 --mode w4a16 > \$W/x19e-\$preset-resident\$r.log 2>&1
+  echo \"x19e \$preset resident=\$r exit \$?\"; grep -E 'X19 (qwen|deep)|ws_gemm1 +#0 P(5|7) |ws_gemm2 +#0 P(0|1|4|5|7|9|10|11) |combine +#0 P7' \$W/x19e-\$preset-resident\$r.log
+done; done" \
 AB1_VARIANTS="new:.carry/nvfp4moe off:.carry/nvfp4moe:NVFP4MOE_T1_GEMM2_RESIDENT=0" \
 AB1_POINTS="deepseek-v3:1:w4a16,w4a4 qwen3-235b:1:w4a16,w4a4 qwen3-30b:1:w4a16,w4a4" \
 AB1_REPEAT=2 POINT_TIMEOUT_S=60 DEADLINE_S=560 NVFP4MOE_GIT_SHA=${SHA:-unknown} OUT=$OUT bash scripts/device_bundle.sh
