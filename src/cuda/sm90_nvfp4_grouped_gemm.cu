@@ -178,10 +178,13 @@ cudaError_t launch_chained(const CUtensorMap& map1, const CUtensorMap& map2, con
 // Experiment 25 (an A/B build, `cmake -DNVFP4MOE_SM90_EXPERIMENT=25`): 10, which its weight-only slots leave room
 // for (16 warps x 10 x 1152 bytes + 9 rows of 4 KB), so that 9 k-tiles of its weights go out before its PDL wait
 // instead of 5 (GEMM2's CTAs start as GEMM1's leave, while the HBM serves only GEMM1's last warps).
-constexpr int direct_resident_depth(int depth) {
+// (spw, bpw: the one-slice, two-block configs have the kernel; the others keep theirs, which nothing launches)
+constexpr int direct_resident_depth(int depth, int spw, int bpw) {
 #if NVFP4MOE_SM90_DEQUANT_EXPERIMENT == 25
-  return depth > 0 ? 10 : depth;
+  return spw == 1 && bpw == 2 ? 10 : depth;
 #else
+  (void)spw;
+  (void)bpw;
   return depth;
 #endif
 }
@@ -276,8 +279,9 @@ cudaError_t launch_warp_stream_epi(const Sm90GemmArgs& args, const sm90::GemmPar
         return fail("sm90_nvfp4_grouped_gemm: direct_rows_resident: only with a read_ids one_token_route and the "
                     "f32 epilogue");
       // One kernel for the rolled and the unrolled config: both have the resident rows' k-loop.
-      return launch_warp_stream<WARPS, direct_resident_depth(DEPTH), SPW, false, BPW, sm90::Epilogue::kF32, ROWS,
-                                true>(args, p, grid, stream);
+      constexpr int kDepth = direct_resident_depth(DEPTH, SPW, BPW);
+      return launch_warp_stream<WARPS, kDepth, SPW, false, BPW, sm90::Epilogue::kF32, ROWS, true>(args, p, grid,
+                                                                                                stream);
     }
   } else if constexpr (ROWS == sm90::WsRows::kDirectTokenIds) {  // (check_one_token_route ran: the last line)
     if constexpr (!token_rows_route_instantiated(WARPS, DEPTH, SPW, UNROLLED, BPW) || BPW != 2) {
@@ -855,8 +859,8 @@ bool sm90_direct_rows_resident_fits(const Sm90GemmConfig& config, int top_k, boo
   const int64_t k_tiles = (static_cast<int64_t>(k) + sm90::kBlockK - 1) / sm90::kBlockK;
 #define NVFP4MOE_X(warps, depth, spw, unrolled, bpw)                                                            \
   if (is_warp_stream_config(config, warps, depth, spw, unrolled != 0, bpw)) {                                  \
-    using Tr = sm90::WarpStreamTraits<warps, direct_resident_depth(depth), spw, false, sm90::Epilogue::kF32,   \
-                                      bpw, true>;                                                              \
+    using Tr = sm90::WarpStreamTraits<warps, direct_resident_depth(depth, spw, bpw), spw, false,               \
+                                      sm90::Epilogue::kF32, bpw, true>;                                        \
     return k_tiles <= sm90::kMaxSmemPerBlock / 128 &&                                                         \
            Tr::kSmemBytes + sm90::ws_direct_resident_bytes(rows, static_cast<int>(k_tiles)) <=               \
                sm90::kMaxSmemPerBlock;                                                                         \
