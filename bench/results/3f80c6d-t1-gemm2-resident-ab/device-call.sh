@@ -2,7 +2,7 @@
 #   new = 3f80c6d's CLI (GEMM2 at T = 1 copies its k (+ 1) rows once after its PDL wait, one bulk copy a row on its
 #         own mbarrier, and runs the broadcast kernels' k-loop: no token copies in the ring);
 #   off = the same CLI with NVFP4MOE_T1_GEMM2_RESIDENT=0 (the token tile copied k-tile by k-tile, as before);
-#   x25 = 595af4f's experiment 25 build (`-DNVFP4MOE_SM90_EXPERIMENT=25`): new with the resident GEMM2's ring 10
+#   x25 = ebf653c's experiment 25 build (`-DNVFP4MOE_SM90_EXPERIMENT=25`): new with the resident GEMM2's ring 10
 #         k-tiles deep, so 9 k-tiles of each warp's weights go out before its PDL wait instead of 5. Predicted: a
 #         further -0.3..1.0 us at qwen3-235b and deepseek-v3 T = 1 (GEMM2's CTAs start as GEMM1's leave, 0.6-2 us
 #         before the wait, while the HBM serves only GEMM1's last warps), ~0 at qwen3-30b (12 k-tiles a piece).
@@ -20,7 +20,7 @@
 # at deepseek-v3 and qwen3-235b T = 1 w4a16, with and without the resident rows: GEMM2's P1 (wait) -> P4 (first
 # k-tile) and P4 -> P5 (k-loop) predicted shorter with them.
 #   SHA=3f80c6d bash <this>   (carry [".carry"], packed from 3f80c6d's build with VARIANT_BUILDS="x19:<x19e build>
-#   x25:<595af4f built with -DNVFP4MOE_SM90_EXPERIMENT=25>")
+#   x25:<ebf653c built with -DNVFP4MOE_SM90_EXPERIMENT=25>")
 EXTRA="export NVFP4MOE_TEST_DATA=$PWD/tests/data
 timeout 90 .carry/cuda_test_sm90_grouped_gemm --gtest_color=no --gtest_filter='*T1Speculative*' > \$W/\$SHA-sm90-gemm-subset.log 2>&1
 echo \"gemm exit \$?\"; grep -E '^\[  (PASSED|FAILED|SKIPPED) |^\[  FAILED|^\[       OK|^\[  SKIPPED' \$W/\$SHA-sm90-gemm-subset.log
