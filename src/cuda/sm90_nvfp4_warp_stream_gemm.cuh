@@ -92,14 +92,12 @@ struct WarpStreamTraits {  // (UNROLLED, EPI only so that each kernel gets its o
   static_assert(kSmemBytes <= kMaxSmemPerBlock, "shared memory per block");
 };
 // WsRows::kDirectResident: the launch's rows (route.top_k, + 1 with a merged shared expert) behind kRowOffset,
-// k_tiles x 128 bytes each (zero past K), then one mbarrier a row and the CTA's claim word (0 until a warp takes
-// the copies on).
+// k_tiles x 128 bytes each (zero past K), all on the row barrier; the CTA's claim word (0 until a warp takes the
+// copies on) in the row barrier's spare 8 bytes.
 __host__ __device__ inline int ws_direct_resident_rows(int top_k, bool append_shared) {
   return top_k + (append_shared ? 1 : 0);
 }
-__host__ __device__ inline int ws_direct_resident_bytes(int rows, int k_tiles) {
-  return rows * k_tiles * 128 + 8 * (rows + 1);
-}
+__host__ __device__ inline int ws_direct_resident_bytes(int rows, int k_tiles) { return rows * k_tiles * 128; }
 
 // The T = 1 routing of a routed kernel (ROUTED, Sm90GemmArgs::one_token_route) works in the CTA's ring slots before
 // any weight copy: route_block's scratch, then the k ids (16-byte aligned: block_route_smem rounds up).
@@ -189,9 +187,10 @@ __device__ __forceinline__ uint32_t atom_exch_shared(const uint32_t addr, const 
 // and where a token has both experts, the second expert's into one more row (2 T rows in all).
 // kDirectResident: GEMM2 at T = 1 (Sm90GemmArgs::direct_rows_resident: f32, read_ids): the direct rows, row q the
 // expert at place q's, all of the launch's rows (route.top_k, + 1 with a merged shared expert) resident in shared
-// memory (one bulk copy a row after the PDL wait, each on its own mbarrier, issued by the first warp of the CTA to
-// need them), so its pieces run the broadcast kernels' k-loop (ws_piece_k_loop_resident_row: no token copies in
-// the ring); the ids guessed before the wait are checked after it, as the direct-row kernel checks them.
+// memory (one bulk copy a row after the PDL wait, all on one mbarrier, issued by the first warp of the CTA to need
+// them), so its pieces run the broadcast kernels' k-loop (ws_piece_k_loop_resident_row: no token copies in the
+// ring); the ids guessed before the wait are loaded again right after it and compared after the piece's k-loop,
+// before its stores (a stale guess reruns the warp's pieces, as in the direct-row kernel).
 enum class WsRows {
   kDirect,
   kBroadcast,
@@ -715,22 +714,23 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
   [[maybe_unused]] const uint32_t row_zero = smem_u32(ws_smem) + Tr::kRowZeroOffset;
   [[maybe_unused]] const uint32_t row_smem = smem_u32(ws_smem) + Tr::kRowOffset;
   [[maybe_unused]] bool row_seen = false;
-  // kDirectResident: the rows (ws_direct_resident_rows), their barriers behind them, and whether this warp issued
-  // the CTA's copies (then it waits for them all before it exits) or knows them issued.
+  // kDirectResident: the rows (ws_direct_resident_rows), the claim word, whether this warp issued the CTA's copies
+  // (then it waits for them before it exits) or knows them issued, and the ids it loaded after its wait while its
+  // piece was chosen from a guess (compared after the piece's k-loop: pending_check).
   [[maybe_unused]] const int direct_rows =
       kDirectResident ? ws_direct_resident_rows(rt.route.top_k, rt.plan.append_shared) : 0;
-  [[maybe_unused]] const uint32_t direct_bar0 =
-      row_smem + static_cast<uint32_t>(direct_rows * p.k_tiles * 128);
-  [[maybe_unused]] bool direct_claimed = false, direct_issued = false;
-  // Lane r < direct_rows issues row r's copy on its barrier (rows past the routed ones are copied too: the copies do
-  // not depend on the ids, which may still be a guess; a_rows_capacity holds them, checked on the host).
+  [[maybe_unused]] const uint32_t direct_claim = row_bar + 8u;
+  [[maybe_unused]] bool direct_claimed = false, direct_issued = false, pending_check = false;
+  [[maybe_unused]] int pending_id = -1;
+  // Lane 0 arms the row barrier for every row, then lane r < direct_rows issues row r's copy (rows past the routed
+  // ones are copied too: the copies do not depend on the ids, which may still be a guess; a_rows_capacity holds
+  // them, checked on the host).
   [[maybe_unused]] auto copy_direct_rows = [&] {
-    if (lane < direct_rows) {
-      const uint32_t bar = direct_bar0 + 8u * static_cast<uint32_t>(lane);
-      mbar_expect_tx(bar, static_cast<uint32_t>(2 * k));
+    if (lane == 0) mbar_expect_tx(row_bar, static_cast<uint32_t>(2 * k * direct_rows));
+    __syncwarp();
+    if (lane < direct_rows)
       bulk_load(row_smem + static_cast<uint32_t>(lane * p.k_tiles * 128), a + static_cast<int64_t>(lane) * k,
-                static_cast<uint32_t>(2 * k), bar);
-    }
+                static_cast<uint32_t>(2 * k), row_bar);
   };
   if constexpr (kResidentRow) {
     if (threadIdx.x == 0) {
@@ -754,13 +754,11 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
       const int pad = p.k_tiles * 32 - k / 2;
       for (int i = tid; i < (rt.route.tokens - 1) * pad; i += Tr::kThreads)
         sts32(row_smem + static_cast<uint32_t>((1 + i / pad) * p.k_tiles * 128 + 4 * (k / 2 + i % pad)), 0);
-    } else if constexpr (kDirectResident) {  // the other rows' padding, a barrier a row, the claim word
+    } else if constexpr (kDirectResident) {  // the other rows' padding, the claim word
       const int pad = p.k_tiles * 32 - k / 2;
       for (int i = tid; i < (direct_rows - 1) * pad; i += Tr::kThreads)
         sts32(row_smem + static_cast<uint32_t>((1 + i / pad) * p.k_tiles * 128 + 4 * (k / 2 + i % pad)), 0);
-      if (tid < direct_rows) mbar_init(direct_bar0 + 8u * static_cast<uint32_t>(tid), 1);
-      if (tid == 0) sts32(direct_bar0 + 8u * static_cast<uint32_t>(direct_rows), 0);
-      if (tid < direct_rows) asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+      if (tid == 0) sts32(direct_claim, 0);
     }
     __syncthreads();
   }
@@ -843,6 +841,15 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
     const int id = rt.route.tokens * rt.route.top_k > lane ? ld_relaxed_gpu(rt.route.topk_ids + lane) : -1;
     return id < 0 || id >= rt.route.experts ? -1 : id;
   };
+  // T = 1: whether this lane's id read after the wait (`confirmed`) is the guess for every lane; if not, the warp
+  // takes the confirmed ids (and counts the wrong guess).
+  [[maybe_unused]] auto speculation_confirms = [&](const int confirmed) -> bool {
+    if (__all_sync(0xFFFFFFFFu, confirmed == route_id)) return true;
+    route_id = confirmed;
+    derive_route_places();
+    if (rt.misspeculations != nullptr && lane == 0) atomicAdd(rt.misspeculations, 1);
+    return false;
+  };
   auto speculation_holds = [&]() -> bool {
     if constexpr (kSpeculates && kTokenIds) {
       if (rt.route.tokens < 1) return true;  // (nothing routed: no piece, nothing guessed)
@@ -854,12 +861,7 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
       return false;
     } else if constexpr (kSpeculates) {
       if (rt.route.tokens != 1) return true;  // (nothing routed: no piece, nothing guessed)
-      const int confirmed = strong_route_id();
-      if (__all_sync(0xFFFFFFFFu, confirmed == route_id)) return true;
-      route_id = confirmed;
-      derive_route_places();
-      if (rt.misspeculations != nullptr && lane == 0) atomicAdd(rt.misspeculations, 1);
-      return false;
+      return speculation_confirms(strong_route_id());
     } else {
       return true;
     }
@@ -1141,13 +1143,16 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
           // guess then overlaps their round trip, and the piece waits for its own row only.
           if (!direct_issued) {
             unsigned mine = 0u;
-            if (lane == 0) mine = atom_exch_shared(direct_bar0 + 8u * static_cast<uint32_t>(direct_rows), 1u) == 0u;
+            if (lane == 0) mine = atom_exch_shared(direct_claim, 1u) == 0u;
             direct_claimed = __shfl_sync(0xFFFFFFFFu, mine, 0) != 0u;
             if (direct_claimed) copy_direct_rows();
             direct_issued = true;
           }
-          if (guessed && !speculation_holds()) return false;
-          mbar_wait(direct_bar0 + 8u * static_cast<uint32_t>(direct_row), 0);
+          if (guessed) {  // (the ids GEMM1 wrote, loaded now, compared once the k-loop is done: off its start)
+            pending_id = strong_route_id();
+            pending_check = true;
+          }
+          mbar_wait(row_bar, 0);
           return true;
         }
         if (!row_seen) {
@@ -1190,6 +1195,12 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
         return false;
     }
     cp_async_wait<0>();  // the empty groups past K (nothing in flight into a slot the next piece reuses)
+    if constexpr (kDirectResident) {  // a piece chosen from a guess: the guess against the ids loaded after the wait
+      if (pending_check) {
+        pending_check = false;
+        if (!speculation_confirms(pending_id)) return false;  // (nothing stored: the pieces run again)
+      }
+    }
     if constexpr (BPW == 1) {
       // Block 1's accumulators (acc[sj][0] of the second warp) to the first warp's acc[sj][1]. One named barrier
       // (1 + walker, the pair's 64 threads) per piece; two buffers by piece parity, so the write of piece i + 2
@@ -1361,8 +1372,7 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
   // A row copied at the start into a CTA none of whose warps had a piece: warp 0 waits for it before the CTA's
   // shared memory is released.
   if constexpr (kDirectResident) {  // (the warp that issued the copies: every row in before the CTA can exit)
-    if (direct_claimed || (row_copied_at_start && warp == 0 && rt.route.tokens == 1))
-      for (int r = 0; r < direct_rows; ++r) mbar_wait(direct_bar0 + 8u * static_cast<uint32_t>(r), 0);
+    if (direct_claimed || (row_copied_at_start && warp == 0 && rt.route.tokens == 1)) mbar_wait(row_bar, 0);
   } else if constexpr (kResidentRow) {
     if (row_copied_at_start && warp == 0 && !row_seen) mbar_wait(row_bar, 0);
   }

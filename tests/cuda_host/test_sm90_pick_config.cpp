@@ -509,7 +509,7 @@ TEST(Sm90OneTokenRoute, AvailabilityFitAndRefusals) {
 TEST(Sm90DirectRowsResident, FitAndRefusals) {
   const T1Configs t1 = t1_configs();
   const Sm90GemmConfig &ws = t1.ws, &ws_u = t1.ws_u, &b1 = t1.b1, &x2 = t1.x2, &tile = t1.tile;
-  // The fixed part (16 warps x 6 slots of 1152 bytes + 144) and 9 rows of K = 2048 (32 k-tiles) with 10 words
+  // The fixed part (16 warps x 6 slots of 1152 bytes + 144: the row barrier with the claim word, 128 zero bytes)
   const int fixed = 16 * 6 * 1152 + 144;
   for (const Sm90GemmConfig& c : {ws, ws_u}) {
     SCOPED_TRACE(to_string(c));
@@ -518,8 +518,8 @@ TEST(Sm90DirectRowsResident, FitAndRefusals) {
     EXPECT_TRUE(sm90_direct_rows_resident_fits(c, 8, false, 768));   // qwen3-30b
     EXPECT_TRUE(sm90_direct_rows_resident_fits(c, 4, false, 2880));  // gpt-oss-120b
     EXPECT_TRUE(sm90_direct_rows_resident_fits(c, 1, false, 16));
-    // the longest K of 9 rows: (232448 - fixed - 80) / (9 x 128) k-tiles
-    const int max_tiles = (232448 - fixed - 8 * 10) / (9 * 128);
+    // the longest K of 9 rows: (232448 - fixed) / (9 x 128) k-tiles
+    const int max_tiles = (232448 - fixed) / (9 * 128);
     EXPECT_TRUE(sm90_direct_rows_resident_fits(c, 8, true, max_tiles * 64));
     EXPECT_FALSE(sm90_direct_rows_resident_fits(c, 8, true, max_tiles * 64 + 16)) << "a k-tile past the smem";
     EXPECT_FALSE(sm90_direct_rows_resident_fits(c, 32, true, 4096)) << "33 rows of 4096";
