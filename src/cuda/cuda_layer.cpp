@@ -297,7 +297,6 @@ CudaMoeLayer::CudaMoeLayer(MoeWeights w, const MoeLayerOptions& options, GemmPat
       t1_route_in_gemm_enabled_ = env_switch("NVFP4MOE_T1_ROUTE_IN_GEMM");    // A/B: "0" = the routing launch
       t1_gemm2_reads_ids_ = env_switch("NVFP4MOE_T1_GEMM2_READS_IDS");  // A/B: "0" = GEMM2 seeks the offsets
       t1_gemm2_guesses_ids_ = env_switch("NVFP4MOE_T1_GEMM2_GUESSES_IDS");  // A/B: "0" = reads them after its wait
-      t1_gemm2_rows_resident_ = env_switch("NVFP4MOE_T1_GEMM2_RESIDENT");  // A/B: "0" = token copies per k-tile
       t1_w4a4_quant_rows_enabled_ = env_switch("NVFP4MOE_T1_W4A4_QUANT_ROWS");  // A/B: "0" = w4a4 T = 1 gathers
       gemm1_routes_tokens_enabled_ = env_switch("NVFP4MOE_GEMM1_ROUTES_TOKENS");  // A/B: "0" = T = 2 .. 4 launch
       // A/B: "0" = w4a4 T = 2 .. 4 take the routing launch with the quantizing gather
@@ -651,12 +650,6 @@ void CudaMoeLayer::warm_up_sm90() {
             rt.read_ids = true;
             rt.write_outputs = false;
             check_sm90(sm90_nvfp4_grouped_gemm(g2r, c, nullptr, device_sm_count()), "sm90 gemm2 routed (warm-up)");
-            if (t1_gemm2_rows_resident_ &&
-                sm90_direct_rows_resident_fits(c, K, shared_in_routed_, static_cast<int>(g2r.shape.k))) {
-              g2r.direct_rows_resident = true;  // (its kernel with the rows in shared memory)
-              check_sm90(sm90_nvfp4_grouped_gemm(g2r, c, nullptr, device_sm_count()),
-                         "sm90 gemm2 routed, resident rows (warm-up)");
-            }
           }
         }
       }
@@ -973,7 +966,6 @@ void CudaMoeLayer::forward(const TensorRef& hidden, const RoutingArgs& routing, 
         if (gemm2_reads_ids) {  // or read GEMM1's ids instead: guessed before the wait, checked after it
           s2.one_token_route = &gemm2_route;
           s2.prologue_before_pdl_wait = gemm2_guesses_ids;
-          s2.direct_rows_resident = decode.gemm2_rows_resident;  // (its rows in shared memory)
         }
       }
       // The dynamic tile schedule (same bits; the SMs end within about a tile of each other).
@@ -1115,9 +1107,6 @@ CudaMoeLayer::DecodeRouting CudaMoeLayer::decode_routing(int64_t T, bool f32_hid
                    sm90_one_token_route_available(c2, Sm90GemmEpilogue::kF32, false) &&
                    sm90_one_token_route_fits(c2, E, K);
   d.gemm2_guesses_ids = d.gemm2_reads_ids && early_gemm2_enabled_ && t1_gemm2_guesses_ids_;
-  d.gemm2_rows_resident =
-      d.gemm2_reads_ids && t1_gemm2_rows_resident_ &&
-      sm90_direct_rows_resident_fits(c2, K, shared_in_routed_, static_cast<int>(routed_.w2_shape.k));
   return d;
 }
 

@@ -143,8 +143,6 @@ class CudaMoeLayer final : public MoeLayer {
   struct DecodeRouting {
     bool gemm1_broadcasts = false, gemm1_routes = false, gemm2_reads_ids = false;
     bool gemm2_guesses_ids = false;  // reads them before its PDL wait as a guess, checked after it
-    // T = 1: GEMM2 (gemm2_reads_ids) keeps its k (+ 1) rows in shared memory (Sm90GemmArgs::direct_rows_resident)
-    bool gemm2_rows_resident = false;
     // w4a4: the routing GEMM1 quantizes the broadcast row (T = 1, Sm90GemmArgs::a_broadcast_quant_gs) or the token
     // rows (T = 2 .. 4 with gemm1_routes_tokens, a_routed_token_quant_gs) per routed expert
     bool gemm1_quantizes_rows = false;
@@ -265,7 +263,6 @@ class CudaMoeLayer final : public MoeLayer {
   // piece's weights during GEMM1's tail; checked after the wait, the same bits either way).
   // NVFP4MOE_T1_GEMM2_GUESSES_IDS=0 (read at creation): reads them after the wait, for A/B and the bitwise test.
   bool t1_gemm2_guesses_ids_ = true;
-  bool t1_gemm2_rows_resident_ = true;  // NVFP4MOE_T1_GEMM2_RESIDENT=0: GEMM2's rows copied k-tile by k-tile
   bool t1_w4a4_quant_rows_enabled_ = true;  // NVFP4MOE_T1_W4A4_QUANT_ROWS=0: w4a4 T = 1 gathers (routing launch)
   bool gemm1_routes_tokens_enabled_ = true;  // NVFP4MOE_GEMM1_ROUTES_TOKENS=0: T = 2 .. 4 route in their own launch
   // w4a4 at T = 2 .. 4: GEMM1 routes the tokens and quantizes their rows per expert (Sm90GemmArgs::

@@ -174,21 +174,6 @@ cudaError_t launch_chained(const CUtensorMap& map1, const CUtensorMap& map2, con
   return launch_pdl(kernel, dim3(grid), dim3(Tr::kThreads), Tr::kSmemBytes, stream, map1, map2, p1, p2, chain);
 }
 
-// The ring depth of the resident-rows GEMM2 (WsRows::kDirectResident) of a config of ring depth `depth`: its own.
-// Experiment 25 (an A/B build, `cmake -DNVFP4MOE_SM90_EXPERIMENT=25`): 10, which its weight-only slots leave room
-// for (16 warps x 10 x 1152 bytes + 9 rows of 4 KB), so that 9 k-tiles of its weights go out before its PDL wait
-// instead of 5 (GEMM2's CTAs start as GEMM1's leave, while the HBM serves only GEMM1's last warps).
-// (spw, bpw: the one-slice, two-block configs have the kernel; the others keep theirs, which nothing launches)
-constexpr int direct_resident_depth(int depth, int spw, int bpw) {
-#if NVFP4MOE_SM90_DEQUANT_EXPERIMENT == 25
-  return spw == 1 && bpw == 2 ? 10 : depth;
-#else
-  (void)spw;
-  (void)bpw;
-  return depth;
-#endif
-}
-
 // Whether NVFP4MOE_SM90_ONE_TOKEN_ROUTE_CONFIGS has a routed kernel for this config and rows (broadcast: GEMM1).
 constexpr bool one_token_route_instantiated(int warps, int depth, int spw, bool unrolled, int bpw, bool broadcast) {
 #define NVFP4MOE_X(w, d, s, u, b, gemm2) \
@@ -215,8 +200,7 @@ cudaError_t launch_warp_stream(const Sm90GemmArgs& args, const sm90::GemmParams&
   constexpr bool kQuantRows = ROWS == sm90::WsRows::kBroadcastQuantized;
   constexpr bool kTokenQuant = ROWS == sm90::WsRows::kRoutedTokensQuantized;
   constexpr bool kTokenRows = ROWS == sm90::WsRows::kRoutedTokens || kTokenQuant;
-  constexpr bool kDirectResident = ROWS == sm90::WsRows::kDirectResident;
-  constexpr bool kResidentRow = ROWS == sm90::WsRows::kBroadcast || kQuantRows || kTokenRows || kDirectResident;
+  constexpr bool kResidentRow = ROWS == sm90::WsRows::kBroadcast || kQuantRows || kTokenRows;
   using Tr = sm90::WarpStreamTraits<WARPS, DEPTH, SPW, UNROLLED, EPI, BPW, kResidentRow>;
   using ReadyTr = std::conditional_t<ROWS == sm90::WsRows::kDirect && !ROUTED, Tr,
                                      VariantTraits<Tr, static_cast<int>(ROWS) + (ROUTED ? 8 : 0)>>;
@@ -224,12 +208,7 @@ cudaError_t launch_warp_stream(const Sm90GemmArgs& args, const sm90::GemmParams&
   int rows = kQuantRows ? 1 + sm90::kWsMaxQuantRows : 1;
   if constexpr (kTokenRows) rows = std::max(1, args.one_token_route->route.tokens);  // (the T token rows)
   if constexpr (kTokenQuant) rows *= sm90::kWsTokenQuantRowsPerToken;  // (quantized in place + a second expert's)
-  int smem = Tr::kSmemBytes + Tr::resident_row_bytes(p.k_tiles) * rows;
-  if constexpr (kDirectResident)  // (the rows and their barriers; checked: sm90_direct_rows_resident_fits)
-    smem = Tr::kSmemBytes + sm90::ws_direct_resident_bytes(
-                                sm90::ws_direct_resident_rows(args.one_token_route->route.top_k,
-                                                              args.one_token_route->plan.append_shared),
-                                p.k_tiles);
+  const int smem = Tr::kSmemBytes + Tr::resident_row_bytes(p.k_tiles) * rows;
   // (checked: sm90_broadcast_row_max_k)
   int fit = 0;
   if (const cudaError_t e = kernel_ready<ReadyTr>(kernel, &fit, kResidentRow ? sm90::kMaxSmemPerBlock : Tr::kSmemBytes);
@@ -270,20 +249,7 @@ template <int WARPS, int DEPTH, int SPW, bool UNROLLED, int BPW, sm90::WsRows RO
 cudaError_t launch_warp_stream_epi(const Sm90GemmArgs& args, const sm90::GemmParams& p, int grid,
                                    cudaStream_t stream) {
   constexpr bool kBroadcast = ROWS == sm90::WsRows::kBroadcast || ROWS == sm90::WsRows::kBroadcastQuantized;
-  if constexpr (ROWS == sm90::WsRows::kDirectResident) {  // (checked in sm90_nvfp4_grouped_gemm: the last line)
-    if constexpr (!one_token_route_instantiated(WARPS, DEPTH, SPW, UNROLLED, BPW, false) || BPW != 2) {
-      return fail("sm90_nvfp4_grouped_gemm: direct_rows_resident: no such kernel for this config");
-    } else {
-      if (args.one_token_route == nullptr || !args.one_token_route->read_ids ||
-          args.epilogue != Sm90GemmEpilogue::kF32)
-        return fail("sm90_nvfp4_grouped_gemm: direct_rows_resident: only with a read_ids one_token_route and the "
-                    "f32 epilogue");
-      // One kernel for the rolled and the unrolled config: both have the resident rows' k-loop.
-      constexpr int kDepth = direct_resident_depth(DEPTH, SPW, BPW);
-      return launch_warp_stream<WARPS, kDepth, SPW, false, BPW, sm90::Epilogue::kF32, ROWS, true>(args, p, grid,
-                                                                                                stream);
-    }
-  } else if constexpr (ROWS == sm90::WsRows::kDirectTokenIds) {  // (check_one_token_route ran: the last line)
+  if constexpr (ROWS == sm90::WsRows::kDirectTokenIds) {  // (check_one_token_route ran: the last line of refusals)
     if constexpr (!token_rows_route_instantiated(WARPS, DEPTH, SPW, UNROLLED, BPW) || BPW != 2) {
       return fail("sm90_nvfp4_grouped_gemm: read_token_ids: no such kernel for this config");
     } else {
@@ -319,8 +285,7 @@ cudaError_t launch_warp_stream_epi(const Sm90GemmArgs& args, const sm90::GemmPar
     }
   }
   if constexpr (ROWS == sm90::WsRows::kBroadcastQuantized || ROWS == sm90::WsRows::kRoutedTokens ||
-                ROWS == sm90::WsRows::kDirectTokenIds || ROWS == sm90::WsRows::kRoutedTokensQuantized ||
-                ROWS == sm90::WsRows::kDirectResident) {  // (unreachable: each returned above)
+                ROWS == sm90::WsRows::kDirectTokenIds || ROWS == sm90::WsRows::kRoutedTokensQuantized) {
     return fail("sm90_nvfp4_grouped_gemm: a_broadcast_quant_gs: only with a routing one_token_route");
   } else {
     switch (args.epilogue) {
@@ -852,24 +817,6 @@ bool sm90_one_token_route_available(const Sm90GemmConfig& config, Sm90GemmEpilog
   return false;
 }
 
-bool sm90_direct_rows_resident_fits(const Sm90GemmConfig& config, int top_k, bool append_shared, int k) {
-  if (!sm90_one_token_route_available(config, Sm90GemmEpilogue::kF32, false) || top_k < 1 || top_k > 32 || k < 16)
-    return false;
-  const int rows = sm90::ws_direct_resident_rows(top_k, append_shared);
-  const int64_t k_tiles = (static_cast<int64_t>(k) + sm90::kBlockK - 1) / sm90::kBlockK;
-#define NVFP4MOE_X(warps, depth, spw, unrolled, bpw)                                                            \
-  if (is_warp_stream_config(config, warps, depth, spw, unrolled != 0, bpw)) {                                  \
-    using Tr = sm90::WarpStreamTraits<warps, direct_resident_depth(depth, spw, bpw), spw, false,               \
-                                      sm90::Epilogue::kF32, bpw, true>;                                        \
-    return k_tiles <= sm90::kMaxSmemPerBlock / 128 &&                                                         \
-           Tr::kSmemBytes + sm90::ws_direct_resident_bytes(rows, static_cast<int>(k_tiles)) <=               \
-               sm90::kMaxSmemPerBlock;                                                                         \
-  }
-  NVFP4MOE_SM90_WARP_STREAM_CONFIGS(NVFP4MOE_X)
-#undef NVFP4MOE_X
-  return false;
-}
-
 bool sm90_broadcast_quant_rows_fit(const Sm90GemmConfig& config, int units, int routed_experts, int num_sms) {
   if (!sm90_one_token_route_available(config, Sm90GemmEpilogue::kSwiGLU, true) || units < 1 || routed_experts < 0 ||
       num_sms < 1)
@@ -960,26 +907,6 @@ cudaError_t sm90_nvfp4_grouped_gemm(const Sm90GemmArgs& args, const Sm90GemmConf
   if (args.one_token_route != nullptr) {
     if (std::string m = check_one_token_route(args, config, who); !m.empty()) return fail(m);
   }
-  if (args.direct_rows_resident) {
-    const Sm90OneTokenRoute* r = args.one_token_route;
-    if (r == nullptr || !r->read_ids || args.read_token_ids || args.epilogue != Sm90GemmEpilogue::kF32 ||
-        args.a_broadcast_row || args.a_gather_src != nullptr)
-      return fail(who + ": direct_rows_resident: only for GEMM2 at T = 1 (a read_ids one_token_route, the f32 "
-                        "epilogue, direct rows, not read_token_ids); got one_token_route " +
-                  (r == nullptr ? "null" : r->read_ids ? "with read_ids" : "routing") + ", epilogue " +
-                  (args.epilogue == Sm90GemmEpilogue::kF32 ? "f32" : "an activation") +
-                  (args.read_token_ids ? ", read_token_ids" : "") + (args.a_broadcast_row ? ", a_broadcast_row" : "") +
-                  (args.a_gather_src != nullptr ? ", a_gather_src" : ""));
-    const int rows = sm90::ws_direct_resident_rows(r->route.top_k, r->plan.append_shared);
-    if (!sm90_direct_rows_resident_fits(config, r->route.top_k, r->plan.append_shared, args.shape.k))
-      return fail(who + ": direct_rows_resident: " + std::to_string(rows) + " rows of shape.k = " +
-                  std::to_string(args.shape.k) + " do not fit beside the weight rings of config " + to_string(config) +
-                  " (sm90_direct_rows_resident_fits; or the config has no such kernel)");
-    if (r->route.tokens == 1 && args.a_rows_capacity < rows)
-      return fail(who + ": direct_rows_resident: a_rows_capacity must hold the route.top_k" +
-                  (r->plan.append_shared ? " + 1" : "") + " = " + std::to_string(rows) +
-                  " rows it copies; got " + std::to_string(args.a_rows_capacity));
-  }
   const sm90::GemmParams p = make_params(args);
   if (num_sms <= 0)
     if (const cudaError_t e = device_sm_count(&num_sms); e != cudaSuccess) return e;
@@ -1018,9 +945,6 @@ cudaError_t sm90_nvfp4_grouped_gemm(const Sm90GemmArgs& args, const Sm90GemmConf
              : args.read_token_ids                                                                      \
                  ? launch_warp_stream_epi<warps, depth, spw, unrolled != 0, bpw,                        \
                                           sm90::WsRows::kDirectTokenIds>(args, p, num_sms, stream)      \
-             : args.direct_rows_resident                                                                \
-                 ? launch_warp_stream_epi<warps, depth, spw, unrolled != 0, bpw,                        \
-                                          sm90::WsRows::kDirectResident>(args, p, num_sms, stream)      \
              : args.a_broadcast_quant_gs != nullptr                                                     \
                  ? launch_warp_stream_epi<warps, depth, spw, unrolled != 0, bpw,                        \
                                           sm90::WsRows::kBroadcastQuantized>(args, p, num_sms, stream)  \

@@ -224,14 +224,6 @@ struct Sm90GemmArgs {
   // the PDL wait, or with prologue_before_pdl_wait guessed before it and checked after it, a wrong guess rerunning
   // the warp's pieces), instead of seeking the offsets. Only sm90_token_rows_route_available configs.
   bool read_token_ids = false;
-  // GEMM2 at T = 1 (f32 epilogue, direct rows, a one_token_route of read_ids with route.tokens = 1, or 0: nothing
-  // routed; not read_token_ids): the launch's rows (route.top_k, + 1 with plan.append_shared: rows 0 .. of `a`, the
-  // places' rows in expert order) are copied into shared memory once after the PDL wait, one bulk copy a row, and
-  // every piece reads its row from there (the broadcast kernels' k-loop: no token copies in the ring). The ids are
-  // still guessed before the wait with prologue_before_pdl_wait and checked after it. Needs
-  // sm90_direct_rows_resident_fits and a_rows_capacity >= those rows (copied whatever the ids: they may be a
-  // guess). The same bits as without it.
-  bool direct_rows_resident = false;
 };
 // The most tokens a GEMM1 with Sm90GemmArgs::a_routed_token_rows routes (and T x top_k <= 32: a lane a pair).
 inline constexpr int kSm90RoutedTokensMax = 4;
@@ -264,10 +256,6 @@ bool sm90_one_token_route_fits(const Sm90GemmConfig& config, int experts, int to
 // config, which has none). 50k+ for every warp-streaming config; a longer K needs the rows in `a`. quantized_rows:
 // the kernel of Sm90GemmArgs::a_broadcast_quant_gs, which keeps the raw row and two quantized ones (20k+).
 int sm90_broadcast_row_max_k(const Sm90GemmConfig& config, bool quantized_rows = false);
-// Whether config has the GEMM2 kernel of Sm90GemmArgs::direct_rows_resident (the direct-row f32 routed configs:
-// sm90_one_token_route_available) and its shared memory holds the top_k (+ 1 with append_shared) rows of k columns
-// beside the weight rings, each with its barrier (1 <= top_k <= 32).
-bool sm90_direct_rows_resident_fits(const Sm90GemmConfig& config, int top_k, bool append_shared, int k);
 // Whether a routed GEMM1 with Sm90GemmArgs::a_broadcast_quant_gs on num_sms CTAs finds each CTA's pieces within two
 // experts: up to routed_experts (top_k, + 1 with a merged shared expert) experts of `units` weight units
 // (Sm90PreparedShape::units) each, the pieces split into num_sms contiguous ranges. Also false where config has

@@ -91,13 +91,6 @@ struct WarpStreamTraits {  // (UNROLLED, EPI only so that each kernel gets its o
   static constexpr int kRegsNeeded = 0;  // no setmaxnreg: the launch's own register count is what it needs
   static_assert(kSmemBytes <= kMaxSmemPerBlock, "shared memory per block");
 };
-// WsRows::kDirectResident: the launch's rows (route.top_k, + 1 with a merged shared expert) behind kRowOffset,
-// k_tiles x 128 bytes each (zero past K), all on the row barrier; the CTA's claim word (0 until a warp takes the
-// copies on) in the row barrier's spare 8 bytes.
-__host__ __device__ inline int ws_direct_resident_rows(int top_k, bool append_shared) {
-  return top_k + (append_shared ? 1 : 0);
-}
-__host__ __device__ inline int ws_direct_resident_bytes(int rows, int k_tiles) { return rows * k_tiles * 128; }
 
 // The T = 1 routing of a routed kernel (ROUTED, Sm90GemmArgs::one_token_route) works in the CTA's ring slots before
 // any weight copy: route_block's scratch, then the k ids (16-byte aligned: block_route_smem rounds up).
@@ -164,12 +157,6 @@ __device__ __forceinline__ WsPairPlaces ws_pair_places(const int id, const int p
 }
 
 // cp_async16 / cp_async4 / cp_async_commit / cp_async_wait: sm90_nvfp4_grouped_gemm.cuh.
-// The word at shared address addr set to v; returns what it held (kDirectResident's claim of the row copies).
-__device__ __forceinline__ uint32_t atom_exch_shared(const uint32_t addr, const uint32_t v) {
-  uint32_t old;
-  asm volatile("atom.shared.exch.b32 %0, [%1], %2;" : "=r"(old) : "r"(addr), "r"(v) : "memory");
-  return old;
-}
 
 // Where a warp-streaming kernel's token rows come from: row r of `a` (kDirect, the gathered copy), row 0 of `a`
 // for every row (kBroadcast: Sm90GemmArgs::a_broadcast_row, T = 1; resident in shared memory), or GemmParams::gather_src through the plan's
@@ -185,12 +172,6 @@ __device__ __forceinline__ uint32_t atom_exch_shared(const uint32_t addr, const 
 // range of pieces (as kBroadcastQuantized) and quantizes the rows of the tokens routed to its (at most
 // kWsMaxQuantRows) experts with each one's activation scale in shared memory: in place over the token's raw row,
 // and where a token has both experts, the second expert's into one more row (2 T rows in all).
-// kDirectResident: GEMM2 at T = 1 (Sm90GemmArgs::direct_rows_resident: f32, read_ids): the direct rows, row q the
-// expert at place q's, all of the launch's rows (route.top_k, + 1 with a merged shared expert) resident in shared
-// memory (one bulk copy a row after the PDL wait, all on one mbarrier, issued by the first warp of the CTA to need
-// them), so its pieces run the broadcast kernels' k-loop (ws_piece_k_loop_resident_row: no token copies in the
-// ring); the ids guessed before the wait are loaded again right after it and compared after the piece's k-loop,
-// before its stores (a stale guess reruns the warp's pieces, as in the direct-row kernel).
 enum class WsRows {
   kDirect,
   kBroadcast,
@@ -198,8 +179,7 @@ enum class WsRows {
   kBroadcastQuantized,
   kRoutedTokens,
   kDirectTokenIds,
-  kRoutedTokensQuantized,
-  kDirectResident
+  kRoutedTokensQuantized
 };
 
 // kBroadcastQuantized: a CTA runs one contiguous range of the launch's pieces (at most ceil(pieces / CTAs), far
@@ -566,7 +546,7 @@ __device__ __forceinline__ bool ws_piece_k_loop_unrolled(const int k, const Gemm
 // bytes for the rows past the tile's), tok_step: 128 or 0 a k-tile. row_ready(): once the prologue's weight
 // copies are issued (the PDL wait, the row's copy and its mbarrier).
 template <int DEPTH, int SPW, int BPW, class RowReadyFn, class AfterPrologueFn>
-__device__ __forceinline__ bool ws_piece_k_loop_resident_row(const GemmParams& p, const uint32_t ring, const int lane,
+__device__ __forceinline__ void ws_piece_k_loop_resident_row(const GemmParams& p, const uint32_t ring, const int lane,
     const int g, const int t, uint32_t tok, const uint32_t tok_step, const uint8_t* wunit, const int slice0,
     RowReadyFn&& row_ready, AfterPrologueFn&& after_prologue, float (&acc)[SPW][2][4]) {
   using Slot = WarpStreamSlot<SPW, BPW, false>;
@@ -582,10 +562,7 @@ __device__ __forceinline__ bool ws_piece_k_loop_resident_row(const GemmParams& p
   }
   wcode += (DEPTH - 1) * kUnitBytes;  // the next k-tile to fill: DEPTH - 1
   wscale += (DEPTH - 1) * kUnitBytes;
-  if (!row_ready()) {  // (a stale guess: the copies drain before the ring is used again; acc undefined)
-    cp_async_wait_all();
-    return false;
-  }
+  row_ready();
   after_prologue();
   const uint32_t ring_end = ring + DEPTH * Slot::kBytes;
   uint32_t slot_read = ring, slot_fill = ring + (DEPTH - 1) * Slot::kBytes;
@@ -622,7 +599,6 @@ __device__ __forceinline__ bool ws_piece_k_loop_resident_row(const GemmParams& p
     next_slot();
     ws_mma_slot<SPW, BPW>(r, acc);
   }
-  return true;
 }
 
 // The source row of each of a lane's two token chunks in a gathered piece (WsRows::kGathered): tile rows
@@ -696,11 +672,7 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
   constexpr bool kContiguous = kQuantRows || kTokenQuant;
   constexpr bool kTokenIds = ROWS == WsRows::kDirectTokenIds;
   static_assert(!kTokenIds || (ROUTED && BPW == 2), "GEMM2 at T = 2 .. 4 reads (guesses) GEMM1's ids: routed");
-  // (kDirectResident: GEMM2 at T = 1, its rows resident; it reads the ids, it does not route)
-  constexpr bool kDirectResident = ROWS == WsRows::kDirectResident;
-  static_assert(!kDirectResident || (ROUTED && BPW == 2 && EPI == Epilogue::kF32),
-                "the resident direct rows: GEMM2 (f32) at T = 1, reading GEMM1's ids");
-  constexpr bool kResidentRow = ROWS == WsRows::kBroadcast || kQuantRows || kTokenRows || kDirectResident;
+  constexpr bool kResidentRow = ROWS == WsRows::kBroadcast || kQuantRows || kTokenRows;
   using Tr = WarpStreamTraits<WARPS, DEPTH, SPW, UNROLLED, EPI, BPW, kResidentRow>;
   using Slot = typename Tr::Slot;
   extern __shared__ __align__(128) uint8_t ws_smem[];
@@ -714,24 +686,6 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
   [[maybe_unused]] const uint32_t row_zero = smem_u32(ws_smem) + Tr::kRowZeroOffset;
   [[maybe_unused]] const uint32_t row_smem = smem_u32(ws_smem) + Tr::kRowOffset;
   [[maybe_unused]] bool row_seen = false;
-  // kDirectResident: the rows (ws_direct_resident_rows), the claim word, whether this warp issued the CTA's copies
-  // (then it waits for them before it exits) or knows them issued, and the ids it loaded after its wait while its
-  // piece was chosen from a guess (compared after the piece's k-loop: pending_check).
-  [[maybe_unused]] const int direct_rows =
-      kDirectResident ? ws_direct_resident_rows(rt.route.top_k, rt.plan.append_shared) : 0;
-  [[maybe_unused]] const uint32_t direct_claim = row_bar + 8u;
-  [[maybe_unused]] bool direct_claimed = false, direct_issued = false, pending_check = false;
-  [[maybe_unused]] int pending_id = -1;
-  // Lane 0 arms the row barrier for every row, then lane r < direct_rows issues row r's copy (rows past the routed
-  // ones are copied too: the copies do not depend on the ids, which may still be a guess; a_rows_capacity holds
-  // them, checked on the host).
-  [[maybe_unused]] auto copy_direct_rows = [&] {
-    if (lane == 0) mbar_expect_tx(row_bar, static_cast<uint32_t>(2 * k * direct_rows));
-    __syncwarp();
-    if (lane < direct_rows)
-      bulk_load(row_smem + static_cast<uint32_t>(lane * p.k_tiles * 128), a + static_cast<int64_t>(lane) * k,
-                static_cast<uint32_t>(2 * k), row_bar);
-  };
   if constexpr (kResidentRow) {
     if (threadIdx.x == 0) {
       mbar_init(row_bar, 1);
@@ -754,11 +708,6 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
       const int pad = p.k_tiles * 32 - k / 2;
       for (int i = tid; i < (rt.route.tokens - 1) * pad; i += Tr::kThreads)
         sts32(row_smem + static_cast<uint32_t>((1 + i / pad) * p.k_tiles * 128 + 4 * (k / 2 + i % pad)), 0);
-    } else if constexpr (kDirectResident) {  // the other rows' padding, the claim word
-      const int pad = p.k_tiles * 32 - k / 2;
-      for (int i = tid; i < (direct_rows - 1) * pad; i += Tr::kThreads)
-        sts32(row_smem + static_cast<uint32_t>((1 + i / pad) * p.k_tiles * 128 + 4 * (k / 2 + i % pad)), 0);
-      if (tid == 0) sts32(direct_claim, 0);
     }
     __syncthreads();
   }
@@ -772,10 +721,7 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
   // Where the launch waited first, the row's copy goes out now, before any seek (its round trip then overlaps
   // the seek's and the weights'); otherwise warp 0 issues it right after its PDL wait (row_ready below).
   [[maybe_unused]] const bool row_copied_at_start = kResidentRow && waited;
-  if constexpr (kDirectResident) {
-    if (row_copied_at_start && warp == 0 && rt.route.tokens == 1) copy_direct_rows();
-    direct_issued = row_copied_at_start;
-  } else if constexpr (kResidentRow) {
+  if constexpr (kResidentRow) {
     if (row_copied_at_start && threadIdx.x == 0) {
       if constexpr (kTokenRows) {  // the T rows (row 0 only in a launch that routes no token: warm-up)
         const int rows = rt.route.tokens > 1 ? rt.route.tokens : 1;
@@ -830,7 +776,7 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
   // GEMM1's writes visible. If any of the warp's k ids differ, the warp drains its copies and runs its pieces again
   // from the first with the confirmed ids; nothing was stored (the epilogue follows the wait), so the result is
   // the non-speculative one in every case.
-  constexpr bool kSpeculates = ROUTED && (!kResidentRow || kDirectResident) && BPW == 2;
+  constexpr bool kSpeculates = ROUTED && !kResidentRow && BPW == 2;
   // This lane's slot of the ids by a strong load (before the wait: a guess; after it: the ids GEMM1 wrote).
   [[maybe_unused]] auto strong_route_id = [&] {
     const int id = rt.route.top_k > lane ? ld_relaxed_gpu(rt.route.topk_ids + lane) : -1;
@@ -840,15 +786,6 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
   [[maybe_unused]] auto strong_pair_id = [&] {
     const int id = rt.route.tokens * rt.route.top_k > lane ? ld_relaxed_gpu(rt.route.topk_ids + lane) : -1;
     return id < 0 || id >= rt.route.experts ? -1 : id;
-  };
-  // T = 1: whether this lane's id read after the wait (`confirmed`) is the guess for every lane; if not, the warp
-  // takes the confirmed ids (and counts the wrong guess).
-  [[maybe_unused]] auto speculation_confirms = [&](const int confirmed) -> bool {
-    if (__all_sync(0xFFFFFFFFu, confirmed == route_id)) return true;
-    route_id = confirmed;
-    derive_route_places();
-    if (rt.misspeculations != nullptr && lane == 0) atomicAdd(rt.misspeculations, 1);
-    return false;
   };
   auto speculation_holds = [&]() -> bool {
     if constexpr (kSpeculates && kTokenIds) {
@@ -861,7 +798,12 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
       return false;
     } else if constexpr (kSpeculates) {
       if (rt.route.tokens != 1) return true;  // (nothing routed: no piece, nothing guessed)
-      return speculation_confirms(strong_route_id());
+      const int confirmed = strong_route_id();
+      if (__all_sync(0xFFFFFFFFu, confirmed == route_id)) return true;
+      route_id = confirmed;
+      derive_route_places();
+      if (rt.misspeculations != nullptr && lane == 0) atomicAdd(rt.misspeculations, 1);
+      return false;
     } else {
       return true;
     }
@@ -896,8 +838,7 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
     if (rt.route.tokens == 1) {
       // (K is read after the routing in GEMM1's branch: read before it, ptxas scheduled the routed kernels
       // differently from the GPU-tested 3bf2a7d build, whose machine code this keeps)
-      if constexpr (kResidentRow && !kDirectResident) {  // GEMM1: route (after the wait: the logits come from the
-                                                          // previous kernel)
+      if constexpr (kResidentRow) {  // GEMM1: route (after the wait: the logits come from the previous kernel)
         int32_t* ids_smem = reinterpret_cast<int32_t*>(ws_smem + one_token_route_ids_offset(rt.route.experts,
                                                                                            rt.route.top_k));
         const bool writes = rt.write_outputs && blockIdx.x == 0;
@@ -1128,32 +1069,10 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
       // ldmatrix lane l reads token row l % 8, chunk l / 8 (+ 4 for the second): the row for the tile's rows (all
       // row 0 of a), the zero bytes past them (as the zero-filled rows of a slot's token tile).
       const bool row_lane = (lane & 7) < tile_rows;
-      // (kDirectResident: the piece's row is row row_base, the expert's place)
-      const int direct_row = kDirectResident ? static_cast<int>(row_base) : 0;
-      // false: the piece was chosen from ids guessed before the wait, which the wait proved stale (kDirectResident)
-      auto row_ready = [&]() -> bool {
-        [[maybe_unused]] bool guessed = false;
+      auto row_ready = [&] {
         if (!waited) {
           kernels::pdl_wait_then_allow_next();
           waited = true;
-          guessed = true;
-        }
-        if constexpr (kDirectResident) {
-          // The first warp of the CTA here takes the copies on (its lanes issue one row each); the check of a
-          // guess then overlaps their round trip, and the piece waits for its own row only.
-          if (!direct_issued) {
-            unsigned mine = 0u;
-            if (lane == 0) mine = atom_exch_shared(direct_claim, 1u) == 0u;
-            direct_claimed = __shfl_sync(0xFFFFFFFFu, mine, 0) != 0u;
-            if (direct_claimed) copy_direct_rows();
-            direct_issued = true;
-          }
-          if (guessed) {  // (the ids GEMM1 wrote, loaded now, compared once the k-loop is done: off its start)
-            pending_id = strong_route_id();
-            pending_check = true;
-          }
-          mbar_wait(row_bar, 0);
-          return true;
         }
         if (!row_seen) {
           if (!row_copied_at_start && warp == 0 && lane == 0) {
@@ -1165,10 +1084,9 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
           if constexpr (kTokenQuant) quantize_token_rows();
           row_seen = true;
         }
-        return true;
       };
       // (kQuantRows: the piece's expert place's quantized row, row 1 + q - quant_place0 of the resident rows)
-      int row_index = kQuantRows ? 1 + static_cast<int>(row_base) - quant_place0 : direct_row;
+      int row_index = kQuantRows ? 1 + static_cast<int>(row_base) - quant_place0 : 0;
       if constexpr (kTokenRows) {  // (kTokenRows: the token of the piece's pair of tile row lane % 8)
         unsigned m = piece_pairs;
         for (int r = lane & 7; r > 0; --r) m &= m - 1u;
@@ -1182,9 +1100,8 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
       }
       const uint32_t row_base_smem = row_smem + static_cast<uint32_t>(row_index * p.k_tiles * 128);
       const uint32_t tok = row_lane ? row_base_smem + 16 * (lane >> 3) : row_zero;
-      if (!ws_piece_k_loop_resident_row<DEPTH, SPW, BPW>(p, ring, lane, g, t, tok, row_lane ? 128u : 0u, wunit,
-                                                         slice0, row_ready, after_prologue, acc))
-        return false;
+      ws_piece_k_loop_resident_row<DEPTH, SPW, BPW>(p, ring, lane, g, t, tok, row_lane ? 128u : 0u, wunit, slice0,
+                                                    row_ready, after_prologue, acc);
     } else if constexpr (!UNROLLED) {
       if (!ws_piece_k_loop_rolled<DEPTH, SPW, BPW>(k, p, ring, lane, g, t, ldsm_off, wunit, slice0, split, waited,
                                                    token_rows, after_prologue, speculation_holds, acc))
@@ -1195,12 +1112,6 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
         return false;
     }
     cp_async_wait<0>();  // the empty groups past K (nothing in flight into a slot the next piece reuses)
-    if constexpr (kDirectResident) {  // a piece chosen from a guess: the guess against the ids loaded after the wait
-      if (pending_check) {
-        pending_check = false;
-        if (!speculation_confirms(pending_id)) return false;  // (nothing stored: the pieces run again)
-      }
-    }
     if constexpr (BPW == 1) {
       // Block 1's accumulators (acc[sj][0] of the second warp) to the first warp's acc[sj][1]. One named barrier
       // (1 + walker, the pair's 64 threads) per piece; two buffers by piece parity, so the write of piece i + 2
@@ -1371,9 +1282,7 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
   if (!waited && blockIdx.x == 0 && warp == 0) kernels::pdl_wait_then_allow_next();
   // A row copied at the start into a CTA none of whose warps had a piece: warp 0 waits for it before the CTA's
   // shared memory is released.
-  if constexpr (kDirectResident) {  // (the warp that issued the copies: every row in before the CTA can exit)
-    if (direct_claimed || (row_copied_at_start && warp == 0 && rt.route.tokens == 1)) mbar_wait(row_bar, 0);
-  } else if constexpr (kResidentRow) {
+  if constexpr (kResidentRow) {
     if (row_copied_at_start && warp == 0 && !row_seen) mbar_wait(row_bar, 0);
   }
 }

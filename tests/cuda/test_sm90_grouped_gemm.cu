@@ -884,16 +884,14 @@ TEST(Sm90GroupedGemm, WarpStreamWithoutPiecesWaitsForThePreviousKernel) {
 // kernel before it lets the launch start at once, spins, and only then writes the right ids over other experts,
 // 0xD5 poison (no expert: a warp finds no piece under its guess), the same experts in another slot order, or
 // fewer valid ids; the launch must then count its wrong guesses (Sm90OneTokenRoute::misspeculations: the rerun
-// path ran) and still give the plain kernel's bits. Without prologue_before_pdl_wait nothing is guessed. Each case
-// also with the rows resident in shared memory (Sm90GemmArgs::direct_rows_resident: every row copied once after the
-// wait, the guess checked while they land, its pieces on the broadcast kernels' k-loop). (Skipped after the
-// comparisons where no launch could start early: PDL off, or a sanitizer serializing the launches.)
+// path ran) and still give the plain kernel's bits. Without prologue_before_pdl_wait nothing is guessed. (Skipped
+// after the comparisons where no launch could start early: PDL off, or a sanitizer serializing the launches.)
 __global__ void trigger_then_spin_then_copy_ids(const int32_t* src, int32_t* ids, int n, long long spin_ns) {
   trigger_then_spin(spin_ns);
   for (int i = static_cast<int>(threadIdx.x); i < n; i += static_cast<int>(blockDim.x)) ids[i] = src[i];
 }
 
-TEST(Sm90GroupedGemm, T1SpeculativeIdsBitIdenticalToIdsAfterTheWait) {  // (and with resident rows)
+TEST(Sm90GroupedGemm, T1SpeculativeIdsBitIdenticalToIdsAfterTheWait) {
   cudaStream_t stream;
   CUDA_GEMM_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   const int E = 40, top_k = 8, N = 320;
@@ -958,49 +956,45 @@ TEST(Sm90GroupedGemm, T1SpeculativeIdsBitIdenticalToIdsAfterTheWait) {  // (and 
           if (HasFatalFailure()) return;
           ASSERT_EQ(plain.unwritten, 0);
           const size_t row_words = static_cast<size_t>(p.offsets[launch_experts]) * N;
-          for (const bool resident : {false, true})
-            for (const bool before_wait : {false, true})
-              for (const Stale& st : stales) {
-                SCOPED_TRACE(::testing::Message() << "resident rows=" << resident << ", before_wait=" << before_wait
-                                                  << ", the buffer holds " << st.what);
-                Sm90GemmArgs args =
-                    problem_args(p, shape, a.p, w.p, off.p, al0.p, al1.p, out.p, Sm90GemmEpilogue::kF32);
-                args.one_token_route = &rt;
-                args.prologue_before_pdl_wait = before_wait;
-                args.direct_rows_resident = resident;
-                ASSERT_TRUE(!resident || sm90_direct_rows_resident_fits(cfg, top_k, shared, K));
-                CUDA_GEMM_OK(cudaMemset(out.p, 0xFF, out.n * 4));
-                CUDA_GEMM_OK(cudaMemset(misspeculations.p, 0, 4));
-                ids.put(*st.ids);
-                CUDA_GEMM_OK(cudaDeviceSynchronize());
-                const bool late = st.ids != &right;
-                trigger_then_spin_then_copy_ids<<<1, 32, 0, stream>>>(right_ids.p, ids.p, top_k, late ? 200'000 : 0);
-                CUDA_GEMM_OK(cudaGetLastError());
-                CUDA_GEMM_OK(sm90_nvfp4_grouped_gemm(args, cfg, stream));
-                CUDA_GEMM_OK(cudaStreamSynchronize(stream));
-                const std::vector<float> got = out.get();
-                std::vector<uint32_t> bits(got.size());
-                std::memcpy(bits.data(), got.data(), got.size() * 4);
-                int64_t differ = 0, past = 0;
-                for (size_t i = 0; i < bits.size(); ++i) {
-                  if (i < row_words) differ += bits[i] != plain.bits[i];
-                  else past += bits[i] != 0xFFFFFFFFu;
-                }
-                EXPECT_EQ(differ, 0) << "elements differing from the plain kernel's";
-                EXPECT_EQ(past, 0) << "elements written past the rows";
-                const int32_t wrong = misspeculations.get()[0];
-                if (!before_wait || !late) EXPECT_EQ(wrong, 0) << "warps that ran again without a wrong guess";
-                if (before_wait && late) {
-                  ++late_cases;
-                  rerun_cases += wrong > 0 ? 1 : 0;
-                }
-                ++checked;
+          for (const bool before_wait : {false, true})
+            for (const Stale& st : stales) {
+              SCOPED_TRACE(::testing::Message() << "before_wait=" << before_wait << ", the buffer holds " << st.what);
+              Sm90GemmArgs args =
+                  problem_args(p, shape, a.p, w.p, off.p, al0.p, al1.p, out.p, Sm90GemmEpilogue::kF32);
+              args.one_token_route = &rt;
+              args.prologue_before_pdl_wait = before_wait;
+              CUDA_GEMM_OK(cudaMemset(out.p, 0xFF, out.n * 4));
+              CUDA_GEMM_OK(cudaMemset(misspeculations.p, 0, 4));
+              ids.put(*st.ids);
+              CUDA_GEMM_OK(cudaDeviceSynchronize());
+              const bool late = st.ids != &right;
+              trigger_then_spin_then_copy_ids<<<1, 32, 0, stream>>>(right_ids.p, ids.p, top_k, late ? 200'000 : 0);
+              CUDA_GEMM_OK(cudaGetLastError());
+              CUDA_GEMM_OK(sm90_nvfp4_grouped_gemm(args, cfg, stream));
+              CUDA_GEMM_OK(cudaStreamSynchronize(stream));
+              const std::vector<float> got = out.get();
+              std::vector<uint32_t> bits(got.size());
+              std::memcpy(bits.data(), got.data(), got.size() * 4);
+              int64_t differ = 0, past = 0;
+              for (size_t i = 0; i < bits.size(); ++i) {
+                if (i < row_words) differ += bits[i] != plain.bits[i];
+                else past += bits[i] != 0xFFFFFFFFu;
               }
+              EXPECT_EQ(differ, 0) << "elements differing from the plain kernel's";
+              EXPECT_EQ(past, 0) << "elements written past the rows";
+              const int32_t wrong = misspeculations.get()[0];
+              if (!before_wait || !late) EXPECT_EQ(wrong, 0) << "warps that ran again without a wrong guess";
+              if (before_wait && late) {
+                ++late_cases;
+                rerun_cases += wrong > 0 ? 1 : 0;
+              }
+              ++checked;
+            }
         }
       }
   CUDA_GEMM_OK(cudaStreamDestroy(stream));
-  EXPECT_EQ(checked, 3 * 2 * 2 * static_cast<int>(configs.size()) * 2 * 2 * 5);
-  EXPECT_EQ(late_cases, 3 * 2 * 2 * static_cast<int>(configs.size()) * 2 * 4);
+  EXPECT_EQ(checked, 3 * 2 * 2 * static_cast<int>(configs.size()) * 2 * 5);
+  EXPECT_EQ(late_cases, 3 * 2 * 2 * static_cast<int>(configs.size()) * 4);
   // Where the launches overlap (PDL on the device), every stale guess must have been caught. Where none did (PDL
   // off, or compute-sanitizer, which runs the launches one after the other), the guesses were all right: the bits
   // were checked, the rerun path was not.

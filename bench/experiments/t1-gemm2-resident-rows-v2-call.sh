@@ -1,3 +1,8 @@
+# Pending call (thirty-sixth session: built and committed as 2377b5d, never run: the session's device time went to
+# refused starts; then reverted with the rest of the resident-rows code). To run it: a worktree of the engine at
+# e51250f or later with bench/experiments/t1-gemm2-resident-rows-v2-on-e51250f.patch applied (its kernels, tests and
+# host refusals), `cmake --build build` (the whole tree: the call runs its GPU tests), scripts/pack_carry.sh build,
+# then SHA=<that tree's sha> bash <this> (carry [".carry"]).
 # T = 1 A/B of GEMM2's resident rows, second form (2377b5d), one binary:
 #   new = 2377b5d's CLI: GEMM2 at T = 1 keeps its k (+ 1) rows in shared memory, all on the one row barrier (claimed
 #         and issued by the first warp of a CTA after its wait), the guess's ids loaded right after the wait and
@@ -10,7 +15,6 @@
 # Then the GPU tests of the change: the GEMM suite's speculative-ids test (with and without the resident rows,
 # stale guesses caught only after the k-loop now), the layer's T = 1 tests, LayerMatchesReferenceOverT in four
 # modes and PresetDims in both modes (real preset shapes against the CPU reference, T = 1 included).
-#   SHA=2377b5d bash <this>   (carry [".carry"], packed from 2377b5d's build)
 EXTRA="export NVFP4MOE_TEST_DATA=$PWD/tests/data
 timeout 90 .carry/cuda_test_sm90_grouped_gemm --gtest_color=no --gtest_filter='*T1Speculative*' > \$W/\$SHA-sm90-gemm-subset.log 2>&1
 echo \"gemm exit \$?\"; grep -E '^\[  (PASSED|FAILED|SKIPPED) |^\[  FAILED|^\[       OK|^\[  SKIPPED' \$W/\$SHA-sm90-gemm-subset.log
