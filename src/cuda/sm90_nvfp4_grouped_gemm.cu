@@ -783,8 +783,10 @@ cudaError_t device_sm_count(int* sms) {
 bool contiguous_ranges_within_two_experts(const Sm90GemmConfig& config, int units, int routed_experts, int num_sms) {
   if (units < 1 || routed_experts < 0 || num_sms < 1) return false;
   const int64_t per_expert = static_cast<int64_t>(units) * (4 / config.slices_per_warp);
-  // (the kernel's range arithmetic is 32-bit: ws_contiguous_piece_range)
-  if (routed_experts * per_expert * num_sms > static_cast<int64_t>(UINT32_MAX)) return false;
+  // The kernel's range arithmetic is 32-bit (ws_contiguous_piece_range): pieces x CTAs <= UINT32_MAX, checked by
+  // division (the product of three ints can overflow int64).
+  const int64_t max_pieces = static_cast<int64_t>(UINT32_MAX) / num_sms;
+  if (per_expert > max_pieces || routed_experts > max_pieces / per_expert) return false;
   const int64_t longest = (routed_experts * per_expert + num_sms - 1) / num_sms;
   return longest <= 1 || 1 + (longest - 1 + per_expert - 1) / per_expert <= sm90::kWsMaxQuantRows;
 }

@@ -122,11 +122,11 @@ __device__ __forceinline__ void ws_contiguous_piece_range(const int places_total
                                                           int& end, int& place0, int& places) {
   const uint32_t pieces = static_cast<uint32_t>(places_total) * static_cast<uint32_t>(n_pieces);
   const uint32_t b = pieces * blockIdx.x / gridDim.x, e = pieces * (blockIdx.x + 1u) / gridDim.x;
-  const uint32_t per_place = static_cast<uint32_t>(n_pieces);
+  const uint32_t per_place = static_cast<uint32_t>(n_pieces), first = b / per_place;
   begin = static_cast<int>(b);
   end = static_cast<int>(e);
-  place0 = static_cast<int>(b / per_place);
-  places = e > b ? static_cast<int>((e - 1u) / per_place - b / per_place + 1u) : 0;
+  place0 = static_cast<int>(first);
+  places = e > b ? static_cast<int>((e - 1u) / per_place - first + 1u) : 0;
 }
 
 // A warp's T = 2 .. 4 routing pairs (the routed kernels of WsRows::kRoutedTokens and kDirectTokenIds): lane p <

@@ -531,6 +531,8 @@ TEST(Sm90BroadcastQuantRows, MaxKFitAndRefusals) {
     // two experts; 2^16 units is not.
     EXPECT_FALSE(sm90_broadcast_quant_rows_fit(c, 1 << 20, 9, 132)) << to_string(c);
     EXPECT_TRUE(sm90_broadcast_quant_rows_fit(c, 1 << 16, 9, 132)) << to_string(c);
+    // products past int64 (2^30 units x 4 pieces x 2^30 experts x 2^30 CTAs): refused, not wrapped around
+    EXPECT_FALSE(sm90_broadcast_quant_rows_fit(c, 1 << 30, 1 << 30, 1 << 30)) << to_string(c);
   }
   // 2 experts x 4 pieces on 2 CTAs: each CTA one expert; on 3 CTAs ranges of 2 / 3 / 3 pieces, within two
   EXPECT_TRUE(sm90_broadcast_quant_rows_fit(ws, 1, 2, 2));
