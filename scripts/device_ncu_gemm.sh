@@ -8,7 +8,8 @@
 # "mb:<microbench case prefix>"
 # (default "layer:deepseek-v3:1 mb:decode_T1_k8 mb:decode_rpe1"), NCU_MB (the microbench binary), NCU_SKIP
 # (microbench launches to skip, default 8: the first config's warm-up; each config of a case runs 64 GEMM1
-# launches then 64 GEMM2).
+# launches then 64 GEMM2), NCU_LAYERS (the layer cases' --layers, default 8; an eager forward profiles one layer, so
+# 1 loads less where the stack would not fit or take long to build).
 # Output: $OUT/<sha>-ncu.tgz (reports + text pages) and $OUT/<sha>-ncu-summary.txt.
 set -u -o pipefail
 OUT=${OUT:-out}
@@ -31,7 +32,7 @@ for c in $CASES; do
     mode=${mode:-w4a16}
     name="layer-$preset-t$tokens-$mode" skip=0 count=2
     range=(--profile-from-start off --cache-control none)
-    cmd=("$CARRY/nvfp4moe" bench --preset "$preset" --tokens "$tokens" --mode "$mode" --iters 1 --warmup 1 --layers 8
+    cmd=("$CARRY/nvfp4moe" bench --preset "$preset" --tokens "$tokens" --mode "$mode" --iters 1 --warmup 1 --layers "${NCU_LAYERS:-8}"
          --profile-eager)
   else
     # bench/gemm_microbench.cu, one case (GEMM_MICROBENCH_ONLY), after its 8 warm-up launches.
@@ -47,6 +48,23 @@ for c in $CASES; do
     "$NCU" --import "$D/$name.ncu-rep" --page source --print-source sass --csv > "$D/$name.source.csv" 2>&1
     grep -E "sm90_nvfp4|Duration|DRAM Throughput|Issue Slots Busy|Executed Ipc Active|No Eligible|Warp Cycles Per Issued|L2 Hit|Achieved Occupancy|Memory Throughput" \
       "$D/$name.details.txt" >> "$OUT/$SHA-ncu-summary.txt"
+    # The raw counters behind the L2 -> SM traffic and the DRAM bytes (the SS-wgmma sketch's open question).
+    "$NCU" --import "$D/$name.ncu-rep" --page raw --csv --print-units base > "$D/$name.raw.csv" 2>&1
+    python3 - "$D/$name.raw.csv" >> "$OUT/$SHA-ncu-summary.txt" <<'PY' || true
+import csv, sys
+rows = list(csv.reader(open(sys.argv[1])))
+hdr = next((r for r in rows if "Kernel Name" in r), None)
+want = ["gpu__time_duration.sum", "lts__t_sectors_srcunit_tex_op_read.sum", "lts__t_bytes.sum",
+        "l1tex__m_xbar2l1tex_read_bytes.sum", "dram__bytes_read.sum", "dram__bytes_write.sum",
+        "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active", "smsp__inst_executed.sum",
+        "sm__throughput.avg.pct_of_peak_sustained_elapsed", "lts__throughput.avg.pct_of_peak_sustained_elapsed"]
+if hdr:
+    idx = {m: hdr.index(m) for m in want if m in hdr}
+    for r in rows[rows.index(hdr) + 1:]:
+        if len(r) != len(hdr) or not r[hdr.index("Kernel Name")].startswith("sm90"):
+            continue
+        print("  raw", r[hdr.index("Kernel Name")][:60], " ".join(f"{m}={r[i]}" for m, i in idx.items()))
+PY
   else
     tail -n 20 "$D/$name.run.log" >> "$OUT/$SHA-ncu-summary.txt"
   fi

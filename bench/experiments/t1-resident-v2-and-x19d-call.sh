@@ -7,6 +7,7 @@
 #   2. the resident rows' second form (bench/experiments/t1-gemm2-resident-rows-v2-call.sh: its predictions,
 #      -0.2..0.6 us at qwen3-235b / deepseek-v3 T = 1, -0.2..0.5 at qwen3-30b), one binary with and without
 #      NVFP4MOE_T1_GEMM2_RESIDENT=0, then its GPU tests.
+#   3. Nsight Compute on today's prefill GEMMs (below).
 # Run as SHA=<sha> bash <this> (carry [".carry"]).
 set -u
 for b in .carry/*.tar.xz; do tar xJf $b -C .carry; done
@@ -19,7 +20,7 @@ if [[ "$gpu" == *H200* ]]; then
 else
   echo "x19d: skipped (not an H200)"
 fi
-left=$(( 570 - SECONDS ))
+left=$(( 420 - SECONDS ))
 EXTRA="export NVFP4MOE_TEST_DATA=$PWD/tests/data
 timeout 90 .carry/v2/cuda_test_sm90_grouped_gemm --gtest_color=no --gtest_filter='*T1Speculative*' > \$W/\$SHA-sm90-gemm-subset.log 2>&1
 echo \"gemm exit \$?\"; grep -E '^\[  (PASSED|FAILED|SKIPPED) |^\[  FAILED|^\[       OK|^\[  SKIPPED' \$W/\$SHA-sm90-gemm-subset.log
@@ -29,3 +30,10 @@ AB1_VARIANTS="new:.carry/v2/nvfp4moe off:.carry/v2/nvfp4moe:NVFP4MOE_T1_GEMM2_RE
 AB1_POINTS="deepseek-v3:1:w4a16 qwen3-235b:1:w4a16,w4a4 qwen3-30b:1:w4a16" \
 AB1_REPEAT=2 POINT_TIMEOUT_S=60 DEADLINE_S=$left NVFP4MOE_GIT_SHA=${SHA:-unknown} OUT=$OUT bash scripts/device_bundle.sh
 echo "bundle: exit $? [$SECONDS s]"
+# 3. Prefill's open question before the SS-wgmma kernel (docs/gemm.md, "Prefill with SS wgmma: a budgeted sketch"):
+#    the L2 -> SM traffic and the stalls of today's bt144 GEMMs at deepseek-v3 T = 4096 w4a16 (one eager forward of
+#    the HEAD CLI, Nsight Compute's full set plus the raw counters), on whatever card this is.
+mkdir -p $OUT/ncu
+NCU_CASES="layer:deepseek-v3:4096" NCU_LAYERS=1 CARRY=.carry OUT=$OUT/ncu NVFP4MOE_GIT_SHA=${SHA:-unknown} \
+  timeout $(( 585 - SECONDS )) bash scripts/device_ncu_gemm.sh
+echo "ncu: exit $? [$SECONDS s]"; cat $OUT/ncu/*-ncu-summary.txt
