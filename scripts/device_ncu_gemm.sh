@@ -61,7 +61,7 @@ want = ["gpu__time_duration.sum", "lts__t_sectors_srcunit_tex_op_read.sum", "lts
 if hdr:
     idx = {m: hdr.index(m) for m in want if m in hdr}
     for r in rows[rows.index(hdr) + 1:]:
-        if len(r) != len(hdr) or not r[hdr.index("Kernel Name")].startswith("sm90"):
+        if len(r) != len(hdr) or "sm90_nvfp4" not in r[hdr.index("Kernel Name")]:
             continue
         print("  raw", r[hdr.index("Kernel Name")][:60], " ".join(f"{m}={r[i]}" for m, i in idx.items()))
 PY
