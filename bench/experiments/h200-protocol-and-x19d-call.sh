@@ -12,7 +12,7 @@ if nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then
 else
   echo "x19d: skipped (not an H200)" | tee $OUT/x19d/driver.log
 fi
-budget=$(( 545 - SECONDS - 20 ))
+budget=$(( ${END_S:-545} - SECONDS - 20 ))  # END_S: when the call should end, for a short device budget
 echo "protocol budget ${budget}s"
 SHA=${SHA:-unknown} BUDGET_S=$budget bash bench/protocol-call.sh
 echo "done [$SECONDS s]"
