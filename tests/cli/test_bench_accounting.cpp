@@ -248,6 +248,10 @@ TEST(BenchCli, ArgumentErrorsNameTheArgument) {
       {"bench --preset qwen3-30b --routing hot", "--routing: expected uniform, skewed and/or balanced"},
       {"bench --preset qwen3-30b --layers 2", "--layers: the protocol needs >= 8"},
       {"bench --preset qwen3-30b --layers 257", "--layers: expected 8..256 distinct layers per replay, got 257"},
+      {"bench --preset qwen3-30b --layers 0 --profile-eager", "(so the L2 cannot hold what a replay reads; with "
+                                                             "--profile-eager >= 1), got 0"},
+      {"bench --preset qwen3-30b --layers 257 --profile-eager",
+       "--layers: expected 1..256 distinct layers per replay, got 257"},
       {"bench --preset qwen3-30b --iters 2000000000", "--iters: expected at most 100000 timed replays, got 2000000000"},
       {"bench --preset qwen3-30b --warmup 2000000000", "--warmup: expected 1..10000, got 2000000000"},
       {"bench --preset qwen3-30b --seed -1", "--seed: expected an integer in [0, 18446744073709551615]"},
@@ -323,6 +327,12 @@ TEST(BenchCli, DryRunWritesTheAccountingRows) {
   const nlohmann::json shared = dry_run("--preset qwen3-30b --tokens 4096 --mode w4a4 --shared-max-input-scale");
   ASSERT_FALSE(shared.is_null());
   EXPECT_TRUE(shared["shared_max_input_scale"].get<bool>());
+  // Fewer than 8 layers only with --profile-eager, and then the document says the timings are outside the protocol.
+  EXPECT_FALSE(doc.contains("layers_below_protocol"));
+  const nlohmann::json profiled = dry_run("--preset qwen3-30b --tokens 4096 --layers 1 --profile-eager");
+  ASSERT_FALSE(profiled.is_null());
+  EXPECT_TRUE(profiled["layers_below_protocol"].get<bool>());
+  EXPECT_EQ(profiled["layers_requested"], 1);
 }
 
 }  // namespace
