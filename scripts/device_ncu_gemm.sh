@@ -9,7 +9,7 @@
 # (default "layer:deepseek-v3:1 mb:decode_T1_k8 mb:decode_rpe1"), NCU_MB (the microbench binary), NCU_SKIP
 # (microbench launches to skip, default 8: the first config's warm-up; each config of a case runs 64 GEMM1
 # launches then 64 GEMM2), NCU_LAYERS (the layer cases' --layers, default 8; the profile is one eager forward of
-# layer 0, so 1 (which the bench accepts with --profile-eager since be16488's successor) builds less where the stack
+# layer 0, so 1 (which the bench accepts with --profile-eager since b152009) builds less where the stack
 # would not fit or take long to build).
 # Output: $OUT/<sha>-ncu.tgz (reports + text pages) and $OUT/<sha>-ncu-summary.txt.
 set -u -o pipefail
