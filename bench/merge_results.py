@@ -36,6 +36,11 @@ def merge(ours_paths, torch_paths, gpu_info_path=None):
     torch_paths = [p for p in torch_paths if p not in missing]
     ours_docs = [load(p) for p in ours_paths]
     torch_docs = [load(p) for p in torch_paths]
+    # `bench --profile-eager --layers N < 8` times a stack the L2 can hold: never a protocol figure.
+    for p, d in zip(ours_paths, ours_docs):
+        if d.get("layers_below_protocol"):
+            raise ValueError(f"merge_results: {p}: layers_requested {d.get('layers_requested')} < 8 "
+                             "(a --profile-eager run): its timings are not the protocol's; leave it out")
     # Ceilings: every torch file of the run measured them (torch.json, torch_deepseek.json, torch_skewed.json);
     # each one is kept (ceilings_measured) and the run's ceiling is the best of them, per quantity: the rate the
     # hardware reached in this run, so no ratio is flattered by one slow measurement (at 55a99fa the first of the
@@ -258,6 +263,14 @@ def selftest():
     cut = targets(merge([paths["ours"]], [cut_torch]))
     assert any("1 of 1 compared points; 1 measured uniform points have no baseline" in x for x in cut), cut
     assert "| qwen3-30b | w4a16 | uniform | 1 | 10.0 |" in table(m)
+    profiled = os.path.join(tmp, "ours-profiled.json")  # bench --profile-eager --layers 1: refused by name
+    with open(profiled, "w") as f:
+        json.dump(dict(ours, layers_requested=1, layers_below_protocol=True), f)
+    try:
+        merge([paths["ours"], profiled], [paths["torch"]])
+        raise AssertionError("a --layers 1 document was merged")
+    except ValueError as e:
+        assert "ours-profiled.json: layers_requested 1 < 8" in str(e), e
     # compare: a clear speed-up, a change inside the spread, a slow-down with overlapping ranges, a new point.
     def row(t, us, p10, p90):
         return {"preset": "p", "mode": "w4a16", "routing": "uniform", "tokens": t, "us_per_layer": us, "p10": p10,
