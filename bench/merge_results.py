@@ -310,7 +310,11 @@ def main():
         return 0
     if not a.ours or not a.out:
         ap.error("--ours and --out are required")
-    m = merge(a.ours, a.torch, a.gpu_info)
+    try:
+        m = merge(a.ours, a.torch, a.gpu_info)
+    except ValueError as e:  # (a document that must not be merged, named in the message)
+        print(e, file=sys.stderr)
+        return 2
     with open(a.out, "w") as f:
         json.dump(m, f, indent=1)
     c = m["ceilings"] or {}

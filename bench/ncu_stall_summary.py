@@ -9,26 +9,7 @@ import collections
 import csv
 import sys
 
-
-def kernels(path):
-    """(kernel name, header, rows) per distinct kernel of a source-page CSV (a block per "Kernel Name" line; ncu can
-    print the same kernel's page twice, kept once)."""
-    blocks, cur = [], None
-    for line in open(path).read().split('\n'):
-        if line.startswith('"Kernel Name"'):
-            cur = [line]
-            blocks.append(cur)
-        elif cur is not None and line:
-            cur.append(line)
-    seen = set()
-    for b in blocks:
-        name = next(csv.reader([b[0]]))[1]
-        rows = list(csv.reader(b[1:]))
-        key = (name, len(rows))
-        if key in seen:
-            continue
-        seen.add(key)
-        yield name, rows[0], [r for r in rows[1:] if len(r) == len(rows[0])]
+from ncu_kloop_stalls import kernels  # (the same page parser: one table per kernel, repeats dropped)
 
 
 def num(x):
@@ -40,7 +21,9 @@ def num(x):
 
 def main():
     top = int(sys.argv[2]) if len(sys.argv) > 2 else 12
-    for name, hdr, rows in kernels(sys.argv[1]):
+    for name_line, hdr, rows in kernels(sys.argv[1]):
+        name = next(csv.reader([name_line]))[1]
+        rows = [r for r in rows if len(r) == len(hdr)]
         reasons = [h for h in hdr if h.startswith('stall_') and 'Not Issued' not in h]
         col = {h: hdr.index(h) for h in reasons + ['Warp Stall Sampling (All Samples)', 'Source']}
         by_reason, by_op, per = collections.Counter(), collections.Counter(), []

@@ -781,16 +781,15 @@ Command add_bench_command(CLI::App& parent) {
                         {"memory", json::array()},
                         {"errors", json::array()}};
             (void)app;
-            if (o->layers < 8) {
-              doc["layers_below_protocol"] = true;
-              std::fprintf(stderr, "bench: --layers %d with --profile-eager: the timings below are not the "
-                           "protocol's (fewer than 8 layers: the L2 can hold what a replay reads)\n", o->layers);
-            }
+            if (o->layers < 8) doc["layers_below_protocol"] = true;  // (only with --profile-eager: make_plan)
             if (o->dry_run) {
               doc["dry_run"] = true;
               dry_run(*o, plan, doc);
               return;
             }
+            if (o->layers < 8)
+              std::fprintf(stderr, "bench: --layers %d with --profile-eager: the timings below are not the "
+                           "protocol's (fewer than 8 layers: the L2 can hold what a replay reads)\n", o->layers);
 #ifdef NVFP4MOE_WITH_CUDA
             run_on_device(*o, plan, doc);
             write_json(o->json_path, doc);
