@@ -11,6 +11,7 @@
 #include <type_traits>
 
 #include "cuda/sm90_nvfp4_grouped_gemm.cuh"
+#include "cuda/sm90_nvfp4_ss_grouped_gemm.cuh"
 #include "cuda/sm90_nvfp4_warp_stream_gemm.cuh"
 
 namespace nvfp4moe::cuda {
@@ -39,6 +40,12 @@ cudaError_t fail(const std::string& msg) {
   X(64, 10, 2, 1, 0)  /* 33..64 rows per expert */                                                              \
   X(128, 8, 2, 1, 0)  /* prefill: > 64 rows per expert, where bt144 would not save weight passes */           \
   X(144, 8, 2, 1, 0)  /* prefill: T k / E near 128 or 256 (128 +- 11 rows in one pass, 256 +- 16 in two) */
+
+// The SS configs (sm90_nvfp4_ss_grouped_gemm.cuh; dequantized weights in shared memory, 288-row token tiles of two
+// 144-row consumer halves): X(stages, dequantized slots), each for every epilogue. Opt-in (NVFP4MOE_SM90_CONFIG);
+// the heuristic never takes them.
+#define NVFP4MOE_SM90_SS_CONFIGS(X) \
+  X(4, 2)
 
 // The configs with a gathered-A kernel (Sm90GemmArgs::a_gather_src; the SwiGLU and relu^2 epilogues): the prefill
 // tiles, where the layer's w4a16 GEMM1 reads `hidden` through the plan's permutation instead of a gathered copy.
@@ -304,6 +311,25 @@ cudaError_t launch_warp_stream_epi(const Sm90GemmArgs& args, const sm90::GemmPar
   }
 }
 
+template <int STAGES, int SLOTS, sm90::Epilogue EPI>
+cudaError_t launch_ss(const CUtensorMap& map, const sm90::GemmParams& p, int grid, cudaStream_t stream) {
+  using Tr = sm90::SsTraits<STAGES, SLOTS>;
+  auto kernel = sm90::sm90_nvfp4_ss_grouped_gemm_kernel<STAGES, SLOTS, EPI>;
+  int fit = 0;
+  if (const cudaError_t e = kernel_ready<Tr>(kernel, &fit); e != cudaSuccess) return e;
+  return launch_pdl(kernel, dim3(grid), dim3(Tr::kThreads), Tr::kSmemBytes, stream, map, p);
+}
+template <int STAGES, int SLOTS>
+cudaError_t launch_ss_epi(Sm90GemmEpilogue epi, const CUtensorMap& map, const sm90::GemmParams& p, int grid,
+                          cudaStream_t stream) {
+  switch (epi) {
+    case Sm90GemmEpilogue::kF32: return launch_ss<STAGES, SLOTS, sm90::Epilogue::kF32>(map, p, grid, stream);
+    case Sm90GemmEpilogue::kSwiGLU: return launch_ss<STAGES, SLOTS, sm90::Epilogue::kSwiGLU>(map, p, grid, stream);
+    case Sm90GemmEpilogue::kRelu2: return launch_ss<STAGES, SLOTS, sm90::Epilogue::kRelu2>(map, p, grid, stream);
+  }
+  return fail("sm90_nvfp4_grouped_gemm: unknown epilogue");
+}
+
 // GATHER: the gathered-A kernels (Sm90GemmArgs::a_gather_src; activation epilogues only, no descriptor).
 template <int BT, int STAGES, int WGS, int WPU, bool SYNC, bool GATHER>
 cudaError_t launch_epi(Sm90GemmEpilogue epi, const CUtensorMap& map, const sm90::GemmParams& p, int grid,
@@ -360,6 +386,9 @@ const std::vector<Sm90GemmConfig>& sm90_gemm_configs() {
   Sm90GemmConfig{sm90::kWsTokens, depth, warps / 4, 1, false, true, spw, unrolled != 0, bpw},
       NVFP4MOE_SM90_WARP_STREAM_CONFIGS(NVFP4MOE_X)
 #undef NVFP4MOE_X
+#define NVFP4MOE_X(st, sl) Sm90GemmConfig{sm90::kSsTileRows, st, 2, 2, false, false, 1, false, 2, true},
+      NVFP4MOE_SM90_SS_CONFIGS(NVFP4MOE_X)
+#undef NVFP4MOE_X
   };
   return list;
 }
@@ -372,6 +401,7 @@ std::string to_string(const Sm90GemmConfig& c) {
            (c.slices_per_warp > 1 ? "_x" + std::to_string(c.slices_per_warp) + (c.ws_unrolled ? "" : "_r")
                                   : (c.ws_unrolled ? "_u" : "")) +
            (c.blocks_per_warp == 1 ? "_b1" : "");
+  if (c.ss_dequant) return "bt" + std::to_string(c.block_t) + "_s" + std::to_string(c.stages) + "_ss";
   return "bt" + std::to_string(c.block_t) + "_s" + std::to_string(c.stages) + "_wg" +
          std::to_string(c.consumer_warpgroups) + (c.warpgroups_per_unit == 2 ? "_half" : "") +
          (c.mma_sync ? "_sync" : "");
@@ -387,7 +417,7 @@ bool sm90_gemm_config_by_name(const std::string& name, Sm90GemmConfig* out) {
 }
 
 bool sm90_gemm_mma_twin(const Sm90GemmConfig& c, bool mma_sync, Sm90GemmConfig* out) {
-  if (c.warp_stream) return false;  // its own kernel, mma.sync only
+  if (c.warp_stream || c.ss_dequant) return false;  // their own kernels (mma.sync only; SS wgmma only)
   Sm90GemmConfig twin = c;
   twin.mma_sync = mma_sync;
   return sm90_gemm_config_by_name(to_string(twin), out);
@@ -501,7 +531,7 @@ Sm90GemmConfig sm90_pick_tile_config(const Sm90GemmLoad& load) {
   auto tile_of = [&](int block_t) -> const Sm90GemmConfig* {
     const Sm90GemmConfig* t = nullptr;
     for (const auto& c : list) {
-      if (c.block_t != block_t || c.warpgroups_per_unit != 1 || c.mma_sync || c.warp_stream) continue;
+      if (c.block_t != block_t || c.warpgroups_per_unit != 1 || c.mma_sync || c.warp_stream || c.ss_dequant) continue;
       if (t == nullptr || (few ? c.consumer_warpgroups == 2 : c.consumer_warpgroups > t->consumer_warpgroups)) t = &c;
     }
     return t;
@@ -510,13 +540,13 @@ Sm90GemmConfig sm90_pick_tile_config(const Sm90GemmLoad& load) {
   auto next_tile = [&](double above) {
     int bt = 0;
     for (const auto& c : list)
-      if (!c.warp_stream && c.block_t >= above && (bt == 0 || c.block_t < bt)) bt = c.block_t;
+      if (!c.warp_stream && !c.ss_dequant && c.block_t >= above && (bt == 0 || c.block_t < bt)) bt = c.block_t;
     return bt;
   };
   int bt = next_tile(rows_per_expert);
   if (bt == 0)  // more rows per expert than any tile: the largest (prefill) tile
     for (const auto& c : list)
-      if (!c.warp_stream) bt = std::max(bt, c.block_t);
+      if (!c.warp_stream && !c.ss_dequant) bt = std::max(bt, c.block_t);
   // An expert's expected token tiles (weight passes) with tile block_t: under near-uniform routing its count is
   // m +- sqrt(m) (sm90_expected_tile_passes); one expert (the shared expert's own launch) has exactly max_rows.
   auto passes = [&](int block_t) {
@@ -581,7 +611,7 @@ Sm90GemmConfig sm90_pick_tile_config(const Sm90GemmLoad& load) {
     return static_cast<double>(waves) * static_cast<double>(units_per_tile) / rate;
   };
   for (const auto& c : list) {
-    if (c.block_t != bt || c.mma_sync || c.warp_stream) continue;
+    if (c.block_t != bt || c.mma_sync || c.warp_stream || c.ss_dequant) continue;
     const double d = cost(c) - cost(*best);
     // Ties: whole units first, then the most consumer warpgroups.
     const bool tie_better = c.warpgroups_per_unit < best->warpgroups_per_unit ||
@@ -959,6 +989,18 @@ cudaError_t sm90_nvfp4_grouped_gemm(const Sm90GemmArgs& args, const Sm90GemmConf
                  : launch_warp_stream_epi<warps, depth, spw, unrolled != 0, bpw, sm90::WsRows::kDirect>(    \
                        args, p, num_sms, stream);
     NVFP4MOE_SM90_WARP_STREAM_CONFIGS(NVFP4MOE_X)
+#undef NVFP4MOE_X
+    return fail(who + ": config " + to_string(config) + " is not in the instantiated list");
+  }
+  if (config.ss_dequant) {  // the SS kernel: TMA boxes of one consumer's 144 rows, two a stage
+    if (args.a_gather_src != nullptr)
+      return fail(who + ": a_gather_src: config " + to_string(config) +
+                  " has no gathered-A kernel (sm90_gather_configs())");
+    CUtensorMap map;
+    if (std::string m = make_a_map(args, sm90::kSsSubRows, &map, who); !m.empty()) return fail(m);
+#define NVFP4MOE_X(st, sl) \
+    if (config.stages == st) return launch_ss_epi<st, sl>(args.epilogue, map, p, num_sms, stream);
+    NVFP4MOE_SM90_SS_CONFIGS(NVFP4MOE_X)
 #undef NVFP4MOE_X
     return fail(who + ": config " + to_string(config) + " is not in the instantiated list");
   }

@@ -1028,6 +1028,89 @@ __device__ __forceinline__ void produce_tiles_gathered(const GemmParams& p, uint
                                               cur.first);
 }
 
+// The epilogue of one accumulator tile (consume_tiles; the SS kernel, sm90_nvfp4_ss_grouped_gemm.cuh, per token
+// sub-tile): acc[b][i] holds weight row 16 warp + g + 8 ((i >> 1) & 1) of block b (WPU = 2: of block `half`) and
+// token 8 (i >> 2) + 2t + (i & 1) of the rows that start at GEMM row row_base; rows_valid of them are stored
+// (the f32 rows, or the activation in bf16 or NVFP4-quantized; up_acc: the up block of a WPU = 2 SwiGLU unit).
+template <int BT, int NB, Epilogue EPI, int WPU, int UP>
+__device__ __forceinline__ void store_tile_outputs(const GemmParams& p, const float (&acc)[NB][BT / 2],
+                                                   const float (&up_acc)[UP], int e, int unit, int half,
+                                                   int64_t row_base, int rows_valid, int warp, int g, int t) {
+  (void)up_acc;
+  const bool unit_ok = unit < p.units;
+  const float gsv = p.gs != nullptr ? __ldg(p.gs + e) : 0.0f;
+  if constexpr (EPI == Epilogue::kF32) {
+    const float al = __ldg(p.alpha0 + e) * kWeightUnscale;
+    float* out = static_cast<float*>(p.out);
+#pragma unroll
+    for (int b = 0; b < NB; ++b)
+#pragma unroll
+      for (int i = 0; i < BT / 2; ++i) {
+        const int col = unit * 128 + (b + half) * 64 + 16 * warp + g + 8 * ((i >> 1) & 1);
+        const int tok = 8 * (i >> 2) + 2 * t + (i & 1);
+        if (unit_ok && tok < rows_valid && col < p.n_out) out[(row_base + tok) * p.n_out + col] = acc[b][i] * al;
+      }
+  } else {
+    uint16_t* out = static_cast<uint16_t*>(p.out);
+    const float al0 = __ldg(p.alpha0 + e) * kWeightUnscale;
+    const float al1 = EPI == Epilogue::kSwiGLU ? __ldg(p.alpha1 + e) * kWeightUnscale : 0.0f;
+    // Output 64-column blocks of this warpgroup: SwiGLU 1 per unit; relu^2 its accumulator blocks.
+    constexpr int kBlocksOut = EPI == Epilogue::kSwiGLU ? 1 : NB;
+    // Quantization groups of this thread: (b, i0, ip) -> row r0 value acc[b][i0 + ip], row r0 + 8 value
+    // acc[b][i0 + ip + 2], token 8 * (i0 / 4) + 2t + ip; taken 8 at a time (quantize_groups).
+    struct GroupPos { int b, i0, ip; };
+    auto group_pos = [](int q) { return GroupPos{(q >> 1) / (BT / 8), ((q >> 1) % (BT / 8)) * 4, q & 1}; };
+    constexpr int kGroups = kBlocksOut * BT / 4;
+    // Batches of 8 groups (quantize_groups computes one block scale per lane, shared by 8 lanes) and, where
+    // kGroups is not a multiple of 8 (BT = 144 SwiGLU: 36 groups), one tail batch of 4: every batch of 4
+    // costs the scale arithmetic of a batch of 8 (half its lanes' results are duplicates).
+    static_assert(kGroups % 4 == 0 || kGroups < 8, "batches of 8 and at most one of 4");
+    auto batch = [&](int q0, auto n_const) {
+      constexpr int N = decltype(n_const)::value;
+      float v[N][2];
+      if constexpr (EPI == Epilogue::kSwiGLU) {
+        swiglu_groups<N, false>(
+            [&](int qq, int h, float& gate, float& up) {
+              const auto [b, i0, ip] = group_pos(q0 + qq);
+              const int i = i0 + ip + 2 * h;
+              gate = acc[0][i];
+              if constexpr (WPU == 2) up = up_acc[i]; else up = acc[NB - 1][i];
+            },
+            al0, al1, v);
+      } else {
+#pragma unroll
+        for (int qq = 0; qq < N; ++qq) {
+          const auto [b, i0, ip] = group_pos(q0 + qq);
+#pragma unroll
+          for (int h = 0; h < 2; ++h) v[qq][h] = activation_value<EPI>(acc[b][i0 + ip + 2 * h], 0.0f, al0, al1);
+        }
+      }
+      uint16_t o[N][2];
+      output_bits<N>(v, p.gs != nullptr, gsv, o);
+#pragma unroll
+      for (int qq = 0; qq < N; ++qq) {
+        const auto [b, i0, ip] = group_pos(q0 + qq);
+        const int tok = 8 * (i0 >> 2) + 2 * t + ip;
+        const int colb = (EPI == Epilogue::kSwiGLU ? unit * 64 : unit * 128 + (b + half) * 64) + 16 * warp + g;
+        // The address always, the two stores predicated: a branch around the pair made one convergence region
+        // per group, which ptxas does not schedule across (8 a batch).
+        uint16_t* const dst = out + (row_base + tok) * p.n_out + colb;
+        const bool row_ok = unit_ok && tok < rows_valid;
+        if (row_ok && colb < p.n_out) dst[0] = o[qq][0];
+        if (row_ok && colb + 8 < p.n_out) dst[8] = o[qq][1];
+      }
+    };
+    if constexpr (kGroups < 8) {
+      batch(0, IntC<kGroups>{});
+    } else {
+      constexpr int kWhole = kGroups / 8 * 8;
+#pragma unroll
+      for (int q0 = 0; q0 < kWhole; q0 += 8) batch(q0, IntC<8>{});
+      if constexpr (kGroups > kWhole) batch(kWhole, IntC<kGroups - kWhole>{});
+    }
+  }
+}
+
 // The consumer warpgroups' walk over one launch's tiles, from tile index idx with the pipeline at stage s /
 // phase. Returns the index past the launch's tiles, relative to the next launch of a chain. SIGNAL: GEMM1 of a
 // chain (each storing warpgroup publishes its finished tiles in done[expert]).
@@ -1306,80 +1389,9 @@ __device__ __forceinline__ int consume_tiles(const GemmParams& p, int idx, int& 
       for (int i = 0; i < BT / 2; ++i) up_acc[i] = xch[i * 128 + tid];
       named_bar_sync(1 + slot, 256);
     }
-    const int tok0 = t_idx * BT, rows_valid = min(BT, rows - tok0);
-    const int64_t row_base = row_begin + tok0;
-    const bool unit_ok = unit < p.units;
-    const float gsv = p.gs != nullptr ? __ldg(p.gs + e) : 0.0f;
-    if constexpr (EPI == Epilogue::kF32) {
-      const float al = __ldg(p.alpha0 + e) * kWeightUnscale;
-      float* out = static_cast<float*>(p.out);
-#pragma unroll
-      for (int b = 0; b < NB; ++b)
-#pragma unroll
-        for (int i = 0; i < BT / 2; ++i) {
-          const int col = unit * 128 + (b + half) * 64 + 16 * warp + g + 8 * ((i >> 1) & 1);
-          const int tok = 8 * (i >> 2) + 2 * t + (i & 1);
-          if (unit_ok && tok < rows_valid && col < p.n_out) out[(row_base + tok) * p.n_out + col] = acc[b][i] * al;
-        }
-    } else {
-      uint16_t* out = static_cast<uint16_t*>(p.out);
-      const float al0 = __ldg(p.alpha0 + e) * kWeightUnscale;
-      const float al1 = EPI == Epilogue::kSwiGLU ? __ldg(p.alpha1 + e) * kWeightUnscale : 0.0f;
-      // Output 64-column blocks of this warpgroup: SwiGLU 1 per unit; relu^2 its accumulator blocks.
-      constexpr int kBlocksOut = EPI == Epilogue::kSwiGLU ? 1 : NB;
-      // Quantization groups of this thread: (b, i0, ip) -> row r0 value acc[b][i0 + ip], row r0 + 8 value
-      // acc[b][i0 + ip + 2], token 8 * (i0 / 4) + 2t + ip; taken 8 at a time (quantize_groups).
-      struct GroupPos { int b, i0, ip; };
-      auto group_pos = [](int q) { return GroupPos{(q >> 1) / (BT / 8), ((q >> 1) % (BT / 8)) * 4, q & 1}; };
-      constexpr int kGroups = kBlocksOut * BT / 4;
-      // Batches of 8 groups (quantize_groups computes one block scale per lane, shared by 8 lanes) and, where
-      // kGroups is not a multiple of 8 (BT = 144 SwiGLU: 36 groups), one tail batch of 4: every batch of 4
-      // costs the scale arithmetic of a batch of 8 (half its lanes' results are duplicates).
-      static_assert(kGroups % 4 == 0 || kGroups < 8, "batches of 8 and at most one of 4");
-      auto batch = [&](int q0, auto n_const) {
-        constexpr int N = decltype(n_const)::value;
-        float v[N][2];
-        if constexpr (EPI == Epilogue::kSwiGLU) {
-          swiglu_groups<N, false>(
-              [&](int qq, int h, float& gate, float& up) {
-                const auto [b, i0, ip] = group_pos(q0 + qq);
-                const int i = i0 + ip + 2 * h;
-                gate = acc[0][i];
-                if constexpr (WPU == 2) up = up_acc[i]; else up = acc[NB - 1][i];
-              },
-              al0, al1, v);
-        } else {
-#pragma unroll
-          for (int qq = 0; qq < N; ++qq) {
-            const auto [b, i0, ip] = group_pos(q0 + qq);
-#pragma unroll
-            for (int h = 0; h < 2; ++h) v[qq][h] = activation_value<EPI>(acc[b][i0 + ip + 2 * h], 0.0f, al0, al1);
-          }
-        }
-        uint16_t o[N][2];
-        output_bits<N>(v, p.gs != nullptr, gsv, o);
-#pragma unroll
-        for (int qq = 0; qq < N; ++qq) {
-          const auto [b, i0, ip] = group_pos(q0 + qq);
-          const int tok = 8 * (i0 >> 2) + 2 * t + ip;
-          const int colb = (EPI == Epilogue::kSwiGLU ? unit * 64 : unit * 128 + (b + half) * 64) + 16 * warp + g;
-          // The address always, the two stores predicated: a branch around the pair made one convergence region
-          // per group, which ptxas does not schedule across (8 a batch).
-          uint16_t* const dst = out + (row_base + tok) * p.n_out + colb;
-          const bool row_ok = unit_ok && tok < rows_valid;
-          if (row_ok && colb < p.n_out) dst[0] = o[qq][0];
-          if (row_ok && colb + 8 < p.n_out) dst[8] = o[qq][1];
-        }
-      };
-      if constexpr (kGroups < 8) {
-        batch(0, IntC<kGroups>{});
-      } else {
-        constexpr int kWhole = kGroups / 8 * 8;
-#pragma unroll
-        for (int q0 = 0; q0 < kWhole; q0 += 8) batch(q0, IntC<8>{});
-        if constexpr (kGroups > kWhole) batch(kWhole, IntC<kGroups - kWhole>{});
-      }
-    }
+    const int tok0 = t_idx * BT;
+    store_tile_outputs<BT, NB, EPI, WPU>(p, acc, up_acc, e, unit, half, row_begin + tok0, min(BT, rows - tok0), warp,
+                                         g, t);
     if constexpr (SIGNAL) {
       // GEMM1 of a chained launch: this warpgroup's stores of the tile are done. Each thread orders its own
       // (generic-proxy) stores before the async proxy that GEMM2's TMA reads through, the warpgroup meets,
