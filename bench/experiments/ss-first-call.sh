@@ -21,13 +21,27 @@ echo "gemm suite: exit $? [$SECONDS s]"; grep -E "^\[  (PASSED|FAILED) |FAILED  
 timeout 120 env $SS .carry/cuda_test_cuda_layer --gtest_filter='*LayerMatchesReferenceOverT*:*PresetDims*' \
   > $W/layer-ss.log 2>&1
 echo "layer with SS: exit $? [$SECONDS s]"; grep -E "^\[  (PASSED|FAILED) |FAILED  \]" $W/layer-ss.log | head -8
-# 3. The GEMM alone at deepseek-v3 T = 4096 (uniform random routing): bt128, bt144, bt288_s4_ss.
+# 3. The GEMM alone at deepseek-v3 T = 4096 (uniform random routing): bt128, bt144, bt288_s4_ss, bt288_s4_ss3.
 GEMM_MICROBENCH_ONLY=prefill GEMM_MICROBENCH_QUICK=1 timeout 90 .carry/gemm_microbench $W/mb.jsonl > $W/mb.log 2>&1
 echo "microbench: exit $? [$SECONDS s]"; cat $W/mb.log
+# 3b. Nsight Compute, full set, one launch each of the two GEMM1 kernels above (bt144 SwiGLU, SS SwiGLU with 2
+# slots): tensor pipe, shared-memory and L2 throughput, stalls.
+NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+for k in "bt144:kernel<144, 2, 8, .*Epilogue.1, 1, false, false>" "ss:ss_grouped_gemm_kernel<4, 2, .*Epilogue.1>"; do
+  name=${k%%:*} re=${k#*:}
+  GEMM_MICROBENCH_ONLY=prefill GEMM_MICROBENCH_QUICK=1 timeout 150 $NCU --clock-control none --kernel-name-base demangled \
+    --kernel-name "regex:$re" --launch-skip 2 --launch-count 1 --set full --import-source no -f -o $W/ncu-$name \
+    .carry/gemm_microbench $W/mb-ncu.jsonl > $W/ncu-$name.run.log 2>&1
+  echo "ncu $name: exit $? [$SECONDS s]"
+  $NCU -i $W/ncu-$name.ncu-rep --page details > $W/ncu-$name-details.txt 2>&1
+  $NCU -i $W/ncu-$name.ncu-rep --page raw --csv > $W/ncu-$name-raw.csv 2>&1
+  grep -E "Duration|Compute \(SM\) Throughput|Memory Throughput|Shared|L1/TEX Hit|Mem Busy|Max Bandwidth|Issue Slots Busy|Executed Ipc A" \
+    $W/ncu-$name-details.txt | head -24
+done
 else
 # 4. The layer: base (3b747e5), new at its defaults, new with SS on both GEMMs, alternating, two repeats.
 left=$(( 560 - SECONDS )); echo "ab budget ${left}s"
-VARIANTS="base:.carry/base/nvfp4moe new:.carry/nvfp4moe ss:.carry/nvfp4moe:$SS" \
+VARIANTS="base:.carry/base/nvfp4moe new:.carry/nvfp4moe ss:.carry/nvfp4moe:$SS ss3:.carry/nvfp4moe:${SS//_ss/_ss3}" \
 POINTS="deepseek-v3:4096:w4a16 qwen3-235b:4096:w4a16 deepseek-v3:16384:w4a16" REPEAT=2 \
   NVFP4MOE_GIT_SHA=$SHA OUT=$W/ab timeout $left bash scripts/device_variant_ab.sh | tee $W/ab.txt
 fi

@@ -45,7 +45,8 @@ cudaError_t fail(const std::string& msg) {
 // 144-row consumer halves): X(stages, dequantized slots), each for every epilogue. Opt-in (NVFP4MOE_SM90_CONFIG);
 // the heuristic never takes them.
 #define NVFP4MOE_SM90_SS_CONFIGS(X) \
-  X(4, 2)
+  X(4, 2)                             \
+  X(4, 3)
 
 // The configs with a gathered-A kernel (Sm90GemmArgs::a_gather_src; the SwiGLU and relu^2 epilogues): the prefill
 // tiles, where the layer's w4a16 GEMM1 reads `hidden` through the plan's permutation instead of a gathered copy.
@@ -315,8 +316,12 @@ template <int STAGES, int SLOTS, sm90::Epilogue EPI>
 cudaError_t launch_ss(const CUtensorMap& map, const sm90::GemmParams& p, int grid, cudaStream_t stream) {
   using Tr = sm90::SsTraits<STAGES, SLOTS>;
   auto kernel = sm90::sm90_nvfp4_ss_grouped_gemm_kernel<STAGES, SLOTS, EPI>;
+  // kernel_ready's one-time check (the shared-memory attribute among it) is per (traits, kernel type), and the
+  // three epilogues' kernels share both: one traits type per epilogue, or only the first kernel launched gets its
+  // attribute (the first device run: the relu^2 and SwiGLU launches failed with an invalid argument).
+  using ReadyTr = VariantTraits<Tr, 100 + static_cast<int>(EPI)>;
   int fit = 0;
-  if (const cudaError_t e = kernel_ready<Tr>(kernel, &fit); e != cudaSuccess) return e;
+  if (const cudaError_t e = kernel_ready<ReadyTr>(kernel, &fit); e != cudaSuccess) return e;
   return launch_pdl(kernel, dim3(grid), dim3(Tr::kThreads), Tr::kSmemBytes, stream, map, p);
 }
 template <int STAGES, int SLOTS>
@@ -386,7 +391,7 @@ const std::vector<Sm90GemmConfig>& sm90_gemm_configs() {
   Sm90GemmConfig{sm90::kWsTokens, depth, warps / 4, 1, false, true, spw, unrolled != 0, bpw},
       NVFP4MOE_SM90_WARP_STREAM_CONFIGS(NVFP4MOE_X)
 #undef NVFP4MOE_X
-#define NVFP4MOE_X(st, sl) Sm90GemmConfig{sm90::kSsTileRows, st, 2, 2, false, false, 1, false, 2, true},
+#define NVFP4MOE_X(st, sl) Sm90GemmConfig{sm90::kSsTileRows, st, 2, 2, false, false, 1, false, 2, true, sl},
       NVFP4MOE_SM90_SS_CONFIGS(NVFP4MOE_X)
 #undef NVFP4MOE_X
   };
@@ -401,7 +406,9 @@ std::string to_string(const Sm90GemmConfig& c) {
            (c.slices_per_warp > 1 ? "_x" + std::to_string(c.slices_per_warp) + (c.ws_unrolled ? "" : "_r")
                                   : (c.ws_unrolled ? "_u" : "")) +
            (c.blocks_per_warp == 1 ? "_b1" : "");
-  if (c.ss_dequant) return "bt" + std::to_string(c.block_t) + "_s" + std::to_string(c.stages) + "_ss";
+  if (c.ss_dequant)
+    return "bt" + std::to_string(c.block_t) + "_s" + std::to_string(c.stages) + "_ss" +
+           (c.ss_slots != 2 ? std::to_string(c.ss_slots) : "");
   return "bt" + std::to_string(c.block_t) + "_s" + std::to_string(c.stages) + "_wg" +
          std::to_string(c.consumer_warpgroups) + (c.warpgroups_per_unit == 2 ? "_half" : "") +
          (c.mma_sync ? "_sync" : "");
@@ -999,7 +1006,8 @@ cudaError_t sm90_nvfp4_grouped_gemm(const Sm90GemmArgs& args, const Sm90GemmConf
     CUtensorMap map;
     if (std::string m = make_a_map(args, sm90::kSsSubRows, &map, who); !m.empty()) return fail(m);
 #define NVFP4MOE_X(st, sl) \
-    if (config.stages == st) return launch_ss_epi<st, sl>(args.epilogue, map, p, num_sms, stream);
+    if (config.stages == st && config.ss_slots == sl)                                                      \
+      return launch_ss_epi<st, sl>(args.epilogue, map, p, num_sms, stream);
     NVFP4MOE_SM90_SS_CONFIGS(NVFP4MOE_X)
 #undef NVFP4MOE_X
     return fail(who + ": config " + to_string(config) + " is not in the instantiated list");

@@ -71,6 +71,7 @@ struct Sm90GemmConfig {
   // there, each on its own 144-row half of a block_t = 288 token tile (warpgroups_per_unit = 2: both on one unit).
   // The same bits as the tile configs. Never picked by sm90_pick_config.
   bool ss_dequant = false;
+  int ss_slots = 2;  // the SS kernel's dequantized k-tile slots ("_ss3": 3)
   int units_per_tile() const { return consumer_warpgroups / warpgroups_per_unit; }
   bool operator==(const Sm90GemmConfig&) const = default;
 };
