@@ -328,6 +328,24 @@ const char* epi_name(Sm90GemmEpilogue e) {
 
 // Checks one problem for one config/epilogue against the reference; quant also bitwise against the CPU
 // quantization of the GPU's own unquantized output (the quantizer itself must be exact).
+// Activations for the bitwise comparisons of two MMA paths: exponents over 2^-60 .. 2^40, both signs, and exact
+// cancellations (x and -x in one k16 step).
+void fill_adversarial_activations(Problem& p, std::mt19937& rng) {
+  for (size_t i = 0; i < p.a.size(); ++i) {
+    const uint32_t h = static_cast<uint32_t>(rng());
+    const int ex = static_cast<int>(h % 101) - 60;
+    float v = std::ldexp(1.0f + static_cast<float>((h >> 8) & 0x7F) / 128.0f, ex);
+    if (h & 0x80000000u) v = -v;
+    p.a[i] = fmt::bf16_from_float(v);
+  }
+  for (size_t i = 0; i + 16 < p.a.size(); i += 97) p.a[i + 8] = p.a[i] ^ 0x8000u;  // x and -x in one step
+}
+// The epilogues of a gated (SwiGLU) or non-gated (f32 and relu^2) problem.
+std::vector<Sm90GemmEpilogue> epilogues_of(bool gated) {
+  if (gated) return {Sm90GemmEpilogue::kSwiGLU};
+  return {Sm90GemmEpilogue::kF32, Sm90GemmEpilogue::kRelu2};
+}
+
 void check(const Problem& p, Sm90GemmEpilogue epi, const Sm90GemmConfig& cfg, const std::vector<float>& h,
            bool also_quant, int repeats = 1) {
   SCOPED_TRACE(::testing::Message() << "E=" << p.E << " N=" << p.N << " K=" << p.K << " rows=" << p.offsets[p.E]
@@ -713,17 +731,8 @@ TEST(Sm90GroupedGemm, SyncMmaBitIdenticalToWgmma) {
   int pairs = 0;
   for (const bool gated : {false, true}) {
     Problem p = make_problem(12, gated ? 2 * 192 : 320, 448, gated, counts, 4242);
-    for (size_t i = 0; i < p.a.size(); ++i) {
-      const uint32_t h = static_cast<uint32_t>(rng());
-      const int ex = static_cast<int>(h % 101) - 60;
-      float v = std::ldexp(1.0f + static_cast<float>((h >> 8) & 0x7F) / 128.0f, ex);
-      if (h & 0x80000000u) v = -v;
-      p.a[i] = fmt::bf16_from_float(v);
-    }
-    for (size_t i = 0; i + 16 < p.a.size(); i += 97) p.a[i + 8] = p.a[i] ^ 0x8000u;  // x and -x in one step
-    const std::vector<Sm90GemmEpilogue> epis = gated ? std::vector<Sm90GemmEpilogue>{Sm90GemmEpilogue::kSwiGLU}
-                                                     : std::vector<Sm90GemmEpilogue>{Sm90GemmEpilogue::kF32,
-                                                                                     Sm90GemmEpilogue::kRelu2};
+    fill_adversarial_activations(p, rng);
+    const std::vector<Sm90GemmEpilogue> epis = epilogues_of(gated);
     for (const Sm90GemmEpilogue epi : epis)
       for (const auto& sync_cfg : sm90_gemm_configs()) {
         if (!sync_cfg.mma_sync && !sync_cfg.warp_stream) continue;
@@ -766,17 +775,8 @@ TEST(Sm90GroupedGemm, SsBitIdenticalToRegisterA) {
   int pairs = 0;
   for (const bool gated : {false, true}) {
     Problem p = make_problem(static_cast<int>(counts.size()), gated ? 2 * 192 : 320, 448, gated, counts, 5151);
-    for (size_t i = 0; i < p.a.size(); ++i) {
-      const uint32_t h = static_cast<uint32_t>(rng());
-      const int ex = static_cast<int>(h % 101) - 60;
-      float v = std::ldexp(1.0f + static_cast<float>((h >> 8) & 0x7F) / 128.0f, ex);
-      if (h & 0x80000000u) v = -v;
-      p.a[i] = fmt::bf16_from_float(v);
-    }
-    for (size_t i = 0; i + 16 < p.a.size(); i += 97) p.a[i + 8] = p.a[i] ^ 0x8000u;  // x and -x in one step
-    const std::vector<Sm90GemmEpilogue> epis = gated ? std::vector<Sm90GemmEpilogue>{Sm90GemmEpilogue::kSwiGLU}
-                                                     : std::vector<Sm90GemmEpilogue>{Sm90GemmEpilogue::kF32,
-                                                                                     Sm90GemmEpilogue::kRelu2};
+    fill_adversarial_activations(p, rng);
+    const std::vector<Sm90GemmEpilogue> epis = epilogues_of(gated);
     for (const Sm90GemmEpilogue epi : epis)
       for (const auto& ss : sm90_gemm_configs()) {
         if (!ss.ss_dequant) continue;
