@@ -914,8 +914,9 @@ bool sm90_one_token_route_fits(const Sm90GemmConfig& config, int experts, int to
   return false;
 }
 
-cudaError_t sm90_nvfp4_grouped_gemm(const Sm90GemmArgs& args, const Sm90GemmConfig& config, cudaStream_t stream,
-                                    int num_sms) {
+namespace {
+cudaError_t grouped_gemm_impl(const Sm90GemmArgs& args, const Sm90GemmConfig& config, cudaStream_t stream,
+                              int num_sms) {
   const std::string who = "sm90_nvfp4_grouped_gemm";
   if (std::string m = check_args(args, who); !m.empty()) return fail(m);
   if (args.tile_counter != nullptr && (reinterpret_cast<uintptr_t>(args.tile_counter) & 3) != 0)
@@ -1036,6 +1037,24 @@ cudaError_t sm90_nvfp4_grouped_gemm(const Sm90GemmArgs& args, const Sm90GemmConf
   return fail(who + ": config " + to_string(config) + " is not in the instantiated list");
 }
 
+
+// Every call's message is its own: a launch that fails in the CUDA runtime (a kernel attribute, the launch itself,
+// the device query) reports that error and the config, not the reason of an earlier refused call (1c1aa36's device
+// run printed a chained launch's refusal under an SS kernel's failed launch).
+cudaError_t with_own_message(const std::string& who, const Sm90GemmConfig& config, cudaError_t e) {
+  if (e != cudaSuccess && g_last_error.empty())
+    g_last_error = who + ": config " + to_string(config) + ": " + cudaGetErrorName(e) + " (" + cudaGetErrorString(e) +
+                   ")";
+  return e;
+}
+}  // namespace
+
+cudaError_t sm90_nvfp4_grouped_gemm(const Sm90GemmArgs& args, const Sm90GemmConfig& config, cudaStream_t stream,
+                                    int num_sms) {
+  g_last_error.clear();
+  return with_own_message("sm90_nvfp4_grouped_gemm", config, grouped_gemm_impl(args, config, stream, num_sms));
+}
+
 #define NVFP4MOE_X(bt, st, wgs, wpu, sync) Sm90GemmConfig{bt, st, wgs, wpu, sync != 0},
 const std::vector<Sm90GemmConfig>& sm90_chained_configs() {
   static const std::vector<Sm90GemmConfig> list = {NVFP4MOE_SM90_CHAINED_CONFIGS(NVFP4MOE_X)};
@@ -1057,9 +1076,9 @@ bool listed(const std::vector<Sm90GemmConfig>& list, const Sm90GemmConfig& c) {
 bool sm90_chained_available(const Sm90GemmConfig& c) { return listed(sm90_chained_configs(), c); }
 bool sm90_gather_available(const Sm90GemmConfig& c) { return c.warp_stream || listed(sm90_gather_configs(), c); }
 
-cudaError_t sm90_nvfp4_chained_gemms(const Sm90GemmArgs& gemm1, const Sm90GemmArgs& gemm2,
-                                     const Sm90GemmConfig& config, int32_t* chain_counters, cudaStream_t stream,
-                                     int num_sms) {
+namespace {
+cudaError_t chained_gemms_impl(const Sm90GemmArgs& gemm1, const Sm90GemmArgs& gemm2, const Sm90GemmConfig& config,
+                               int32_t* chain_counters, cudaStream_t stream, int num_sms) {
   const std::string who = "sm90_nvfp4_chained_gemms";
   if (std::string m = check_args(gemm1, who + " (gemm1)"); !m.empty()) return fail(m);
   if (std::string m = check_args(gemm2, who + " (gemm2)"); !m.empty()) return fail(m);
@@ -1102,6 +1121,15 @@ cudaError_t sm90_nvfp4_chained_gemms(const Sm90GemmArgs& gemm1, const Sm90GemmAr
   NVFP4MOE_SM90_CHAINED_CONFIGS(NVFP4MOE_X)
 #undef NVFP4MOE_X
   return fail(who + ": config " + to_string(config) + " has no chained kernel (sm90_chained_configs())");
+}
+}  // namespace
+
+cudaError_t sm90_nvfp4_chained_gemms(const Sm90GemmArgs& gemm1, const Sm90GemmArgs& gemm2,
+                                     const Sm90GemmConfig& config, int32_t* chain_counters, cudaStream_t stream,
+                                     int num_sms) {
+  g_last_error.clear();
+  return with_own_message("sm90_nvfp4_chained_gemms", config,
+                          chained_gemms_impl(gemm1, gemm2, config, chain_counters, stream, num_sms));
 }
 
 }  // namespace nvfp4moe::cuda

@@ -721,5 +721,33 @@ TEST(Sm90TokenRowsQuant, FitAndRefusals) {
   EXPECT_NE(msg.find("on 2 CTAs"), std::string::npos) << msg;
 }
 
+// Each call's message is its own: after a refused call, a call that fails in the CUDA runtime (here the device query
+// of a machine without a GPU, num_sms = 0) names its own error and config, not the earlier refusal (1c1aa36's device
+// run showed a chained launch's refusal under an SS kernel's failed launch). On a machine with a GPU the second call
+// would launch on host pointers: skipped there.
+TEST(Sm90GemmErrors, ACudaFailureDoesNotReportAnEarlierRefusal) {
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) == cudaSuccess && devices > 0) GTEST_SKIP() << "needs a machine without a GPU";
+  Sm90OneTokenRoute rt;
+  Sm90GemmArgs g;
+  routed_gemm1_args(rt, g);
+  g.one_token_route = nullptr;
+  g.a_broadcast_row = false;
+  Sm90GemmConfig tile{};
+  ASSERT_TRUE(sm90_gemm_config_by_name("bt144_s8_wg2", &tile));
+  Sm90GemmArgs bad = g;
+  bad.consumer_stagger_ns = -1;
+  EXPECT_EQ(sm90_nvfp4_grouped_gemm(bad, tile, nullptr, 132), cudaErrorInvalidValue);
+  EXPECT_NE(std::string(sm90_gemm_last_error_message()).find("consumer_stagger_ns"), std::string::npos);
+  for (const char* name : {"bt144_s8_wg2", "bt288_s4_ss"}) {
+    Sm90GemmConfig c{};
+    ASSERT_TRUE(sm90_gemm_config_by_name(name, &c));
+    EXPECT_NE(sm90_nvfp4_grouped_gemm(g, c, nullptr, 0), cudaSuccess) << name;
+    const std::string msg = sm90_gemm_last_error_message();
+    EXPECT_EQ(msg.find("consumer_stagger_ns"), std::string::npos) << name << ": " << msg;
+    EXPECT_NE(msg.find(std::string("sm90_nvfp4_grouped_gemm: config ") + name), std::string::npos) << msg;
+  }
+}
+
 }  // namespace
 }  // namespace nvfp4moe::cuda
