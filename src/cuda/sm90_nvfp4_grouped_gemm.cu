@@ -423,6 +423,8 @@ bool sm90_gemm_config_by_name(const std::string& name, Sm90GemmConfig* out) {
   return false;
 }
 
+bool sm90_heuristic_may_pick(const Sm90GemmConfig& c) { return !c.ss_dequant; }
+
 bool sm90_gemm_mma_twin(const Sm90GemmConfig& c, bool mma_sync, Sm90GemmConfig* out) {
   if (c.warp_stream || c.ss_dequant) return false;  // their own kernels (mma.sync only; SS wgmma only)
   Sm90GemmConfig twin = c;
@@ -530,7 +532,13 @@ Sm90GemmConfig sm90_pick_tile_config(const Sm90GemmLoad& load) {
   // At 16 rows the 4-warpgroup tile is faster (bench/results/567a3ab-*: 2.69 vs 2.52 TB/s at 1 row/expert on
   // all 256 experts), except when only a few experts are active (T * k << E, rows_per_expert < 0.5): then the
   // CTA tiles of the 2-warpgroup config (twice as many) are what fills the 132 SMs (85 vs 123 us at T = 1).
-  const auto& list = sm90_gemm_configs();
+  // The configs the rule may take: every listed one but the opt-in SS configs (NVFP4MOE_SM90_CONFIG only).
+  static const std::vector<Sm90GemmConfig> list = [] {
+    std::vector<Sm90GemmConfig> l;
+    for (const auto& c : sm90_gemm_configs())
+      if (sm90_heuristic_may_pick(c)) l.push_back(c);
+    return l;
+  }();
   // Otherwise the most consumer warpgroups the tile has (bt16: wg4; bt32: wg3, 2.64 vs 2.49 / 2.37 TB/s at 16
   // rows/expert in bench/results/9b5c8c4-*).
   const bool few = rows_per_expert < 0.5;
@@ -538,7 +546,7 @@ Sm90GemmConfig sm90_pick_tile_config(const Sm90GemmLoad& load) {
   auto tile_of = [&](int block_t) -> const Sm90GemmConfig* {
     const Sm90GemmConfig* t = nullptr;
     for (const auto& c : list) {
-      if (c.block_t != block_t || c.warpgroups_per_unit != 1 || c.mma_sync || c.warp_stream || c.ss_dequant) continue;
+      if (c.block_t != block_t || c.warpgroups_per_unit != 1 || c.mma_sync || c.warp_stream) continue;
       if (t == nullptr || (few ? c.consumer_warpgroups == 2 : c.consumer_warpgroups > t->consumer_warpgroups)) t = &c;
     }
     return t;
@@ -547,13 +555,13 @@ Sm90GemmConfig sm90_pick_tile_config(const Sm90GemmLoad& load) {
   auto next_tile = [&](double above) {
     int bt = 0;
     for (const auto& c : list)
-      if (!c.warp_stream && !c.ss_dequant && c.block_t >= above && (bt == 0 || c.block_t < bt)) bt = c.block_t;
+      if (!c.warp_stream && c.block_t >= above && (bt == 0 || c.block_t < bt)) bt = c.block_t;
     return bt;
   };
   int bt = next_tile(rows_per_expert);
   if (bt == 0)  // more rows per expert than any tile: the largest (prefill) tile
     for (const auto& c : list)
-      if (!c.warp_stream && !c.ss_dequant) bt = std::max(bt, c.block_t);
+      if (!c.warp_stream) bt = std::max(bt, c.block_t);
   // An expert's expected token tiles (weight passes) with tile block_t: under near-uniform routing its count is
   // m +- sqrt(m) (sm90_expected_tile_passes); one expert (the shared expert's own launch) has exactly max_rows.
   auto passes = [&](int block_t) {
@@ -618,7 +626,7 @@ Sm90GemmConfig sm90_pick_tile_config(const Sm90GemmLoad& load) {
     return static_cast<double>(waves) * static_cast<double>(units_per_tile) / rate;
   };
   for (const auto& c : list) {
-    if (c.block_t != bt || c.mma_sync || c.warp_stream || c.ss_dequant) continue;
+    if (c.block_t != bt || c.mma_sync || c.warp_stream) continue;
     const double d = cost(c) - cost(*best);
     // Ties: whole units first, then the most consumer warpgroups.
     const bool tie_better = c.warpgroups_per_unit < best->warpgroups_per_unit ||
@@ -1000,21 +1008,8 @@ cudaError_t grouped_gemm_impl(const Sm90GemmArgs& args, const Sm90GemmConfig& co
 #undef NVFP4MOE_X
     return fail(who + ": config " + to_string(config) + " is not in the instantiated list");
   }
-  if (config.ss_dequant) {  // the SS kernel: TMA boxes of one consumer's 144 rows, two a stage
-    if (args.a_gather_src != nullptr)
-      return fail(who + ": a_gather_src: config " + to_string(config) +
-                  " has no gathered-A kernel (sm90_gather_configs())");
-    CUtensorMap map;
-    if (std::string m = make_a_map(args, sm90::kSsSubRows, &map, who); !m.empty()) return fail(m);
-#define NVFP4MOE_X(st, sl) \
-    if (config.stages == st && config.ss_slots == sl)                                                      \
-      return launch_ss_epi<st, sl>(args.epilogue, map, p, num_sms, stream);
-    NVFP4MOE_SM90_SS_CONFIGS(NVFP4MOE_X)
-#undef NVFP4MOE_X
-    return fail(who + ": config " + to_string(config) + " is not in the instantiated list");
-  }
 #define NVFP4MOE_SM90_TILE_CONFIG_IS(bt, st, wgs, wpu, sync)                                        \
-  (config.block_t == bt && config.stages == st && config.consumer_warpgroups == wgs &&             \
+  (!config.ss_dequant && config.block_t == bt && config.stages == st && config.consumer_warpgroups == wgs && \
    config.warpgroups_per_unit == wpu && config.mma_sync == (sync != 0))
   if (args.a_gather_src != nullptr) {  // the producer warps copy A: no descriptor
     const CUtensorMap unused{};
@@ -1025,6 +1020,16 @@ cudaError_t grouped_gemm_impl(const Sm90GemmArgs& args, const Sm90GemmConfig& co
 #undef NVFP4MOE_X
     return fail(who + ": a_gather_src: config " + to_string(config) +
                 " has no gathered-A kernel (sm90_gather_configs())");
+  }
+  if (config.ss_dequant) {  // the SS kernel: TMA boxes of one consumer's 144 rows, two a stage
+    CUtensorMap map;
+    if (std::string m = make_a_map(args, sm90::kSsSubRows, &map, who); !m.empty()) return fail(m);
+#define NVFP4MOE_X(st, sl) \
+    if (config.stages == st && config.ss_slots == sl)                                                      \
+      return launch_ss_epi<st, sl>(args.epilogue, map, p, num_sms, stream);
+    NVFP4MOE_SM90_SS_CONFIGS(NVFP4MOE_X)
+#undef NVFP4MOE_X
+    return fail(who + ": config " + to_string(config) + " is not in the instantiated list");
   }
   CUtensorMap map;
   if (std::string m = make_a_map(args, config.block_t, &map, who); !m.empty()) return fail(m);

@@ -241,6 +241,15 @@ __device__ __forceinline__ void named_bar_sync(int id, int threads) {
 }
 // Keeps the compiler from moving accumulator reads/writes across the asynchronous wgmma boundary.
 __device__ __forceinline__ void reg_fence(float& x) { asm volatile("" : "+f"(x)::"memory"); }
+// reg_fence of every accumulator of a thread: before a wgmma batch's fence and after its wait, so that the compiler
+// neither moves accumulator reads or writes across the asynchronous MMAs nor keeps copies of them.
+template <int NB, int N>
+__device__ __forceinline__ void reg_fence_all(float (&acc)[NB][N]) {
+#pragma unroll
+  for (int b = 0; b < NB; ++b)
+#pragma unroll
+    for (int i = 0; i < N; ++i) reg_fence(acc[b][i]);
+}
 
 // wgmma B descriptor: K-major tile of rows x 64 bf16 (128 bytes a row), 128-byte swizzle, 8-row groups 1024 B
 // apart. The k16 step j inside the tile adds 32 * j bytes to the start address (field in 16-byte units).
@@ -710,6 +719,18 @@ __device__ __forceinline__ void output_bits(const float (&v)[N][2], bool quantiz
 template <int BT>
 __host__ __device__ constexpr int mma_n_for_rows(int rows) {
   return rows <= 16 ? 16 : rows <= 32 || BT <= 32 ? 32 : rows <= 64 || BT <= 64 ? 64 : rows <= 128 || BT <= 128 ? 128 : 144;
+}
+
+// One wgmma batch at the width n_mma (mma_n_for_rows<BT>), committed: run(IntC<N>{}) issues the batch's wgmmas
+// at N. Each width a branch of its own with its own commit (the register-A and SS kernels).
+template <int BT, class Run>
+__device__ __forceinline__ void run_at_wgmma_width(int n_mma, Run&& run) {
+  if constexpr (BT >= 144) { if (n_mma == 144) { run(IntC<144>{}); wgmma_commit(); return; } }
+  if constexpr (BT >= 128) { if (n_mma == 128) { run(IntC<128>{}); wgmma_commit(); return; } }
+  if constexpr (BT >= 64) { if (n_mma >= 64) { run(IntC<64>{}); wgmma_commit(); return; } }
+  if constexpr (BT >= 32) { if (n_mma >= 32) { run(IntC<32>{}); wgmma_commit(); return; } }
+  run(IntC<16>{});
+  wgmma_commit();
 }
 
 // ------------------------------------------------------------------------------------------- the kernel
@@ -1209,10 +1230,7 @@ __device__ __forceinline__ int consume_tiles(const GemmParams& p, int idx, int& 
       return;  // measurement hook: no wgmma
 #endif
       const uint64_t desc = make_b_desc(smem_u32(smem_a + stage * Tr::kABytes));
-#pragma unroll
-      for (int b = 0; b < NB; ++b)
-#pragma unroll
-        for (int i = 0; i < BT / 2; ++i) reg_fence(acc[b][i]);
+      reg_fence_all(acc);
       wgmma_fence();
       auto run = [&](auto n_const) {
         constexpr int NM = decltype(n_const)::value;
@@ -1233,12 +1251,7 @@ __device__ __forceinline__ int consume_tiles(const GemmParams& p, int idx, int& 
 #endif
           }
       };
-      if constexpr (BT >= 144) { if (n_mma == 144) { run(IntC<144>{}); wgmma_commit(); return; } }
-      if constexpr (BT >= 128) { if (n_mma == 128) { run(IntC<128>{}); wgmma_commit(); return; } }
-      if constexpr (BT >= 64) { if (n_mma >= 64) { run(IntC<(BT >= 64 ? 64 : 16)>{}); wgmma_commit(); return; } }
-      if constexpr (BT >= 32) { if (n_mma >= 32) { run(IntC<(BT >= 32 ? 32 : 16)>{}); wgmma_commit(); return; } }
-      run(IntC<16>{});
-      wgmma_commit();
+      run_at_wgmma_width<BT>(n_mma, run);
     };
     // A warp's release of a stage (both consumer kinds): every lane's reads of it are done (__syncwarp), then one
     // arrive. Only after the values read have been consumed by an instruction: ptxas does not make the arrive wait
@@ -1285,10 +1298,7 @@ __device__ __forceinline__ int consume_tiles(const GemmParams& p, int idx, int& 
         if (kt >= p.k_tiles) break;
       }
       wgmma_wait<0>();  // the last batch
-#pragma unroll
-      for (int b = 0; b < NB; ++b)
-#pragma unroll
-        for (int i = 0; i < BT / 2; ++i) reg_fence(acc[b][i]);
+      reg_fence_all(acc);
       release(s_prev);
     } else {
       // mma.sync: each warp loads its stage (codes, its scale word, the B fragments of the rows this tile

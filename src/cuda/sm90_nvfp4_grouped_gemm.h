@@ -80,6 +80,9 @@ std::string to_string(const Sm90GemmConfig& c);  // "bt16_s9_wg4", "bt16_s14_wg2
                                                   // "bt288_s4_ss" (the SS kernel, 4 stages),
                                                   // "bt16_s9_wg4_sync" (mma.sync consumers), "ws8_s6_w16"
                                                   // (warp streaming: 8 token rows, 6 k-tile slots, 16 warps)
+// Whether sm90_pick_config may take config (false: the opt-in SS configs, reached through NVFP4MOE_SM90_CONFIG
+// only; the layer warms them up only when that names them).
+bool sm90_heuristic_may_pick(const Sm90GemmConfig& config);
 // The listed config of that name (to_string's form), or false.
 bool sm90_gemm_config_by_name(const std::string& name, Sm90GemmConfig* out);
 // The listed config with c's tile and the given consumers' MMA (mma.sync or wgmma), or false (no such twin).

@@ -240,10 +240,7 @@ __device__ __forceinline__ void consume_ss_tiles(const GemmParams& p, const SsSm
     auto issue = [&]() {
       const uint64_t desc_a = make_b_desc(sm.deq + d * Tr::kDeqBytes);
       const uint64_t desc_b = make_b_desc(sm.a + s * Tr::kABytes + sub * Tr::kSubABytes);
-#pragma unroll
-      for (int b = 0; b < 2; ++b)
-#pragma unroll
-        for (int i = 0; i < kSsSubRows / 2; ++i) reg_fence(acc[b][i]);
+      reg_fence_all(acc);
       wgmma_fence();
       auto run = [&](auto n_const) {
         constexpr int NM = decltype(n_const)::value;
@@ -253,12 +250,7 @@ __device__ __forceinline__ void consume_ss_tiles(const GemmParams& p, const SsSm
           for (int b = 0; b < 2; ++b)
             WgmmaSS<NM>::mma(acc[b], desc_a + b * (kSsBlockBytes >> 4) + 2 * j, desc_b + 2 * j);
       };
-      if (n_mma == 144) run(IntC<144>{});
-      else if (n_mma == 128) run(IntC<128>{});
-      else if (n_mma == 64) run(IntC<64>{});
-      else if (n_mma == 32) run(IntC<32>{});
-      else run(IntC<16>{});
-      wgmma_commit();
+      run_at_wgmma_width<kSsSubRows>(n_mma, run);
     };
     // One batch in flight across k-tiles, as the register-A kernel: issue kt, wait for kt - 1, release its stage
     // and slot, wait for kt + 1's.
@@ -276,10 +268,7 @@ __device__ __forceinline__ void consume_ss_tiles(const GemmParams& p, const SsSm
       advance();
     }
     wgmma_wait<0>();
-#pragma unroll
-    for (int b = 0; b < 2; ++b)
-#pragma unroll
-      for (int i = 0; i < kSsSubRows / 2; ++i) reg_fence(acc[b][i]);
+    reg_fence_all(acc);
     release(s_prev, d_prev);
     const float no_up[1] = {0.0f};
     store_tile_outputs<kSsSubRows, 2, EPI, 1>(p, acc, no_up, tile.e, n_idx, 0,
