@@ -233,6 +233,21 @@ ConsumerStagger consumer_stagger_from_env() {
   return parse_consumer_stagger(v ? v : "");
 }
 
+int parse_gather_token_major_min_tokens(const std::string& value) {
+  if (value.empty()) return kGatherTokenMajorMinTokens;
+  if (value.size() > 10 || value.find_first_not_of("0123456789") != std::string::npos ||
+      std::stoll(value) < 1 || std::stoll(value) > 2147483647LL)
+    throw ArgumentError("NVFP4MOE_GATHER_TOKEN_MAJOR_MIN_TOKENS: expected a decimal integer in [1, 2147483647] (the "
+                        "routed gather is token-major from that T on; default " +
+                        std::to_string(kGatherTokenMajorMinTokens) + "), got '" + value + "'");
+  return static_cast<int>(std::stoll(value));
+}
+
+int gather_token_major_min_tokens_from_env() {
+  const char* v = std::getenv("NVFP4MOE_GATHER_TOKEN_MAJOR_MIN_TOKENS");
+  return parse_gather_token_major_min_tokens(v ? v : "");
+}
+
 bool device_available() {
   int n = 0;
   return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
@@ -279,6 +294,7 @@ CudaMoeLayer::CudaMoeLayer(MoeWeights w, const MoeLayerOptions& options, GemmPat
   if (options.shared_max_input_scale) use_shared_max_input_scales(w);
   shared_reads_hidden_ = env_switch("NVFP4MOE_SHARED_HIDDEN");  // A/B and tests: "0" = the shared gather copies
   fused_gather_enabled_ = env_switch("NVFP4MOE_FUSED_GATHER");  // A/B and tests: "0" = route + plan, then gather
+  gather_token_major_min_tokens_ = gather_token_major_min_tokens_from_env();  // A/B and tests
   DeviceGuard warm(options.device);
   (void)device_sm_count();  // cached now, so no attribute query ever happens inside a captured forward()
   DeviceGuard guard(options.device);
@@ -819,6 +835,8 @@ void CudaMoeLayer::forward(const TensorRef& hidden, const RoutingArgs& routing, 
     g.out = a1;
     g.max_rows = max_rows;
     g.append_shared = perm && experts == E + 1;
+    g.token_major = perm && T >= gather_token_major_min_tokens_;  // (host-known T; the same bits either way)
+    g.inv = perm ? inv_ : nullptr;
     return g;
   };
   // With router logits the routed group's gather is launched with the routing and the plan (one launch at

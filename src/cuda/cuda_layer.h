@@ -51,6 +51,13 @@ struct ConsumerStagger {
 ConsumerStagger parse_consumer_stagger(const std::string& value);
 ConsumerStagger consumer_stagger_from_env();
 
+// From how many tokens on the routed gather is token-major (GatherArgs::token_major), for A/B measurements and
+// tests: NVFP4MOE_GATHER_TOKEN_MAJOR_MIN_TOKENS unset / empty = kGatherTokenMajorMinTokens; "N" = from T >= N
+// ("1": always, "2147483647": never), a decimal integer in [1, 2147483647]; anything else: ArgumentError naming the
+// variable, the accepted form and the value. Read at layer creation. Either order gives the same bits.
+int parse_gather_token_major_min_tokens(const std::string& value);
+int gather_token_major_min_tokens_from_env();
+
 // Device staging for the sm90 upload: checkpoint-layout bytes of a chunk of experts go here, then
 // sm90_prepare_weights writes them into the final allocation. The chunk is as many experts as fit, at least one,
 // so the staging is at most max(kSm90UploadStagingBytes, one expert's codes + scales of its largest tensor).
@@ -128,6 +135,7 @@ class CudaMoeLayer final : public MoeLayer {
   // True when the shared expert runs as expert E of the routed launches (sm90 path, same shape, not gated):
   // its weights, factors and calibration amax follow the routed ones, its rows are offsets[E]..offsets[E+1].
   bool shared_in_routed() const { return shared_in_routed_; }
+  int gather_token_major_min_tokens() const { return gather_token_major_min_tokens_; }
   // The sm90 GEMM launches forward() makes at T tokens and the tile config of each, chosen exactly as forward()
   // chooses them (host numbers only; NVFP4MOE_SM90_CONFIG included). Empty on the mma.sync path and for T <= 0.
   struct Sm90Launch {
@@ -240,6 +248,8 @@ class CudaMoeLayer final : public MoeLayer {
   // not calibrating, no Qwen2 gate): one launch less a forward. NVFP4MOE_SHARED_HIDDEN=0 (read at creation): the
   // gather copies, for A/B and the bitwise test.
   bool shared_reads_hidden_ = true;
+  // The routed gather is token-major at T >= this (gather_token_major_min_tokens_from_env, read at creation).
+  int gather_token_major_min_tokens_ = kGatherTokenMajorMinTokens;
   // NVFP4MOE_GEMM1_GATHER=1 (read at creation; off by default until measured on the H200): w4a16 prefill without
   // the routed gather kernel, where GEMM1's config has a gathered-A kernel (sm90_gather_configs()) and is not
   // chained: GEMM1 reads `hidden` through the plan's permutation (Sm90GemmArgs::a_gather_src). Bf16 hidden only

@@ -352,11 +352,15 @@ cudaError_t launch_gather(const GatherArgs& a, cudaStream_t stream) {
   if (!a.hidden || !a.out || !a.offsets || a.hidden_size % 16 != 0) return cudaErrorInvalidValue;
   if (a.gate_out && !a.gate_weight) return cudaErrorInvalidValue;
   if (a.append_shared && !a.perm) return cudaErrorInvalidValue;
+  if (a.token_major && (!a.perm || !a.inv || !a.topk_ids || a.gate_out)) return cudaErrorInvalidValue;
   const int64_t chunks = a.gate_out ? 1 : (a.hidden_size + kernels::kGatherChunkCols - 1) / kernels::kGatherChunkCols;
-  const int64_t items = static_cast<int64_t>(a.max_rows) * chunks;
+  const int64_t items = static_cast<int64_t>(a.token_major ? a.tokens : a.max_rows) * chunks;
   const int grid = static_cast<int>(std::max<int64_t>(
       1, std::min<int64_t>((items + kernels::kGatherWarps - 1) / kernels::kGatherWarps, device_sm_count() * 8)));
   const dim3 block(kernels::kGatherWarps * 32);
+  if (a.token_major)
+    return a.hidden_f32 ? launch_pdl(kernels::gather_token_major_kernel<true>, dim3(grid), block, 0, stream, a)
+                        : launch_pdl(kernels::gather_token_major_kernel<false>, dim3(grid), block, 0, stream, a);
   return a.hidden_f32 ? launch_pdl(kernels::gather_kernel<true>, dim3(grid), block, 0, stream, a)
                       : launch_pdl(kernels::gather_kernel<false>, dim3(grid), block, 0, stream, a);
 }

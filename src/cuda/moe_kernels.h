@@ -110,7 +110,15 @@ struct GatherArgs {
   // With perm: T more rows after the routed ones, rows offsets[E] + t = hidden[t] with the factors of expert
   // index E (gs[E], amax[E]): the shared expert as expert E of the routed launch.
   bool append_shared = false;
+  // With perm: a warp per (token, 512 columns) loads the chunk once and writes it to the token's rows inv[t*k + j]
+  // (and offsets[E] + t with append_shared), instead of a warp per (row, 512 columns) loading its token's chunk
+  // (k loads of each chunk, from HBM once hidden outgrows the L2). The same rows and bits; needs inv, no gate_out.
+  bool token_major = false;
+  const int32_t* inv = nullptr;      // [T*k] pair -> row, -1 when masked (the plan's); token_major only
 };
+// The layer's routed gather is token-major from this many tokens on (predicted: where hidden stops staying in the
+// L2 between a token's k rows; CudaMoeLayer, NVFP4MOE_GATHER_TOKEN_MAJOR_MIN_TOKENS).
+inline constexpr int kGatherTokenMajorMinTokens = 1024;
 cudaError_t launch_gather(const GatherArgs& a, cudaStream_t stream);
 
 // Routing, plan and the routed gather (g: perm, ids and offsets of the plan a). At decode (launch_route_plan's

@@ -65,13 +65,18 @@ __device__ __forceinline__ void store_block16(uint16_t* dst, const uint32_t (&bi
   d[0] = make_uint4(bits[0], bits[1], bits[2], bits[3]);
   d[1] = make_uint4(bits[4], bits[5], bits[6], bits[7]);
 }
-// Calibration: the warp's amax of a row into *dst. Non-negative floats order like their bit patterns: an
-// integer max is exact and order-free (also over the chunks of a row and the rows of an expert).
-__device__ __forceinline__ void warp_amax_to(float amax, float* dst, int lane) {
+// Calibration: the max over the warp of its lanes' amax, in every lane.
+__device__ __forceinline__ float warp_max(float amax) {
 #pragma unroll
   for (int off = 16; off > 0; off >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
-  if (lane == 0 && amax > 0.0f) atomicMax(reinterpret_cast<int*>(dst), __float_as_int(amax));
+  return amax;
 }
+// A warp's amax (warp_max'ed) into *dst by lane 0. Non-negative floats order like their bit patterns: an integer
+// max is exact and order-free (also over the chunks of a row, the rows of an expert and the gather's order).
+__device__ __forceinline__ void amax_to(float warp_amax, float* dst, int lane) {
+  if (lane == 0 && warp_amax > 0.0f) atomicMax(reinterpret_cast<int*>(dst), __float_as_int(warp_amax));
+}
+__device__ __forceinline__ void warp_amax_to(float amax, float* dst, int lane) { amax_to(warp_max(amax), dst, lane); }
 
 // In place: x (16 values) -> NVFP4 with global scale gs -> exact bf16 operands (e2m1 * sf) in bits.
 // fmt::quantize_activation_block's arithmetic, with the code round trip folded into fmt::e2m1_round.
@@ -153,6 +158,56 @@ __global__ void __launch_bounds__(kGatherWarps * 32) gather_kernel(GatherArgs a)
       }
     }
     gather_item<F32>(a, r, t, e, col0, min(H, col0 + chunk_cols), lane);
+  }
+}
+
+// Token-major (GatherArgs::token_major; prefill): one warp per (token, 512-column chunk) loads the chunk once and
+// writes it to each of the token's rows: inv[t * k + j] for its k slots (with that slot's expert's factors; masked
+// slots, inv -1, skipped) and, with append_shared, offsets[E] + t (the shared expert's, factors of index E). The
+// expert-major kernel above loads a token's chunk once per row, in row order, i.e. in each expert's token order:
+// once hidden outgrows the L2 (deepseek-v3 at T = 16384: 235 MB) those are k reads of it from HBM (1.9 GB) where
+// this kernel reads it once. Every row gets the same values as there (the same per-row arithmetic; the calibration
+// amax is an order-free max), so the same bits.
+template <bool F32>
+__global__ void __launch_bounds__(kGatherWarps * 32) gather_token_major_kernel(GatherArgs a) {
+  pdl_wait_then_allow_next();
+  const int lane = threadIdx.x & 31;
+  const int H = a.hidden_size, K = a.top_k;
+  const int shared_row0 = a.append_shared ? a.offsets[a.experts] : 0;
+  const int chunks = (H + kGatherChunkCols - 1) / kGatherChunkCols;
+  const int64_t items = static_cast<int64_t>(a.tokens) * chunks;
+  const size_t row_bytes_in = static_cast<size_t>(H) * (F32 ? 4 : 2);
+  for (int64_t item = static_cast<int64_t>(blockIdx.x) * kGatherWarps + (threadIdx.x >> 5); item < items;
+       item += static_cast<int64_t>(gridDim.x) * kGatherWarps) {
+    const int t = static_cast<int>(item / chunks);
+    const int col = static_cast<int>(item % chunks) * kGatherChunkCols + lane * 16;
+    const bool active = col < H;  // (the last chunk of a row with H % 512 != 0; those lanes still shuffle)
+    float x[16];
+    uint32_t bits[8];
+    float amax = 0.0f;
+    if (active) {
+      load_block16<F32>(static_cast<const uint8_t*>(a.hidden) + static_cast<size_t>(t) * row_bytes_in, col, x, bits);
+      amax = block16_absmax(x, 0.0f);
+    }
+    if (a.amax) amax = warp_max(amax);
+    auto put = [&](int r, int e) {
+      if (a.amax) amax_to(amax, a.amax + e, lane);
+      if (!active) return;
+      uint16_t* dst = a.out + static_cast<size_t>(r) * H + col;
+      if (a.gs) {
+        uint32_t q[8];
+        quant_block16_operand(x, a.gs[e], q);
+        store_block16(dst, q);
+      } else {
+        store_block16(dst, bits);
+      }
+    };
+    for (int j = 0; j < K; ++j) {
+      const int p = t * K + j;
+      const int r = a.inv[p];
+      if (r >= 0) put(r, a.topk_ids[p]);
+    }
+    if (a.append_shared) put(shared_row0 + t, a.experts);
   }
 }
 

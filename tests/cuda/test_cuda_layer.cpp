@@ -970,6 +970,76 @@ TEST(CudaLayer, Gemm1GatheredABitIdenticalToGatherKernel) {
   EXPECT_GE(quantized_once_points, 4) << "w4a4 quantized once per token at too few points: the test checks little";
 }
 
+// The token-major routed gather (GatherArgs::token_major: a warp per (token, 512 columns) loads the chunk once and
+// writes the token's k rows, the default from kGatherTokenMajorMinTokens tokens on) gives the expert-major gather's
+// bits: softmax, sigmoid with a separate shared expert, the shared expert merged as expert E (its rows offsets[E] +
+// t), relu^2 with H = 208 (a partial 512-column chunk), both modes; router logits and caller ids with masked slots,
+// a poisoned workspace, a captured graph replayed with new inputs; an f32 hidden state (rounded to bf16 by the
+// gather); and the calibration amax (the input scales it sets, the merged shared expert's at index E) of both.
+TEST(CudaLayer, TokenMajorGatherBitIdenticalToExpertMajor) {
+  const char* kMin = "NVFP4MOE_GATHER_TOKEN_MAJOR_MIN_TOKENS";
+  struct Pair {
+    Harness expert_major, token_major;
+    Pair(const char* env, const LayerDims& d, Mode mode, int64_t max_t, uint64_t seed)
+        : expert_major((setenv(env, "2147483647", 1), d), mode, max_t, seed),
+          token_major((setenv(env, "1", 1), d), mode, max_t, seed) {
+      unsetenv(env);
+    }
+  };
+  auto forward_f32_hidden = [](Harness& h, int64_t T, const std::vector<float>& hf) -> std::vector<float> {
+    const int64_t H = h.H();
+    DevBuf<float> hdev(T * H);
+    hdev.put(hf);
+    TensorRef hid = dev_tensor(hdev.p, DType::F32, {T, H});
+    TensorRef l = dev_tensor(h.logits.p, DType::F32, {T, h.spec().num_experts});
+    TensorRef o = dev_tensor(h.out.p, DType::F32, {T, H});
+    RoutingArgs ra;
+    ra.router_logits = &l;
+    h.layer->forward(hid, ra, o);
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    return h.out.get(T * H);
+  };
+  const LayerDims dims[] = {kSmallSoftmax, kSmallSigmoid, kMergedSigmoid, kRelu2MergedShared};
+  for (const LayerDims& d : dims)
+    for (Mode mode : {Mode::W4A16, Mode::W4A4}) {
+      SCOPED_TRACE(std::string(d.name) + " " + mode_name(mode));
+      Pair h(kMin, d, mode, 1200, 43);
+      ASSERT_EQ(h.expert_major.cuda->gather_token_major_min_tokens(), 2147483647);
+      ASSERT_EQ(h.token_major.cuda->gather_token_major_min_tokens(), 1);
+      // (T > 32: the routing launch is not fused with a gather, and GEMM1 does not gather its own A by default)
+      for (int64_t T : {33, 129, 700, 1200}) {
+        SCOPED_TRACE("T=" + std::to_string(T));
+        expect_forwards_bit_identical(h.expert_major, h.token_major, T, 800 + T);
+        if (T == 129) expect_replays_bit_identical(h.expert_major, h.token_major, T, 950);
+      }
+      const int64_t T = 257, H = d.H;
+      const auto hidden = random_hidden(T, H, 960);
+      std::vector<float> hf(T * H);
+      Rng r(961);
+      for (size_t i = 0; i < hf.size(); ++i)  // f32 values that round to other bf16 values than their top halves
+        hf[i] = fmt::bits_float((static_cast<uint32_t>(hidden[i]) << 16) | static_cast<uint32_t>(r.next() & 0xFFFF));
+      put_inputs({&h.expert_major, &h.token_major}, hidden, random_logits(T, d.E, 962));
+      const auto ref = forward_f32_hidden(h.expert_major, T, hf);
+      ASSERT_EQ(std::memcmp(forward_f32_hidden(h.token_major, T, hf).data(), ref.data(), ref.size() * 4), 0)
+          << "f32 hidden";
+    }
+  for (const LayerDims& d : {kSmallSoftmax, kMergedSigmoid}) {
+    SCOPED_TRACE(std::string("calibration ") + d.name);
+    Pair h(kMin, d, Mode::W4A4, 300, 44);
+    const int64_t T = 300;
+    put_inputs({&h.expert_major, &h.token_major}, random_hidden(T, d.H, 970), random_logits(T, d.E, 971));
+    for (Harness* x : {&h.expert_major, &h.token_major}) {
+      x->layer->begin_calibration();
+      x->forward_logits(T, x->out.p, DType::F32);
+      CUDA_OK(cudaDeviceSynchronize());
+      x->layer->end_calibration();
+    }
+    EXPECT_EQ(h.token_major.cuda->routed().input_scale13, h.expert_major.cuda->routed().input_scale13);
+    EXPECT_EQ(h.token_major.cuda->routed().input_scale2, h.expert_major.cuda->routed().input_scale2);
+    EXPECT_EQ(h.token_major.cuda->shared().input_scale13, h.expert_major.cuda->shared().input_scale13);
+  }
+}
+
 // T = 1 with GEMM1 broadcasting the token's hidden state (the default; NVFP4MOE_T1_BROADCAST=0 gathers: the
 // warp-streaming GEMM1 reads `hidden` as the row of all its rows, the routing kernel skips its gather step) gives
 // the gather's bits: softmax, sigmoid with a separate shared expert, the shared expert merged as expert E, relu^2

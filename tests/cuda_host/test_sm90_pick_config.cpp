@@ -392,6 +392,29 @@ TEST(ConsumerStagger, BadValuesAreRefusedNamingTheVariableAndTheValue) {
   }
 }
 
+TEST(GatherTokenMajorMinTokens, TheSettingParses) {
+  EXPECT_EQ(parse_gather_token_major_min_tokens(""), kGatherTokenMajorMinTokens);
+  EXPECT_EQ(parse_gather_token_major_min_tokens("1"), 1);
+  EXPECT_EQ(parse_gather_token_major_min_tokens("4096"), 4096);
+  EXPECT_EQ(parse_gather_token_major_min_tokens("2147483647"), 2147483647);
+}
+
+TEST(GatherTokenMajorMinTokens, BadValuesAreRefusedNamingTheVariableAndTheValue) {
+  for (const std::string& bad : {std::string("0"), std::string("-1"), std::string("1e3"), std::string(" 5"),
+                                 std::string("0x10"), std::string("2147483648"), std::string("99999999999"),
+                                 std::string("12,"), std::string("never")}) {
+    try {
+      parse_gather_token_major_min_tokens(bad);
+      ADD_FAILURE() << "accepted '" << bad << "'";
+    } catch (const ArgumentError& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find("NVFP4MOE_GATHER_TOKEN_MAJOR_MIN_TOKENS"), std::string::npos) << what;
+      EXPECT_NE(what.find("'" + bad + "'"), std::string::npos) << what;
+      EXPECT_NE(what.find("[1, 2147483647]"), std::string::npos) << what;
+    }
+  }
+}
+
 // The configs the T = 1 tests name: the three with routed kernels, the two-slice one and a tile config (neither
 // has them).
 struct T1Configs {
