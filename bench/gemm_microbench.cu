@@ -1,5 +1,6 @@
 // Microbenchmark of the sm_90a NVFP4 grouped GEMM (CMake target gemm_microbench, not in `all`). By hand:
-//   nvcc -std=c++20 -O3 -gencode arch=compute_90a,code=sm_90a -Isrc -Iinclude bench/gemm_microbench.cu \
+//   nvcc -std=c++20 -O3 --expt-relaxed-constexpr -gencode arch=compute_90a,code=sm_90a -Isrc -Iinclude \
+//        bench/gemm_microbench.cu \
 //        src/cuda/sm90_nvfp4_grouped_gemm.cu -lcublas -o gemm_microbench
 // (-DNVFP4MOE_SM90_DEQUANT_EXPERIMENT=1..5, 7, 8: measurement variants of the kernel, listed at dequant_experiment
 // in src/cuda/sm90_nvfp4_grouped_gemm.cuh and in docs/gemm.md; all but 4 give wrong results: timing only. 7 and 8

@@ -27,7 +27,8 @@ done
 for v in ${VARIANT_BUILDS:-}; do
   name=${v%%:*} dir=${v#*:}
   mkdir -p ".carry/stage/$name"
-  cp "$dir/nvfp4moe" ".carry/stage/$name/"
+  # (a GEMM-only measurement build, e.g. gemm_microbench with an experiment hook built by hand, has no CLI)
+  if [ -f "$dir/nvfp4moe" ]; then cp "$dir/nvfp4moe" ".carry/stage/$name/"; fi
   [ -f "$dir/gemm_microbench" ] && cp "$dir/gemm_microbench" ".carry/stage/$name/"
   # (a measurement tree built with -DNVFP4MOE_TESTS=OFF, e.g. bench/experiments' patches, has no test binaries)
   for t in cuda_test_cuda_layer cuda_test_sm90_grouped_gemm; do

@@ -116,9 +116,11 @@ struct GatherArgs {
   bool token_major = false;
   const int32_t* inv = nullptr;      // [T*k] pair -> row, -1 when masked (the plan's); token_major only
 };
-// The layer's routed gather is token-major from this many tokens on (predicted: where hidden stops staying in the
-// L2 between a token's k rows; CudaMoeLayer, NVFP4MOE_GATHER_TOKEN_MAJOR_MIN_TOKENS).
-inline constexpr int kGatherTokenMajorMinTokens = 1024;
+// The layer's routed gather is token-major from this many tokens on (CudaMoeLayer,
+// NVFP4MOE_GATHER_TOKEN_MAJOR_MIN_TOKENS): never by default until its bitwise test and the A/B have run on a GPU
+// (written in the thirty-ninth session, which got no device); predicted worth taking from 1024 on, where hidden
+// stops staying in the L2 between a token's k rows (docs/benchmarks.md, the optimisation log).
+inline constexpr int kGatherTokenMajorMinTokens = 2147483647;
 cudaError_t launch_gather(const GatherArgs& a, cudaStream_t stream);
 
 // Routing, plan and the routed gather (g: perm, ids and offsets of the plan a). At decode (launch_route_plan's

@@ -161,7 +161,20 @@ __device__ __forceinline__ void dequant_ss_tiles(const GemmParams& p, const SsSm
 #pragma unroll
       for (int b = 0; b < 2; ++b) codes[b] = lds128(wsm + b * kChunkBytes + tid * 16);
       uint32_t a[2][16];
+#if NVFP4MOE_SM90_DEQUANT_EXPERIMENT == 1
+      // Measurement hook (gemm_microbench only, wrong results): the conversion left out as in the register-A
+      // kernel's experiment 1 (the code words, XOR the scale word, go to stmatrix as they are); the loads, the
+      // stores, the fence and the handoff stay. Whether the dequantizer's conversion chain bounds the SS kernel.
+      const uint32_t sw = lds32(wsm + scale_off);
+#pragma unroll
+      for (int b = 0; b < 2; ++b) {
+        const uint32_t w[4] = {codes[b].x, codes[b].y, codes[b].z, codes[b].w};
+#pragma unroll
+        for (int i = 0; i < 16; ++i) a[b][i] = w[i / 4] ^ sw;
+      }
+#else
       dequant_ktile<2>(codes, lds32(wsm + scale_off), a);
+#endif
       mbar_wait(sm.dempty0 + 8 * d, dphase ^ 1);  // the consumers are done with this slot's previous k-tile
       const uint32_t dst = sm.deq + d * Tr::kDeqBytes + row_addr;
 #pragma unroll
