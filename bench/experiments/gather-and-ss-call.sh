@@ -31,7 +31,9 @@ echo "gemm SS test: exit $? [$SECONDS s]"; grep -E "^\[  (PASSED|FAILED) |Failur
 GEMM_MICROBENCH_ONLY=prefill GEMM_MICROBENCH_QUICK=1 timeout 60 .carry/gemm_microbench $W/mb.jsonl > $W/mb.log 2>&1
 echo "microbench: exit $? [$SECONDS s]"; cat $W/mb.log
 # Experiment 1 (gemm_microbench built by hand with -DNVFP4MOE_SM90_DEQUANT_EXPERIMENT=1, carried as .carry/x1/):
-# bt144 and SS with the conversion left out (wrong results, timing only): whether SS's dequantizer bounds it.
+# bt144 and SS with the conversion left out (wrong results, timing only): whether SS's dequantizer bounds it. Only
+# SS's number is clean: in that build ptxas serializes the register-A tiles' wgmmas (C7511 for bt64 / bt128 / bt144),
+# the SS kernels not.
 [ -x .carry/x1/gemm_microbench ] && { GEMM_MICROBENCH_ONLY=prefill GEMM_MICROBENCH_QUICK=1 timeout 60 \
   .carry/x1/gemm_microbench $W/mb-x1.jsonl > $W/mb-x1.log 2>&1; echo "microbench x1: exit $? [$SECONDS s]"; \
   grep -E "prefill" $W/mb-x1.log | head -12; }

@@ -392,6 +392,15 @@ struct Harness {
     r.router_logits = &l;
     layer->forward(h, r, o, s);
   }
+  // forward_logits with an f32 hidden state (device, [T, H]) in place of the bf16 `hidden`.
+  void forward_logits_f32_hidden(int64_t T, float* hidden_f32, void* out_ptr, DType out_dt) {
+    TensorRef h = dev_tensor(hidden_f32, DType::F32, {T, H()});
+    TensorRef l = dev_tensor(logits.p, DType::F32, {T, spec().num_experts});
+    TensorRef o = dev_tensor(out_ptr, out_dt, {T, H()});
+    RoutingArgs r;
+    r.router_logits = &l;
+    layer->forward(h, r, o);
+  }
   void forward_ids(int64_t T, void* out_ptr, DType out_dt, cudaStream_t s = nullptr) {
     TensorRef h = dev_tensor(hidden.p, DType::BF16, {T, H()});
     TensorRef i = dev_tensor(ids.p, DType::I32, {T, spec().top_k});
@@ -987,17 +996,11 @@ TEST(CudaLayer, TokenMajorGatherBitIdenticalToExpertMajor) {
     }
   };
   auto forward_f32_hidden = [](Harness& h, int64_t T, const std::vector<float>& hf) -> std::vector<float> {
-    const int64_t H = h.H();
-    DevBuf<float> hdev(T * H);
+    DevBuf<float> hdev(T * h.H());
     hdev.put(hf);
-    TensorRef hid = dev_tensor(hdev.p, DType::F32, {T, H});
-    TensorRef l = dev_tensor(h.logits.p, DType::F32, {T, h.spec().num_experts});
-    TensorRef o = dev_tensor(h.out.p, DType::F32, {T, H});
-    RoutingArgs ra;
-    ra.router_logits = &l;
-    h.layer->forward(hid, ra, o);
+    h.forward_logits_f32_hidden(T, hdev.p, h.out.p, DType::F32);
     EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-    return h.out.get(T * H);
+    return h.out.get(T * h.H());
   };
   const LayerDims dims[] = {kSmallSoftmax, kSmallSigmoid, kMergedSigmoid, kRelu2MergedShared};
   for (const LayerDims& d : dims)
@@ -1783,12 +1786,7 @@ TEST(CudaLayer, F32HiddenIsRoundedToBf16) {
   const auto ref = hs.out.get(T * H);
   DevBuf<float> hdev(T * H);
   hdev.put(hf);
-  TensorRef h = dev_tensor(hdev.p, DType::F32, {T, H});
-  TensorRef l = dev_tensor(hs.logits.p, DType::F32, {T, hs.spec().num_experts});
-  TensorRef o = dev_tensor(hs.out.p, DType::F32, {T, H});
-  RoutingArgs ra;
-  ra.router_logits = &l;
-  hs.layer->forward(h, ra, o);
+  hs.forward_logits_f32_hidden(T, hdev.p, hs.out.p, DType::F32);
   CUDA_OK(cudaDeviceSynchronize());
   const auto got = hs.out.get(T * H);
   ASSERT_EQ(std::memcmp(got.data(), ref.data(), ref.size() * 4), 0);
