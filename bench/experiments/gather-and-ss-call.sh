@@ -2,9 +2,9 @@
 # against the expert-major one, then the SS kernel's profile (bench/experiments/ss-short-call.sh's steps) as time
 # allows. In the order of what decides most:
 #   1. the layer tests of the gather (bitwise token-major = expert-major, the reference over T, calibration);
-#   2. the SS bitwise test and the GEMM microbenchmark (bt128 / bt144 / both SS configs at deepseek-v3 T = 4096),
+#   2. the whole layer A/B (scripts/device_variant_ab.sh), em = expert-major at every T, tm = token-major from 1024;
+#   3. the SS bitwise test and the GEMM microbenchmark (bt128 / bt144 / both SS configs at deepseek-v3 T = 4096),
 #      also its experiment-1 build (the conversion left out, in bt144's consumers and SS's dequantizer);
-#   3. the whole layer A/B (scripts/device_variant_ab.sh), em = expert-major at every T, tm = token-major from 1024;
 #   4. per kernel (Nsight Compute, one eager forward, scripts/device_prefill_diag.sh) at deepseek-v3 T = 16384 w4a16,
 #      expert-major and token-major: the gather's time and DRAM bytes;
 #   5. Nsight Compute, full set, on the SS GEMM1; the layer with SS against the CPU reference; the GEMM suite;
@@ -23,9 +23,14 @@ EM="NVFP4MOE_GATHER_TOKEN_MAJOR_MIN_TOKENS=2147483647"  # expert-major at every 
 TM="NVFP4MOE_GATHER_TOKEN_MAJOR_MIN_TOKENS=1024"
 left() { echo $(( END - SECONDS )); }
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm --format=csv,noheader | tee $W/gpu.txt
-timeout 150 .carry/cuda_test_cuda_layer --gtest_filter='*TokenMajorGather*:*LayerMatchesReferenceOverT*:*Calibration*' \
+timeout $(( END > 450 ? 150 : 90 )) .carry/cuda_test_cuda_layer \
+  --gtest_filter='*TokenMajorGather*:*LayerMatchesReferenceOverT*:*Calibration*' \
   > $W/layer-gather.log 2>&1
 echo "layer gather tests: exit $? [$SECONDS s]"; grep -E "^\[  (PASSED|FAILED) |FAILED  \]|Failure" $W/layer-gather.log | head -8
+VARIANTS="em:.carry/nvfp4moe:$EM tm:.carry/nvfp4moe:$TM" POINTS="deepseek-v3:1024,4096,16384:w4a16,w4a4" \
+  REPEAT=2 NVFP4MOE_GIT_SHA=$SHA OUT=$W/ab timeout $(( $(left) > 400 ? 200 : $(left) / 2 )) \
+  bash scripts/device_variant_ab.sh | tee $W/ab.txt
+echo "ab: [$SECONDS s]"
 timeout 40 .carry/cuda_test_sm90_grouped_gemm --gtest_filter='*SsBitIdentical*' > $W/gemm-ss.log 2>&1
 echo "gemm SS test: exit $? [$SECONDS s]"; grep -E "^\[  (PASSED|FAILED) |Failure|differ" $W/gemm-ss.log | head -6
 GEMM_MICROBENCH_ONLY=prefill GEMM_MICROBENCH_QUICK=1 timeout 60 .carry/gemm_microbench $W/mb.jsonl > $W/mb.log 2>&1
@@ -37,10 +42,6 @@ echo "microbench: exit $? [$SECONDS s]"; cat $W/mb.log
 [ -x .carry/x1/gemm_microbench ] && { GEMM_MICROBENCH_ONLY=prefill GEMM_MICROBENCH_QUICK=1 timeout 60 \
   .carry/x1/gemm_microbench $W/mb-x1.jsonl > $W/mb-x1.log 2>&1; echo "microbench x1: exit $? [$SECONDS s]"; \
   grep -E "prefill" $W/mb-x1.log | head -12; }
-VARIANTS="em:.carry/nvfp4moe:$EM tm:.carry/nvfp4moe:$TM" POINTS="deepseek-v3:1024,4096,16384:w4a16,w4a4" \
-  REPEAT=2 NVFP4MOE_GIT_SHA=$SHA OUT=$W/ab timeout $(( $(left) > 400 ? 220 : $(left) / 2 )) \
-  bash scripts/device_variant_ab.sh | tee $W/ab.txt
-echo "ab: [$SECONDS s]"
 [ $(left) -gt 80 ] && { DIAG_CASES="deepseek-v3:16384:w4a16:uniform::$EM deepseek-v3:16384:w4a16:uniform::$TM" \
   OUT=$W/diag timeout $(( $(left) > 250 ? 150 : $(left) / 2 )) bash scripts/device_prefill_diag.sh; \
   echo "diag: exit $? [$SECONDS s]"; grep -E "ncu |gather|combine|total" $W/diag/diag-summary.txt | head -20; }
