@@ -12,7 +12,7 @@
 # Carry: cmake --build build --target gemm_microbench; the experiment-1 microbench by hand into build-x1/ (the
 # command in bench/gemm_microbench.cu's header plus -DNVFP4MOE_SM90_DEQUANT_EXPERIMENT=1 -o build-x1/gemm_microbench);
 # VARIANT_BUILDS="x1:build-x1" bash scripts/pack_carry.sh build. Run as SHA=<sha> END_S=540 bash <this>
-# (carry [".carry"]).
+# (carry [".carry"]). A short budget: GATHER_TESTS='*TokenMajorGather*' AB_POINTS=deepseek-v3:16384:w4a16,w4a4.
 set -u
 for b in .carry/*.tar.xz; do tar xJf $b -C .carry; done
 export LD_LIBRARY_PATH=$PWD/.carry
@@ -24,11 +24,11 @@ TM="NVFP4MOE_GATHER_TOKEN_MAJOR_MIN_TOKENS=1024"
 left() { echo $(( END - SECONDS )); }
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm --format=csv,noheader | tee $W/gpu.txt
 timeout $(( END > 450 ? 150 : 90 )) .carry/cuda_test_cuda_layer \
-  --gtest_filter='*TokenMajorGather*:*LayerMatchesReferenceOverT*:*Calibration*' \
+  --gtest_filter="${GATHER_TESTS:-*TokenMajorGather*:*LayerMatchesReferenceOverT*:*Calibration*}" \
   > $W/layer-gather.log 2>&1
 echo "layer gather tests: exit $? [$SECONDS s]"; grep -E "^\[  (PASSED|FAILED) |FAILED  \]|Failure" $W/layer-gather.log | head -8
-VARIANTS="em:.carry/nvfp4moe:$EM tm:.carry/nvfp4moe:$TM" POINTS="deepseek-v3:1024,4096,16384:w4a16,w4a4" \
-  REPEAT=2 NVFP4MOE_GIT_SHA=$SHA OUT=$W/ab timeout $(( $(left) > 400 ? 200 : $(left) / 2 )) \
+VARIANTS="em:.carry/nvfp4moe:$EM tm:.carry/nvfp4moe:$TM" POINTS="${AB_POINTS:-deepseek-v3:1024,4096,16384:w4a16,w4a4}" \
+  REPEAT=${AB_REPEAT:-2} NVFP4MOE_GIT_SHA=$SHA OUT=$W/ab timeout $(( $(left) > 400 ? 200 : $(left) / 2 )) \
   bash scripts/device_variant_ab.sh | tee $W/ab.txt
 echo "ab: [$SECONDS s]"
 timeout 40 .carry/cuda_test_sm90_grouped_gemm --gtest_filter='*SsBitIdentical*' > $W/gemm-ss.log 2>&1
