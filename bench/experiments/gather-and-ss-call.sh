@@ -26,7 +26,8 @@ nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm --format=csv,noheader | tee 
 timeout $(( END > 450 ? 150 : 90 )) .carry/cuda_test_cuda_layer \
   --gtest_filter="${GATHER_TESTS:-*TokenMajorGather*:*LayerMatchesReferenceOverT*:*Calibration*}" \
   > $W/layer-gather.log 2>&1
-echo "layer gather tests: exit $? [$SECONDS s]"; grep -E "^\[  (PASSED|FAILED) |FAILED  \]|Failure" $W/layer-gather.log | head -8
+echo "layer gather tests: exit $? [$SECONDS s]"
+grep -E "^\[  (PASSED|FAILED) |FAILED  \]|Failure" $W/layer-gather.log | head -8
 VARIANTS="em:.carry/nvfp4moe:$EM tm:.carry/nvfp4moe:$TM" POINTS="${AB_POINTS:-deepseek-v3:1024,4096,16384:w4a16,w4a4}" \
   REPEAT=${AB_REPEAT:-2} NVFP4MOE_GIT_SHA=$SHA OUT=$W/ab timeout $(( $(left) > 400 ? 200 : $(left) / 2 )) \
   bash scripts/device_variant_ab.sh | tee $W/ab.txt

@@ -78,17 +78,19 @@ __device__ __forceinline__ void amax_to(float warp_amax, float* dst, int lane) {
 }
 __device__ __forceinline__ void warp_amax_to(float amax, float* dst, int lane) { amax_to(warp_max(amax), dst, lane); }
 
-// In place: x (16 values) -> NVFP4 with global scale gs -> exact bf16 operands (e2m1 * sf) in bits.
-// fmt::quantize_activation_block's arithmetic, with the code round trip folded into fmt::e2m1_round.
-__device__ __forceinline__ void quant_block16_operand(const float (&x)[16], float gs, uint32_t (&bits)[8]) {
-  float vmax = 0.0f;
-#pragma unroll
-  for (int i = 0; i < 16; ++i) vmax = fmaxf(vmax, fabsf(x[i]));
+// In place: x (16 values, block16_absmax(x, 0) = vmax) -> NVFP4 with global scale gs -> exact bf16 operands
+// (e2m1 * sf) in bits. fmt::quantize_activation_block's arithmetic, with the code round trip folded into
+// fmt::e2m1_round. (vmax given: a block quantized with several scales takes its max once.)
+__device__ __forceinline__ void quant_block16_operand(const float (&x)[16], float vmax, float gs,
+                                                      uint32_t (&bits)[8]) {
   const fmt::ActivationBlockScale sc = fmt::activation_block_scales(vmax, gs);
 #pragma unroll
   for (int i = 0; i < 8; ++i)  // e2m1 * e4m3 is exact in bf16: its bits are the top half of the fp32 ones
     bits[i] = fmt::bf16x2_bits_exact(fmt::e2m1_round(x[2 * i] * sc.output_scale) * sc.value,
                                      fmt::e2m1_round(x[2 * i + 1] * sc.output_scale) * sc.value);
+}
+__device__ __forceinline__ void quant_block16_operand(const float (&x)[16], float gs, uint32_t (&bits)[8]) {
+  quant_block16_operand(x, block16_absmax(x, 0.0f), gs, bits);
 }
 
 // One work item of the gather, by one warp: columns [col0, col_end) of row r = hidden[t] with expert e's
@@ -184,19 +186,19 @@ __global__ void __launch_bounds__(kGatherWarps * 32) gather_token_major_kernel(G
     const bool active = col < H;  // (the last chunk of a row with H % 512 != 0; those lanes still shuffle)
     float x[16];
     uint32_t bits[8];
-    float amax = 0.0f;
+    float vmax = 0.0f;  // this lane's block max: the quantization's (once for all the token's rows) and the amax's
     if (active) {
       load_block16<F32>(static_cast<const uint8_t*>(a.hidden) + static_cast<size_t>(t) * row_bytes_in, col, x, bits);
-      amax = block16_absmax(x, 0.0f);
+      if (a.gs || a.amax) vmax = block16_absmax(x, 0.0f);
     }
-    if (a.amax) amax = warp_max(amax);
+    const float warp_amax = a.amax ? warp_max(vmax) : 0.0f;
     auto put = [&](int r, int e) {
-      if (a.amax) amax_to(amax, a.amax + e, lane);
+      if (a.amax) amax_to(warp_amax, a.amax + e, lane);
       if (!active) return;
       uint16_t* dst = a.out + static_cast<size_t>(r) * H + col;
       if (a.gs) {
         uint32_t q[8];
-        quant_block16_operand(x, a.gs[e], q);
+        quant_block16_operand(x, vmax, a.gs[e], q);
         store_block16(dst, q);
       } else {
         store_block16(dst, bits);

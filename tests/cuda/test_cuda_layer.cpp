@@ -980,11 +980,11 @@ TEST(CudaLayer, Gemm1GatheredABitIdenticalToGatherKernel) {
 }
 
 // The token-major routed gather (GatherArgs::token_major: a warp per (token, 512 columns) loads the chunk once and
-// writes the token's k rows; NVFP4MOE_GATHER_TOKEN_MAJOR_MIN_TOKENS, off by default until measured) gives the expert-major gather's
-// bits: softmax, sigmoid with a separate shared expert, the shared expert merged as expert E (its rows offsets[E] +
-// t), relu^2 with H = 208 (a partial 512-column chunk), both modes; router logits and caller ids with masked slots,
-// a poisoned workspace, a captured graph replayed with new inputs; an f32 hidden state (rounded to bf16 by the
-// gather); and the calibration amax (the input scales it sets, the merged shared expert's at index E) of both.
+// writes the token's k rows; NVFP4MOE_GATHER_TOKEN_MAJOR_MIN_TOKENS, off by default until measured) gives the
+// expert-major gather's bits: softmax, sigmoid with a separate shared expert, the shared expert merged as expert E (its
+// rows offsets[E] + t), relu^2 with H = 208 (a partial 512-column chunk), both modes; router logits and caller ids with
+// masked slots, a poisoned workspace, a captured graph replayed with new inputs; an f32 hidden state (rounded to bf16
+// by the gather); and the calibration amax (the input scales it sets, the merged shared expert's at index E) of both.
 TEST(CudaLayer, TokenMajorGatherBitIdenticalToExpertMajor) {
   const char* kMin = "NVFP4MOE_GATHER_TOKEN_MAJOR_MIN_TOKENS";
   struct Pair {

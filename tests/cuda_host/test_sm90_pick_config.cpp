@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "cuda/cuda_layer.h"
 #include "cuda/sm90_nvfp4_grouped_gemm.h"
@@ -344,20 +345,26 @@ TEST(Sm90BroadcastRow, MaxKIsWhatTheRingsLeaveOfABlock) {
   EXPECT_EQ(sm90_broadcast_row_max_k(c), (232448 - (16 * 6 * 640 + 8192 + 144)) / 128 * 64);
 }
 
-TEST(Sm90ConfigOverride, BadValuesAreRefusedNamingTheChoices) {
-  for (const char* bad : {"bt16", "gemm3=bt16_s9_wg4", "gemm1=bt16_s9_wg4,gemm1=bt16_s14_wg2", "gemm1=",
-                          "gemm1=bt16_s9_wg4,", "gemm1=bt16_s9_wg4;gemm2=bt16_s9_wg4", "mma=fast",
-                          "mma=sync,mma=sync"}) {
+// Each bad value makes parse throw an ArgumentError whose message quotes the value and names each of `names`.
+template <class Parse>
+void expect_refused(Parse parse, const std::vector<std::string>& bads, const std::vector<std::string>& names) {
+  for (const std::string& bad : bads) {
     try {
-      parse_sm90_config_override(bad);
+      parse(bad);
       ADD_FAILURE() << "accepted '" << bad << "'";
     } catch (const ArgumentError& e) {
       const std::string what = e.what();
-      EXPECT_NE(what.find("NVFP4MOE_SM90_CONFIG"), std::string::npos) << what;
-      EXPECT_NE(what.find(bad), std::string::npos) << what;
-      EXPECT_NE(what.find("bt16_s9_wg4"), std::string::npos) << what;  // the accepted names are listed
+      EXPECT_NE(what.find("'" + bad + "'"), std::string::npos) << what;
+      for (const std::string& n : names) EXPECT_NE(what.find(n), std::string::npos) << what;
     }
   }
+}
+
+TEST(Sm90ConfigOverride, BadValuesAreRefusedNamingTheChoices) {
+  expect_refused(parse_sm90_config_override,
+                 {"bt16", "gemm3=bt16_s9_wg4", "gemm1=bt16_s9_wg4,gemm1=bt16_s14_wg2", "gemm1=", "gemm1=bt16_s9_wg4,",
+                  "gemm1=bt16_s9_wg4;gemm2=bt16_s9_wg4", "mma=fast", "mma=sync,mma=sync"},
+                 {"NVFP4MOE_SM90_CONFIG", "bt16_s9_wg4"});  // (the accepted names are listed)
 }
 
 TEST(ConsumerStagger, TheSettingParses) {
@@ -377,19 +384,9 @@ TEST(ConsumerStagger, TheSettingParses) {
 
 TEST(ConsumerStagger, BadValuesAreRefusedNamingTheVariableAndTheValue) {
   const std::string too_big = std::to_string(kSm90MaxConsumerStaggerNs + 1);
-  for (const std::string& bad : {std::string("-1"), std::string("1e3"), std::string("12,"), std::string(",12"),
-                                 std::string("1,2,3"), std::string(" 5"), std::string("0x10"), too_big,
-                                 std::string("99999999999"), std::string("5,") + too_big}) {
-    try {
-      parse_consumer_stagger(bad);
-      ADD_FAILURE() << "accepted '" << bad << "'";
-    } catch (const ArgumentError& e) {
-      const std::string what = e.what();
-      EXPECT_NE(what.find("NVFP4MOE_CONSUMER_STAGGER_NS"), std::string::npos) << what;
-      EXPECT_NE(what.find("'" + bad + "'"), std::string::npos) << what;
-      EXPECT_NE(what.find(std::to_string(kSm90MaxConsumerStaggerNs)), std::string::npos) << what;
-    }
-  }
+  expect_refused(parse_consumer_stagger,
+                 {"-1", "1e3", "12,", ",12", "1,2,3", " 5", "0x10", too_big, "99999999999", "5," + too_big},
+                 {"NVFP4MOE_CONSUMER_STAGGER_NS", std::to_string(kSm90MaxConsumerStaggerNs)});
 }
 
 TEST(GatherTokenMajorMinTokens, TheSettingParses) {
@@ -400,19 +397,9 @@ TEST(GatherTokenMajorMinTokens, TheSettingParses) {
 }
 
 TEST(GatherTokenMajorMinTokens, BadValuesAreRefusedNamingTheVariableAndTheValue) {
-  for (const std::string& bad : {std::string("0"), std::string("-1"), std::string("1e3"), std::string(" 5"),
-                                 std::string("0x10"), std::string("2147483648"), std::string("99999999999"),
-                                 std::string("12,"), std::string("never")}) {
-    try {
-      parse_gather_token_major_min_tokens(bad);
-      ADD_FAILURE() << "accepted '" << bad << "'";
-    } catch (const ArgumentError& e) {
-      const std::string what = e.what();
-      EXPECT_NE(what.find("NVFP4MOE_GATHER_TOKEN_MAJOR_MIN_TOKENS"), std::string::npos) << what;
-      EXPECT_NE(what.find("'" + bad + "'"), std::string::npos) << what;
-      EXPECT_NE(what.find("[1, 2147483647]"), std::string::npos) << what;
-    }
-  }
+  expect_refused(parse_gather_token_major_min_tokens,
+                 {"0", "-1", "1e3", " 5", "0x10", "2147483648", "99999999999", "12,", "never"},
+                 {"NVFP4MOE_GATHER_TOKEN_MAJOR_MIN_TOKENS", "[1, 2147483647]"});
 }
 
 // The configs the T = 1 tests name: the three with routed kernels, the two-slice one and a tile config (neither
