@@ -45,7 +45,10 @@ echo "microbench: exit $? [$SECONDS s]"; cat $W/mb.log
   grep -E "prefill" $W/mb-x1.log | head -12; }
 [ $(left) -gt 80 ] && { DIAG_CASES="deepseek-v3:16384:w4a16:uniform::$EM deepseek-v3:16384:w4a16:uniform::$TM" \
   OUT=$W/diag timeout $(( $(left) > 250 ? 150 : $(left) / 2 )) bash scripts/device_prefill_diag.sh; \
-  echo "diag: exit $? [$SECONDS s]"; grep -E "ncu |gather|combine|total" $W/diag/diag-summary.txt | head -20; }
+  echo "diag: exit $? [$SECONDS s]"; grep -E "ncu |gather|combine|total" $W/diag/diag-summary.txt | head -20; \
+  pkill -9 -f 'ncu|\.carry/nvfp4moe' 2>/dev/null; sleep 2; }
+# (timeout stops the diag script, not the profiled process it started: on 7888a8a's run that process kept the
+# GPU's memory and every later step ran out of it; hence the pkill)
 NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
 ncu_one() {  # name, kernel regex
   GEMM_MICROBENCH_ONLY=prefill GEMM_MICROBENCH_QUICK=1 timeout $(( $(left) > 15 ? $(left) : 15 )) \

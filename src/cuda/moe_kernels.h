@@ -117,10 +117,10 @@ struct GatherArgs {
   const int32_t* inv = nullptr;      // [T*k] pair -> row, -1 when masked (the plan's); token_major only
 };
 // The layer's routed gather is token-major from this many tokens on (CudaMoeLayer,
-// NVFP4MOE_GATHER_TOKEN_MAJOR_MIN_TOKENS): never by default until its bitwise test and the A/B have run on a GPU
-// (written in the thirty-ninth session, which got no device); predicted worth taking from 1024 on, where hidden
-// stops staying in the L2 between a token's k rows (docs/benchmarks.md, the optimisation log).
-inline constexpr int kGatherTokenMajorMinTokens = 2147483647;
+// NVFP4MOE_GATHER_TOKEN_MAJOR_MIN_TOKENS): from 1024, where hidden stops staying in the L2 between a token's k
+// rows. Measured (bench/results/7888a8a-gather-ss-h100/): deepseek-v3 w4a4 T = 4096 / 16384 -1.6% / -1.4%, T = 1024
+// -0.4%; w4a16 within the noise (its rows are bf16: the 1.9 GB written dominates the gather, not the re-reads).
+inline constexpr int kGatherTokenMajorMinTokens = 1024;
 cudaError_t launch_gather(const GatherArgs& a, cudaStream_t stream);
 
 // Routing, plan and the routed gather (g: perm, ids and offsets of the plan a). At decode (launch_route_plan's
