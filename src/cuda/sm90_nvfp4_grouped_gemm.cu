@@ -11,7 +11,6 @@
 #include <type_traits>
 
 #include "cuda/sm90_nvfp4_grouped_gemm.cuh"
-#include "cuda/sm90_nvfp4_ss_grouped_gemm.cuh"
 #include "cuda/sm90_nvfp4_warp_stream_gemm.cuh"
 
 namespace nvfp4moe::cuda {
@@ -40,13 +39,6 @@ cudaError_t fail(const std::string& msg) {
   X(64, 10, 2, 1, 0)  /* 33..64 rows per expert */                                                              \
   X(128, 8, 2, 1, 0)  /* prefill: > 64 rows per expert, where bt144 would not save weight passes */           \
   X(144, 8, 2, 1, 0)  /* prefill: T k / E near 128 or 256 (128 +- 11 rows in one pass, 256 +- 16 in two) */
-
-// The SS configs (sm90_nvfp4_ss_grouped_gemm.cuh; dequantized weights in shared memory, 288-row token tiles of two
-// 144-row consumer halves): X(stages, dequantized slots), each for every epilogue. Opt-in (NVFP4MOE_SM90_CONFIG);
-// the heuristic never takes them.
-#define NVFP4MOE_SM90_SS_CONFIGS(X) \
-  X(4, 2)                             \
-  X(4, 3)
 
 // The configs with a gathered-A kernel (Sm90GemmArgs::a_gather_src; the SwiGLU and relu^2 epilogues): the prefill
 // tiles, where the layer's w4a16 GEMM1 reads `hidden` through the plan's permutation instead of a gathered copy.
@@ -312,29 +304,6 @@ cudaError_t launch_warp_stream_epi(const Sm90GemmArgs& args, const sm90::GemmPar
   }
 }
 
-template <int STAGES, int SLOTS, sm90::Epilogue EPI>
-cudaError_t launch_ss(const CUtensorMap& map, const sm90::GemmParams& p, int grid, cudaStream_t stream) {
-  using Tr = sm90::SsTraits<STAGES, SLOTS>;
-  auto kernel = sm90::sm90_nvfp4_ss_grouped_gemm_kernel<STAGES, SLOTS, EPI>;
-  // kernel_ready's one-time check (the shared-memory attribute among it) is per (traits, kernel type), and the
-  // three epilogues' kernels share both: one traits type per epilogue, or only the first kernel launched gets its
-  // attribute (the first device run: the relu^2 and SwiGLU launches failed with an invalid argument).
-  using ReadyTr = VariantTraits<Tr, 100 + static_cast<int>(EPI)>;
-  int fit = 0;
-  if (const cudaError_t e = kernel_ready<ReadyTr>(kernel, &fit); e != cudaSuccess) return e;
-  return launch_pdl(kernel, dim3(grid), dim3(Tr::kThreads), Tr::kSmemBytes, stream, map, p);
-}
-template <int STAGES, int SLOTS>
-cudaError_t launch_ss_epi(Sm90GemmEpilogue epi, const CUtensorMap& map, const sm90::GemmParams& p, int grid,
-                          cudaStream_t stream) {
-  switch (epi) {
-    case Sm90GemmEpilogue::kF32: return launch_ss<STAGES, SLOTS, sm90::Epilogue::kF32>(map, p, grid, stream);
-    case Sm90GemmEpilogue::kSwiGLU: return launch_ss<STAGES, SLOTS, sm90::Epilogue::kSwiGLU>(map, p, grid, stream);
-    case Sm90GemmEpilogue::kRelu2: return launch_ss<STAGES, SLOTS, sm90::Epilogue::kRelu2>(map, p, grid, stream);
-  }
-  return fail("sm90_nvfp4_grouped_gemm: unknown epilogue");
-}
-
 // GATHER: the gathered-A kernels (Sm90GemmArgs::a_gather_src; activation epilogues only, no descriptor).
 template <int BT, int STAGES, int WGS, int WPU, bool SYNC, bool GATHER>
 cudaError_t launch_epi(Sm90GemmEpilogue epi, const CUtensorMap& map, const sm90::GemmParams& p, int grid,
@@ -391,9 +360,6 @@ const std::vector<Sm90GemmConfig>& sm90_gemm_configs() {
   Sm90GemmConfig{sm90::kWsTokens, depth, warps / 4, 1, false, true, spw, unrolled != 0, bpw},
       NVFP4MOE_SM90_WARP_STREAM_CONFIGS(NVFP4MOE_X)
 #undef NVFP4MOE_X
-#define NVFP4MOE_X(st, sl) Sm90GemmConfig{sm90::kSsTileRows, st, 2, 2, false, false, 1, false, 2, true, sl},
-      NVFP4MOE_SM90_SS_CONFIGS(NVFP4MOE_X)
-#undef NVFP4MOE_X
   };
   return list;
 }
@@ -406,9 +372,6 @@ std::string to_string(const Sm90GemmConfig& c) {
            (c.slices_per_warp > 1 ? "_x" + std::to_string(c.slices_per_warp) + (c.ws_unrolled ? "" : "_r")
                                   : (c.ws_unrolled ? "_u" : "")) +
            (c.blocks_per_warp == 1 ? "_b1" : "");
-  if (c.ss_dequant)
-    return "bt" + std::to_string(c.block_t) + "_s" + std::to_string(c.stages) + "_ss" +
-           (c.ss_slots != 2 ? std::to_string(c.ss_slots) : "");
   return "bt" + std::to_string(c.block_t) + "_s" + std::to_string(c.stages) + "_wg" +
          std::to_string(c.consumer_warpgroups) + (c.warpgroups_per_unit == 2 ? "_half" : "") +
          (c.mma_sync ? "_sync" : "");
@@ -423,10 +386,8 @@ bool sm90_gemm_config_by_name(const std::string& name, Sm90GemmConfig* out) {
   return false;
 }
 
-bool sm90_heuristic_may_pick(const Sm90GemmConfig& c) { return !c.ss_dequant; }
-
 bool sm90_gemm_mma_twin(const Sm90GemmConfig& c, bool mma_sync, Sm90GemmConfig* out) {
-  if (c.warp_stream || c.ss_dequant) return false;  // their own kernels (mma.sync only; SS wgmma only)
+  if (c.warp_stream) return false;  // its own kernels (mma.sync only)
   Sm90GemmConfig twin = c;
   twin.mma_sync = mma_sync;
   return sm90_gemm_config_by_name(to_string(twin), out);
@@ -532,13 +493,7 @@ Sm90GemmConfig sm90_pick_tile_config(const Sm90GemmLoad& load) {
   // At 16 rows the 4-warpgroup tile is faster (bench/results/567a3ab-*: 2.69 vs 2.52 TB/s at 1 row/expert on
   // all 256 experts), except when only a few experts are active (T * k << E, rows_per_expert < 0.5): then the
   // CTA tiles of the 2-warpgroup config (twice as many) are what fills the 132 SMs (85 vs 123 us at T = 1).
-  // The configs the rule may take: every listed one but the opt-in SS configs (NVFP4MOE_SM90_CONFIG only).
-  static const std::vector<Sm90GemmConfig> list = [] {
-    std::vector<Sm90GemmConfig> l;
-    for (const auto& c : sm90_gemm_configs())
-      if (sm90_heuristic_may_pick(c)) l.push_back(c);
-    return l;
-  }();
+  const std::vector<Sm90GemmConfig>& list = sm90_gemm_configs();
   // Otherwise the most consumer warpgroups the tile has (bt16: wg4; bt32: wg3, 2.64 vs 2.49 / 2.37 TB/s at 16
   // rows/expert in bench/results/9b5c8c4-*).
   const bool few = rows_per_expert < 0.5;
@@ -1009,7 +964,7 @@ cudaError_t grouped_gemm_impl(const Sm90GemmArgs& args, const Sm90GemmConfig& co
     return fail(who + ": config " + to_string(config) + " is not in the instantiated list");
   }
 #define NVFP4MOE_SM90_TILE_CONFIG_IS(bt, st, wgs, wpu, sync)                                        \
-  (!config.ss_dequant && config.block_t == bt && config.stages == st && config.consumer_warpgroups == wgs && \
+  (config.block_t == bt && config.stages == st && config.consumer_warpgroups == wgs && \
    config.warpgroups_per_unit == wpu && config.mma_sync == (sync != 0))
   if (args.a_gather_src != nullptr) {  // the producer warps copy A: no descriptor
     const CUtensorMap unused{};
@@ -1020,16 +975,6 @@ cudaError_t grouped_gemm_impl(const Sm90GemmArgs& args, const Sm90GemmConfig& co
 #undef NVFP4MOE_X
     return fail(who + ": a_gather_src: config " + to_string(config) +
                 " has no gathered-A kernel (sm90_gather_configs())");
-  }
-  if (config.ss_dequant) {  // the SS kernel: TMA boxes of one consumer's 144 rows, two a stage
-    CUtensorMap map;
-    if (std::string m = make_a_map(args, sm90::kSsSubRows, &map, who); !m.empty()) return fail(m);
-#define NVFP4MOE_X(st, sl) \
-    if (config.stages == st && config.ss_slots == sl)                                                      \
-      return launch_ss_epi<st, sl>(args.epilogue, map, p, num_sms, stream);
-    NVFP4MOE_SM90_SS_CONFIGS(NVFP4MOE_X)
-#undef NVFP4MOE_X
-    return fail(who + ": config " + to_string(config) + " is not in the instantiated list");
   }
   CUtensorMap map;
   if (std::string m = make_a_map(args, config.block_t, &map, who); !m.empty()) return fail(m);

@@ -431,7 +431,7 @@ __device__ __forceinline__ void dequant_ktile(const uint4 (&codes)[NB], uint32_t
 
 // Measurement hook of bench/gemm_microbench.cu only (wrong results; never defined by the library build): how much of a
 // k-tile's time the dequantization costs, by leaving it out (1: the code words go to wgmma as they are, the
-// shared-memory loads stay; in the SS kernel's dequantizer too, to stmatrix) or doing it twice (2: a second pass over
+// shared-memory loads stay) or doing it twice (2: a second pass over
 // the first word of each block, dependent on the first pass; ptxas merges the rest); and what the A loads cost (3: A is
 // loaded into each stage once, then left stale, so the k-loop reads only weights); 4: the scale conversion before
 // 3d97e92 (every thread converts all four words); 5: no wgmma (the dequantized registers go to an empty asm). (6, the
@@ -722,7 +722,7 @@ __host__ __device__ constexpr int mma_n_for_rows(int rows) {
 }
 
 // One wgmma batch at the width n_mma (mma_n_for_rows<BT>), committed: run(IntC<N>{}) issues the batch's wgmmas
-// at N. Each width a branch of its own with its own commit (the register-A and SS kernels).
+// at N. Each width a branch of its own with its own commit.
 template <int BT, class Run>
 __device__ __forceinline__ void run_at_wgmma_width(int n_mma, Run&& run) {
   if constexpr (BT >= 144) { if (n_mma == 144) { run(IntC<144>{}); wgmma_commit(); return; } }
@@ -1049,9 +1049,9 @@ __device__ __forceinline__ void produce_tiles_gathered(const GemmParams& p, uint
                                               cur.first);
 }
 
-// The epilogue of one accumulator tile (consume_tiles; the SS kernel, sm90_nvfp4_ss_grouped_gemm.cuh, per token
-// sub-tile): acc[b][i] holds weight row 16 warp + g + 8 ((i >> 1) & 1) of block b (WPU = 2: of block `half`) and
-// token 8 (i >> 2) + 2t + (i & 1) of the rows that start at GEMM row row_base; rows_valid of them are stored
+// The epilogue of one accumulator tile (consume_tiles): acc[b][i] holds weight row 16 warp + g + 8 ((i >> 1) & 1)
+// of block b (WPU = 2: of block `half`) and token 8 (i >> 2) + 2t + (i & 1) of the rows that start at GEMM row
+// row_base; rows_valid of them are stored
 // (the f32 rows, or the activation in bf16 or NVFP4-quantized; up_acc: the up block of a WPU = 2 SwiGLU unit).
 template <int BT, int NB, Epilogue EPI, int WPU, int UP>
 __device__ __forceinline__ void store_tile_outputs(const GemmParams& p, const float (&acc)[NB][BT / 2],

@@ -66,23 +66,13 @@ struct Sm90GemmConfig {
   // Warp streaming only: 64-row blocks a warp streams (2: both blocks of its slices; 1, "_b1": one, the piece's
   // two blocks on a warp pair whose second warp hands its accumulators to the first for the epilogue).
   int blocks_per_warp = 2;
-  // The SS kernel (sm90_nvfp4_ss_grouped_gemm.cuh, prefill, opt-in through NVFP4MOE_SM90_CONFIG): one warpgroup
-  // dequantizes each k-tile of one unit into shared memory and two consumer warpgroups run wgmma with both operands
-  // there, each on its own 144-row half of a block_t = 288 token tile (warpgroups_per_unit = 2: both on one unit).
-  // The same bits as the tile configs. Never picked by sm90_pick_config.
-  bool ss_dequant = false;
-  int ss_slots = 2;  // the SS kernel's dequantized k-tile slots ("_ss3": 3)
   int units_per_tile() const { return consumer_warpgroups / warpgroups_per_unit; }
   bool operator==(const Sm90GemmConfig&) const = default;
 };
 const std::vector<Sm90GemmConfig>& sm90_gemm_configs();
 std::string to_string(const Sm90GemmConfig& c);  // "bt16_s9_wg4", "bt16_s14_wg2_half" (2 warpgroups per unit),
-                                                  // "bt288_s4_ss" (the SS kernel, 4 stages),
                                                   // "bt16_s9_wg4_sync" (mma.sync consumers), "ws8_s6_w16"
                                                   // (warp streaming: 8 token rows, 6 k-tile slots, 16 warps)
-// Whether sm90_pick_config may take config (false: the opt-in SS configs, reached through NVFP4MOE_SM90_CONFIG
-// only; the layer warms them up only when that names them).
-bool sm90_heuristic_may_pick(const Sm90GemmConfig& config);
 // The listed config of that name (to_string's form), or false.
 bool sm90_gemm_config_by_name(const std::string& name, Sm90GemmConfig* out);
 // The listed config with c's tile and the given consumers' MMA (mma.sync or wgmma), or false (no such twin).

@@ -760,52 +760,6 @@ TEST(Sm90GroupedGemm, SyncMmaBitIdenticalToWgmma) {
   EXPECT_GE(pairs, 3 * 5);  // every sync and warp-streaming config, three epilogues
 }
 
-// The SS configs (dequantized weights in shared memory, both wgmma operands from there; two 144-row consumer
-// halves of a 288-row token tile) against the register-A prefill tile bt144_s8_wg2, bitwise: the same bf16 products
-// summed over the same k16 steps in the same order. Adversarial activations and subnormal / zero block scales as
-// above; row counts on both sides of every boundary of the SS tile (one or two halves, the second half's wgmma
-// widths, a second tile), every epilogue, quantized or not, the static and the dynamic schedule.
-TEST(Sm90GroupedGemm, SsBitIdenticalToRegisterA) {
-  std::mt19937 rng(2025);
-  const std::vector<int> counts = {1, 0, 16, 17, 143, 144, 145, 160, 161, 208, 288, 289, 300, 433, 577};
-  Sm90GemmConfig twin{};
-  ASSERT_TRUE(sm90_gemm_config_by_name("bt144_s8_wg2", &twin));
-  DevBuf<int32_t> counter(std::vector<int32_t>{0});
-  ASSERT_TRUE(counter.p);
-  int pairs = 0;
-  for (const bool gated : {false, true}) {
-    Problem p = make_problem(static_cast<int>(counts.size()), gated ? 2 * 192 : 320, 448, gated, counts, 5151);
-    fill_adversarial_activations(p, rng);
-    const std::vector<Sm90GemmEpilogue> epis = epilogues_of(gated);
-    for (const Sm90GemmEpilogue epi : epis)
-      for (const auto& ss : sm90_gemm_configs()) {
-        if (!ss.ss_dequant) continue;
-        SCOPED_TRACE(::testing::Message() << to_string(ss) << " epi=" << epi_name(epi));
-        for (const bool quant : {false, true}) {
-          if (quant && epi == Sm90GemmEpilogue::kF32) continue;
-          GpuRun a, d, b;
-          run_gpu(p, epi, quant, ss, a);
-          run_gpu(p, epi, quant, ss, d, 1, false, counter.p, 7);
-          run_gpu(p, epi, quant, twin, b);
-          if (HasFatalFailure()) return;
-          EXPECT_EQ(a.unwritten, 0);
-          EXPECT_EQ(a.overwritten, 0);
-          EXPECT_EQ(d.unwritten, 0);
-          int64_t differ = 0, differ_dynamic = 0;
-          for (size_t i = 0; i < a.bits.size(); ++i) {
-            differ += a.bits[i] != b.bits[i];
-            differ_dynamic += d.bits[i] != b.bits[i];
-          }
-          EXPECT_EQ(differ, 0) << "of " << a.bits.size() << " outputs (quantized: " << quant << ") differ from "
-                               << to_string(twin);
-          EXPECT_EQ(differ_dynamic, 0) << "dynamic schedule on 7 CTAs (quantized: " << quant << ")";
-        }
-        ++pairs;
-      }
-  }
-  EXPECT_GE(pairs, 3);  // every SS config, three epilogues
-}
-
 // prologue_before_pdl_wait (the layer's GEMM2): the warp-streaming kernels seek their first piece and start its
 // weights before the PDL wait (the rolled loop), or wait at the loop's start (unrolled); the same bits as
 // without it, every output written once, for K of 2 k-tiles (fewer than the ring's prologue), a ragged K tail

@@ -34,7 +34,6 @@ TEST(Sm90PickConfig, AlwaysFromTheListAndTheTileHoldsTheRows) {
         for (int sms : {0, kSms}) {
           const Sm90GemmConfig c = sm90_pick_config(Sm90GemmLoad{rows, experts, units, sms});
           EXPECT_TRUE(listed(c)) << rows << " rows, E " << experts;
-          EXPECT_FALSE(c.ss_dequant) << rows << " rows, E " << experts << ": the SS configs are opt-in only";
           const double rpe = static_cast<double>(rows) / static_cast<double>(experts);
           if (rpe <= 128) EXPECT_GE(c.block_t, rpe) << rows << " rows, E " << experts;
           else EXPECT_TRUE(c.block_t == 128 || c.block_t == 144) << rows << " rows, E " << experts;
@@ -146,24 +145,6 @@ TEST(Sm90PickConfig, HalfUnitTilesOnlyWhenTheUnitsDoNotFillTheSms) {
   EXPECT_EQ(to_string(Sm90GemmConfig{16, 14, 2, 2}), "bt16_s14_wg2_half");
   EXPECT_EQ(to_string(Sm90GemmConfig{16, 9, 4, 1, true}), "bt16_s9_wg4_sync");
   EXPECT_EQ(to_string(Sm90GemmConfig{16, 14, 2, 2, true}), "bt16_s14_wg2_half_sync");
-  // The SS kernel's configs: 288-row tiles on one unit (both consumer warpgroups), by name through the override.
-  int ss = 0;
-  for (const auto& c : sm90_gemm_configs()) {
-    if (!c.ss_dequant) continue;
-    ++ss;
-    EXPECT_EQ(c.block_t, 288) << to_string(c);
-    EXPECT_EQ(c.units_per_tile(), 1) << to_string(c);
-    EXPECT_FALSE(c.warp_stream || c.mma_sync) << to_string(c);
-    EXPECT_FALSE(sm90_gemm_mma_twin(c, true, nullptr)) << to_string(c);
-    EXPECT_FALSE(sm90_chained_available(c) || sm90_gather_available(c)) << to_string(c);
-  }
-  EXPECT_GE(ss, 1);
-  Sm90GemmConfig four{};
-  ASSERT_TRUE(sm90_gemm_config_by_name("bt288_s4_ss", &four));
-  EXPECT_TRUE(four.ss_dequant);
-  const Sm90ConfigOverride o = parse_sm90_config_override("gemm1=bt288_s4_ss,gemm2=bt288_s4_ss");
-  ASSERT_TRUE(o.gemm1_set && o.gemm2_set);
-  EXPECT_TRUE(o.gemm1.ss_dequant && o.gemm2.ss_dequant);
 }
 
 // The consumers' MMA (bench/results/194b639-ab/): mma.sync for whole-unit bt16 tiles with 3 or 4 warpgroups at
@@ -733,7 +714,7 @@ TEST(Sm90TokenRowsQuant, FitAndRefusals) {
 
 // Each call's message is its own: after a refused call, a call that fails in the CUDA runtime (here the device query
 // of a machine without a GPU, num_sms = 0) names its own error and config, not the earlier refusal (1c1aa36's device
-// run showed a chained launch's refusal under an SS kernel's failed launch). On a machine with a GPU the second call
+// run showed a chained launch's refusal under another kernel's failed launch). On a machine with a GPU the second call
 // would launch on host pointers: skipped there.
 TEST(Sm90GemmErrors, ACudaFailureDoesNotReportAnEarlierRefusal) {
   int devices = 0;
@@ -749,7 +730,7 @@ TEST(Sm90GemmErrors, ACudaFailureDoesNotReportAnEarlierRefusal) {
   bad.consumer_stagger_ns = -1;
   EXPECT_EQ(sm90_nvfp4_grouped_gemm(bad, tile, nullptr, 132), cudaErrorInvalidValue);
   EXPECT_NE(std::string(sm90_gemm_last_error_message()).find("consumer_stagger_ns"), std::string::npos);
-  for (const char* name : {"bt144_s8_wg2", "bt288_s4_ss"}) {
+  for (const char* name : {"bt144_s8_wg2", "bt128_s8_wg2", "bt16_s9_wg4"}) {
     Sm90GemmConfig c{};
     ASSERT_TRUE(sm90_gemm_config_by_name(name, &c));
     EXPECT_NE(sm90_nvfp4_grouped_gemm(g, c, nullptr, 0), cudaSuccess) << name;
