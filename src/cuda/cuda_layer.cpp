@@ -18,13 +18,6 @@
 namespace nvfp4moe::cuda {
 namespace {
 
-// The environment settings' integers: decimal digits only (no sign, space or base prefix), within [lo, hi].
-bool parse_decimal(const std::string& t, long long lo, long long hi, long long* out) {
-  if (t.empty() || t.size() > 18 || t.find_first_not_of("0123456789") != std::string::npos) return false;
-  *out = std::stoll(t);
-  return *out >= lo && *out <= hi;
-}
-
 void check_cuda(cudaError_t err, const char* what) {
   NVFP4MOE_CHECK(err == cudaSuccess, Error, "cuda backend: ", what, " failed: ", cudaGetErrorName(err), " (",
                  cudaGetErrorString(err), ")");
@@ -221,7 +214,7 @@ ConsumerStagger parse_consumer_stagger(const std::string& value) {
   };
   auto number = [&](const std::string& t) {
     long long v = 0;
-    if (!parse_decimal(t, 0, kSm90MaxConsumerStaggerNs, &v)) refuse();
+    if (!parse_env_decimal(t, 0, kSm90MaxConsumerStaggerNs, &v)) refuse();
     return static_cast<int>(v);
   };
   const size_t comma = value.find(',');
@@ -242,7 +235,7 @@ ConsumerStagger consumer_stagger_from_env() {
 int parse_gather_token_major_min_tokens(const std::string& value) {
   if (value.empty()) return kGatherTokenMajorMinTokens;
   long long v = 0;
-  if (!parse_decimal(value, 1, 2147483647LL, &v))
+  if (!parse_env_decimal(value, 1, 2147483647LL, &v))
     throw ArgumentError("NVFP4MOE_GATHER_TOKEN_MAJOR_MIN_TOKENS: expected a decimal integer in [1, 2147483647] (the "
                         "routed gather is token-major from that T on; default " +
                         std::to_string(kGatherTokenMajorMinTokens) + "), got '" + value + "'");

@@ -38,15 +38,24 @@ bool block_route_enabled() {
 }
 int block_route_max_tokens_from_env() {
   const char* v = std::getenv("NVFP4MOE_BLOCK_ROUTE_MAX_TOKENS");
-  if (v == nullptr || v[0] == '\0') return kBlockRouteMaxTokens;
-  char* end = nullptr;
-  const long n = std::strtol(v, &end, 10);
-  if (end == v || *end != '\0' || n < 0 || n > kFusedRoutePlanTokens)
-    throw ArgumentError(std::string("NVFP4MOE_BLOCK_ROUTE_MAX_TOKENS: expected an integer in [0, ") +
-                        std::to_string(kFusedRoutePlanTokens) + "], got \"" + v + "\"");
-  return static_cast<int>(n);
+  return parse_block_route_max_tokens(v ? v : "");
 }
 }  // namespace
+
+bool parse_env_decimal(const std::string& t, long long lo, long long hi, long long* out) {
+  if (t.empty() || t.size() > 18 || t.find_first_not_of("0123456789") != std::string::npos) return false;
+  *out = std::stoll(t);
+  return *out >= lo && *out <= hi;
+}
+
+int parse_block_route_max_tokens(const std::string& value) {
+  if (value.empty()) return kBlockRouteMaxTokens;
+  long long n = 0;
+  if (!parse_env_decimal(value, 0, kFusedRoutePlanTokens, &n))
+    throw ArgumentError("NVFP4MOE_BLOCK_ROUTE_MAX_TOKENS: expected a decimal integer in [0, " +
+                        std::to_string(kFusedRoutePlanTokens) + "], got '" + value + "'");
+  return static_cast<int>(n);
+}
 
 int block_route_max_tokens() {
   static const int n = block_route_max_tokens_from_env();

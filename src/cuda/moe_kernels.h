@@ -9,6 +9,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 namespace nvfp4moe::cuda {
 
@@ -81,10 +82,13 @@ inline constexpr int kBlockRouteMaxTokens = 5;
 inline constexpr int kBlockRouteAnyTopKTokens = 2;
 inline constexpr int kBlockRouteMinTopK = 8;
 // The T up to which the block routes top-k >= kBlockRouteMinTopK: kBlockRouteMaxTokens, or
-// NVFP4MOE_BLOCK_ROUTE_MAX_TOKENS (an integer in
-// [0, kFusedRoutePlanTokens], for A/B measurements; read once; another value throws ArgumentError naming it, at
-// the CUDA layer's creation, which reads it first). The same ids and weights either way.
+// NVFP4MOE_BLOCK_ROUTE_MAX_TOKENS (a decimal integer in [0, kFusedRoutePlanTokens], for A/B measurements; read once;
+// another value throws ArgumentError naming it, at the CUDA layer's creation, which reads it first). The same ids
+// and weights either way.
 int block_route_max_tokens();
+// That setting's value parsed ("" = kBlockRouteMaxTokens); anything else than parse_env_decimal accepts in the
+// range: ArgumentError naming the variable, the range and the value.
+int parse_block_route_max_tokens(const std::string& value);
 cudaError_t launch_route_plan(const RouteArgs& r, const PlanArgs& a, cudaStream_t stream);
 
 // ---------------------------------------------------------------- quantize + gather (GEMM1 operand rows)
@@ -207,6 +211,8 @@ cudaError_t launch_combine(const CombineArgs& a, cudaStream_t stream);
 bool env_switch(const char* name);
 // An opt-in switch (measured slower or not yet measured): on only when set to "1".
 bool env_opt_in(const char* name);
+// The environment settings' integers: decimal digits only (no sign, space or base prefix), within [lo, hi].
+bool parse_env_decimal(const std::string& t, long long lo, long long hi, long long* out);
 
 // Device SM count (cached per device), used to size the persistent grids.
 int device_sm_count();

@@ -383,6 +383,20 @@ TEST(GatherTokenMajorMinTokens, BadValuesAreRefusedNamingTheVariableAndTheValue)
                  {"NVFP4MOE_GATHER_TOKEN_MAJOR_MIN_TOKENS", "[1, 2147483647]"});
 }
 
+TEST(BlockRouteMaxTokens, TheSettingParses) {
+  EXPECT_EQ(parse_block_route_max_tokens(""), kBlockRouteMaxTokens);
+  EXPECT_EQ(parse_block_route_max_tokens("0"), 0);
+  EXPECT_EQ(parse_block_route_max_tokens("3"), 3);
+  EXPECT_EQ(parse_block_route_max_tokens(std::to_string(kFusedRoutePlanTokens)), kFusedRoutePlanTokens);
+}
+
+// strtol's leniency (a sign, leading spaces) refused as the other settings refuse it.
+TEST(BlockRouteMaxTokens, BadValuesAreRefusedNamingTheVariableAndTheValue) {
+  expect_refused(parse_block_route_max_tokens,
+                 {"-1", "+3", " 3", "3 ", "x", "0x4", "1e1", std::to_string(kFusedRoutePlanTokens + 1), "99999999999"},
+                 {"NVFP4MOE_BLOCK_ROUTE_MAX_TOKENS", "[0, " + std::to_string(kFusedRoutePlanTokens) + "]"});
+}
+
 // The configs the T = 1 tests name: the three with routed kernels, the two-slice one and a tile config (neither
 // has them).
 struct T1Configs {
