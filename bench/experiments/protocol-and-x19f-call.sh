@@ -20,6 +20,7 @@ grep -hE "X19 (qwen|deep)|ws_gemm1 +#0 P(4|5|7) " $W/x19f.txt
 python3 bench/x19f_warp_tail.py $W/x19f-warps.txt > $W/x19f-tail.txt 2>&1; cat $W/x19f-tail.txt | head -60
 xz -9 $W/x19f-warps.txt
 tar czf $OUT/x19f.tgz -C $W . && rm -rf $W
+[ "${PROTOCOL:-1}" = 0 ] && { echo "done (x19f only) [$SECONDS s]"; exit 0; }  # (PROTOCOL=0: x19f only)
 budget=$(( ${END_S:-560} - SECONDS - 20 ))
 echo "protocol budget ${budget}s"
 SHA=${SHA:-unknown} BUDGET_S=$budget bash bench/protocol-call.sh
