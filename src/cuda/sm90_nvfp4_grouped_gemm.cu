@@ -64,12 +64,16 @@ cudaError_t fail(const std::string& msg) {
 // bench/results/b3fce49-*); removed.
 // ws8_s6_w16_b1: as ws8_s6_w16 with one 64-row block a warp (the piece's two blocks on warps 2j, 2j + 1; the
 // fifth number: blocks per warp), taken for GEMM1 at T = 1 with long K (kWarpStreamB1MinKTiles; docs/gemm.md,
-// "Experiment 21 and one block a warp").
+// "Experiment 21 and one block a warp"). ws8_s5_w24_b1: the same with 24 warps a CTA (12 pairs; 5 slots, so that
+// its direct-row kernel's rings fit 227 KB), opt-in (NVFP4MOE_SM90_CONFIG) until measured: deepseek-v3 T = 1's
+// GEMM1 needs 2304 b1 warps, more than 16 x 132 (docs/gemm.md, "Where this plan stands after the fortieth
+// session"); its 768 threads leave 80 registers a thread, which the routed broadcast-row b1 kernels fit (66-76).
 #define NVFP4MOE_SM90_WARP_STREAM_CONFIGS(X) \
   X(16, 6, 1, 0, 2)                          \
   X(16, 6, 1, 1, 2)                          \
   X(16, 4, 2, 1, 2)                          \
-  X(16, 6, 1, 0, 1)
+  X(16, 6, 1, 0, 1)                          \
+  X(24, 5, 1, 0, 1)
 
 // The configs with Sm90GemmArgs::one_token_route kernels: those that T = 1 picks, X(warps, depth, spw, unrolled,
 // bpw, gemm2): the broadcast-row GEMM1 kernels (SwiGLU, relu^2; routing) of all three, the direct-row f32 GEMM2
@@ -77,7 +81,8 @@ cudaError_t fail(const std::string& msg) {
 #define NVFP4MOE_SM90_ONE_TOKEN_ROUTE_CONFIGS(X) \
   X(16, 6, 1, 0, 2, 1)                           \
   X(16, 6, 1, 1, 2, 1)                           \
-  X(16, 6, 1, 0, 1, 0)
+  X(16, 6, 1, 0, 1, 0)                           \
+  X(24, 5, 1, 0, 1, 0)
 
 // The configs with Sm90GemmArgs::a_routed_token_rows kernels (the routed GEMM1 at T = 2 .. 4; SwiGLU and relu^2),
 // X(warps, depth, spw, unrolled, bpw): those that T = 2 .. 4 picks for GEMM1 at the presets.

@@ -1293,6 +1293,41 @@ TEST(CudaLayer, T1W4A4QuantizedRowsBitIdenticalToGather) {
   EXPECT_EQ(busy_points, 1) << "no quantizing GEMM1 with a piece on every warp of a CTA: its every-warp path untested";
 }
 
+// The 24-warp one-block-a-warp GEMM1 (ws8_s5_w24_b1, opt-in through NVFP4MOE_SM90_CONFIG) at T = 1 with router
+// logits: routed (and in w4a4 quantizing the row) in GEMM1 as the default config, so the same ids, weights, plan
+// and output bits as the default's (each accumulator sums the same k16 steps in the same order; only which warp
+// holds which 64-row block changes): t1_routing_dims in both modes, random, tied, NaN and all-NaN logits, random
+// and adversarial rows, a poisoned workspace, caller ids, a captured graph replayed with new logits.
+TEST(CudaLayer, T1TwentyFourWarpB1BitIdenticalToDefaultConfig) {
+  int routed_points = 0, quant_points = 0;
+  for (const Mode mode : {Mode::W4A16, Mode::W4A4}) {
+    for (const LayerDims& d : t1_routing_dims()) {
+      SCOPED_TRACE(std::string(d.name) + (mode == Mode::W4A4 ? " w4a4" : " w4a16"));
+      SwitchPair h("NVFP4MOE_SM90_CONFIG", "gemm1=ws8_s5_w24_b1", d, mode, 64, 67);  // switched: the 24-warp GEMM1
+      const auto routing = h.switched.cuda->decode_routing(1, false, true);
+      const auto launches = h.switched.cuda->sm90_launches(1);
+      ASSERT_FALSE(launches.empty());
+      EXPECT_EQ(to_string(launches[0].config), "ws8_s5_w24_b1");
+      routed_points += routing.gemm1_routes;
+      quant_points += routing.gemm1_quantizes_rows;
+      const int64_t E = d.E, H = d.H;
+      for (int trial = 0; trial < 5; ++trial) {
+        SCOPED_TRACE("trial " + std::to_string(trial));
+        const int kinds[5] = {0, 0, 1, 2, 3};  // (trial 1: adversarial rows)
+        const std::vector<float> logits = t1_trial_logits(E, 4300 + trial, kinds[trial]);
+        auto hidden = random_hidden(1, H, 4400 + trial);
+        if (trial == 1) hidden = adversarial_quant_rows(1, H, 4500 + trial, trial);
+        PlanDump plan;  // (the default config's)
+        expect_poisoned_forwards_match(h.base, {{&h.switched, "ws8_s5_w24_b1"}}, 1, hidden, logits, plan);
+      }
+      expect_forwards_bit_identical(h.base, h.switched, 1, 4600, true);  // (caller ids)
+      expect_replays_bit_identical(h.base, h.switched, 1, 4700);
+    }
+  }
+  EXPECT_GE(routed_points, 8) << "the 24-warp GEMM1 routed the token at too few points: its kernel is untested";
+  EXPECT_GE(quant_points, 3) << "the 24-warp GEMM1 quantized the row at too few points: its w4a4 kernel is untested";
+}
+
 // T = 2 .. 4 with router logits routed inside GEMM1 (the default for w4a16; NVFP4MOE_GEMM1_ROUTES_TOKENS=0: the
 // routing launch with the gather): every CTA routes the T tokens with the block routing, keeps their rows of
 // `hidden` in shared memory and runs each piece on the tokens routed to its expert; CTA 0 writes the ids, weights
