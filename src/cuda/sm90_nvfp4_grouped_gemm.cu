@@ -65,15 +65,18 @@ cudaError_t fail(const std::string& msg) {
 // ws8_s6_w16_b1: as ws8_s6_w16 with one 64-row block a warp (the piece's two blocks on warps 2j, 2j + 1; the
 // fifth number: blocks per warp), taken for GEMM1 at T = 1 with long K (kWarpStreamB1MinKTiles; docs/gemm.md,
 // "Experiment 21 and one block a warp"). ws8_s5_w24_b1: the same with 24 warps a CTA (12 pairs; 5 slots, so that
-// its direct-row kernel's rings fit 227 KB), opt-in (NVFP4MOE_SM90_CONFIG) until measured: deepseek-v3 T = 1's
-// GEMM1 needs 2304 b1 warps, more than 16 x 132 (docs/gemm.md, "Where this plan stands after the fortieth
-// session"); its 768 threads leave 80 registers a thread, which the routed broadcast-row b1 kernels fit (66-76).
+// its direct-row kernel's rings fit 227 KB), opt-in (NVFP4MOE_SM90_OPT_IN_WARP_STREAM_CONFIGS) until measured:
+// deepseek-v3 T = 1's GEMM1 needs 2304 b1 warps, more than 16 x 132 (docs/gemm.md, "Where this plan stands after the
+// fortieth session"); its 768 threads leave 80 registers a thread, which the routed broadcast-row b1 kernels fit.
 #define NVFP4MOE_SM90_WARP_STREAM_CONFIGS(X) \
   X(16, 6, 1, 0, 2)                          \
   X(16, 6, 1, 1, 2)                          \
   X(16, 4, 2, 1, 2)                          \
   X(16, 6, 1, 0, 1)                          \
   X(24, 5, 1, 0, 1)
+
+// The listed warp-streaming configs that only NVFP4MOE_SM90_CONFIG selects (sm90_opt_in_config).
+#define NVFP4MOE_SM90_OPT_IN_WARP_STREAM_CONFIGS(X) X(24, 5, 1, 0, 1)
 
 // The configs with Sm90GemmArgs::one_token_route kernels: those that T = 1 picks, X(warps, depth, spw, unrolled,
 // bpw, gemm2): the broadcast-row GEMM1 kernels (SwiGLU, relu^2; routing) of all three, the direct-row f32 GEMM2
@@ -391,6 +394,18 @@ bool sm90_gemm_config_by_name(const std::string& name, Sm90GemmConfig* out) {
   return false;
 }
 
+bool sm90_opt_in_config(const Sm90GemmConfig& c) {
+  const auto is = [&](int warps, int depth, int spw, bool unrolled, int bpw) {
+    return c.warp_stream && c.stages == depth && 4 * c.consumer_warpgroups == warps && c.slices_per_warp == spw &&
+           c.ws_unrolled == unrolled && c.blocks_per_warp == bpw;
+  };
+#define NVFP4MOE_X(warps, depth, spw, unrolled, bpw) \
+  if (is(warps, depth, spw, unrolled != 0, bpw)) return true;
+  NVFP4MOE_SM90_OPT_IN_WARP_STREAM_CONFIGS(NVFP4MOE_X)
+#undef NVFP4MOE_X
+  return false;
+}
+
 bool sm90_gemm_mma_twin(const Sm90GemmConfig& c, bool mma_sync, Sm90GemmConfig* out) {
   if (c.warp_stream) return false;  // its own kernels (mma.sync only)
   Sm90GemmConfig twin = c;
@@ -405,7 +420,7 @@ namespace {
 const Sm90GemmConfig* find_warp_stream_config(int slices_per_warp, bool unrolled, int blocks_per_warp = 2) {
   for (const auto& c : sm90_gemm_configs())
     if (c.warp_stream && c.slices_per_warp == slices_per_warp && c.ws_unrolled == unrolled &&
-        c.blocks_per_warp == blocks_per_warp)
+        c.blocks_per_warp == blocks_per_warp && !sm90_opt_in_config(c))
       return &c;
   return nullptr;
 }

@@ -75,6 +75,10 @@ std::string to_string(const Sm90GemmConfig& c);  // "bt16_s9_wg4", "bt16_s14_wg2
                                                   // (warp streaming: 8 token rows, 6 k-tile slots, 16 warps)
 // The listed config of that name (to_string's form), or false.
 bool sm90_gemm_config_by_name(const std::string& name, Sm90GemmConfig* out);
+// Whether config is listed for A/B measurements only (not yet measured: ws8_s5_w24_b1): sm90_pick_config never
+// takes it, and a layer warms it up at creation only where NVFP4MOE_SM90_CONFIG names it (an unmeasured kernel then
+// never stands in the default path's creation).
+bool sm90_opt_in_config(const Sm90GemmConfig& config);
 // The listed config with c's tile and the given consumers' MMA (mma.sync or wgmma), or false (no such twin).
 bool sm90_gemm_mma_twin(const Sm90GemmConfig& c, bool mma_sync, Sm90GemmConfig* out);
 // The load of one launch as the host knows it before the routing exists (never from the routing: the choice

@@ -34,6 +34,7 @@ TEST(Sm90PickConfig, AlwaysFromTheListAndTheTileHoldsTheRows) {
         for (int sms : {0, kSms}) {
           const Sm90GemmConfig c = sm90_pick_config(Sm90GemmLoad{rows, experts, units, sms});
           EXPECT_TRUE(listed(c)) << rows << " rows, E " << experts;
+          EXPECT_FALSE(sm90_opt_in_config(c)) << rows << " rows, E " << experts << ": " << to_string(c);
           const double rpe = static_cast<double>(rows) / static_cast<double>(experts);
           if (rpe <= 128) EXPECT_GE(c.block_t, rpe) << rows << " rows, E " << experts;
           else EXPECT_TRUE(c.block_t == 128 || c.block_t == 144) << rows << " rows, E " << experts;
@@ -210,6 +211,19 @@ TEST(Sm90PickConfig, OneBlockAWarpForLongGemm1AtOnePieceAPair) {
   EXPECT_EQ(pick(8, 128, 34, 64, true), "ws8_s6_w16_u");    // 1088 pieces: unrolled, no pairs
   EXPECT_EQ(pick(8, 128, 32, 64, true), "ws8_s6_w16_b1");   // 1024 pieces: 2048 warps of the grid's 2112
   EXPECT_EQ(pick(32, 128, 24, 64, true), "ws8_s4_w16_x2");  // qwen3-235b T = 4: the two-slice pieces
+  // The 24-warp b1 config is listed but opt-in: never picked, even where 2 x pieces exceed the 16-warp grid
+  // (deepseek-v3 T = 1 GEMM1: 9 experts x 32 units x 4 = 1152 pieces, K = 7168).
+  Sm90GemmConfig w24{};
+  ASSERT_TRUE(sm90_gemm_config_by_name("ws8_s5_w24_b1", &w24));
+  EXPECT_TRUE(sm90_opt_in_config(w24));
+  EXPECT_EQ(w24.blocks_per_warp, 1);
+  EXPECT_EQ(4 * w24.consumer_warpgroups, 24);
+  EXPECT_EQ(pick(9, 257, 32, 112, true), "ws8_s6_w16_u");
+  int opt_in = 0;
+  for (const auto& c : sm90_gemm_configs()) opt_in += sm90_opt_in_config(c) ? 1 : 0;
+  EXPECT_EQ(opt_in, 1);
+  const Sm90ConfigOverride o = parse_sm90_config_override("gemm1=ws8_s5_w24_b1");
+  EXPECT_TRUE(o.gemm1_set && o.gemm1 == w24);
 }
 
 // The warp-streaming decode kernel: taken at <= 2 rows per active expert with units and SMs known (measured
