@@ -328,6 +328,13 @@ cudaError_t launch_epi(Sm90GemmEpilogue epi, const CUtensorMap& map, const sm90:
   return fail("sm90_nvfp4_grouped_gemm: unknown epilogue");
 }
 
+// Whether config is the warp-streaming entry X(warps, depth, spw, unrolled, bpw) of
+// NVFP4MOE_SM90_WARP_STREAM_CONFIGS (the launch's dispatch, sm90_broadcast_row_max_k and sm90_opt_in_config match on it).
+bool is_warp_stream_config(const Sm90GemmConfig& c, int warps, int depth, int spw, bool unrolled, int bpw) {
+  return c.warp_stream && c.block_t == sm90::kWsTokens && c.stages == depth && 4 * c.consumer_warpgroups == warps &&
+         c.slices_per_warp == spw && c.ws_unrolled == unrolled && c.blocks_per_warp == bpw;
+}
+
 }  // namespace
 
 const char* sm90_gemm_last_error_message() { return g_last_error.c_str(); }
@@ -395,12 +402,8 @@ bool sm90_gemm_config_by_name(const std::string& name, Sm90GemmConfig* out) {
 }
 
 bool sm90_opt_in_config(const Sm90GemmConfig& c) {
-  const auto is = [&](int warps, int depth, int spw, bool unrolled, int bpw) {
-    return c.warp_stream && c.stages == depth && 4 * c.consumer_warpgroups == warps && c.slices_per_warp == spw &&
-           c.ws_unrolled == unrolled && c.blocks_per_warp == bpw;
-  };
 #define NVFP4MOE_X(warps, depth, spw, unrolled, bpw) \
-  if (is(warps, depth, spw, unrolled != 0, bpw)) return true;
+  if (is_warp_stream_config(c, warps, depth, spw, unrolled != 0, bpw)) return true;
   NVFP4MOE_SM90_OPT_IN_WARP_STREAM_CONFIGS(NVFP4MOE_X)
 #undef NVFP4MOE_X
   return false;
@@ -781,13 +784,6 @@ sm90::GemmParams make_params(const Sm90GemmArgs& args) {
     p.gather_shared_base = static_cast<int>(args.a_gather_shared_row_base);
   }
   return p;
-}
-
-// Whether config is the warp-streaming entry X(warps, depth, spw, unrolled, bpw) of
-// NVFP4MOE_SM90_WARP_STREAM_CONFIGS (the launch's dispatch and sm90_broadcast_row_max_k match on it).
-bool is_warp_stream_config(const Sm90GemmConfig& c, int warps, int depth, int spw, bool unrolled, int bpw) {
-  return c.warp_stream && c.block_t == sm90::kWsTokens && c.stages == depth && 4 * c.consumer_warpgroups == warps &&
-         c.slices_per_warp == spw && c.ws_unrolled == unrolled && c.blocks_per_warp == bpw;
 }
 
 cudaError_t device_sm_count(int* sms) {

@@ -429,12 +429,12 @@ __device__ __forceinline__ void dequant_ktile(const uint4 (&codes)[NB], uint32_t
   for (int b = 0; b < NB; ++b) dequant_block_pairs(codes[b], pairs[b], a[b]);
 }
 
-// Measurement hook of bench/gemm_microbench.cu only (wrong results; never defined by the library build): how much of a
-// k-tile's time the dequantization costs, by leaving it out (1: the code words go to wgmma as they are, the
-// shared-memory loads stay) or doing it twice (2: a second pass over
-// the first word of each block, dependent on the first pass; ptxas merges the rest); and what the A loads cost (3: A is
-// loaded into each stage once, then left stale, so the k-loop reads only weights); 4: the scale conversion before
-// 3d97e92 (every thread converts all four words); 5: no wgmma (the dequantized registers go to an empty asm). (6, the
+// Measurement hook of bench/gemm_microbench.cu only (wrong results; never defined by the library build): how
+// much of a k-tile's time the dequantization costs, by leaving it out (1: the code words go to wgmma as they
+// are, the shared-memory loads stay) or doing it twice (2: a second pass over the first word of each block,
+// dependent on the first pass; ptxas merges the rest); and what the A loads cost (3: A is loaded into each
+// stage once, then left stale, so the k-loop reads only weights); 4: the scale conversion before 3d97e92
+// (every thread converts all four words); 5: no wgmma (the dequantized registers go to an empty asm). (6, the
 // k-loop two k-tiles ahead of its wgmma with wait<1>, measured slower at 69a6420 and removed: docs/gemm.md.)
 // 7: the wgmma consumers only wait for each stage and release it (no shared-memory reads, no dequantization, no
 // wgmma): what the data movement alone costs; 8: as 7, and the producer arrives on the full barrier without
@@ -1051,8 +1051,8 @@ __device__ __forceinline__ void produce_tiles_gathered(const GemmParams& p, uint
 
 // The epilogue of one accumulator tile (consume_tiles): acc[b][i] holds weight row 16 warp + g + 8 ((i >> 1) & 1)
 // of block b (WPU = 2: of block `half`) and token 8 (i >> 2) + 2t + (i & 1) of the rows that start at GEMM row
-// row_base; rows_valid of them are stored
-// (the f32 rows, or the activation in bf16 or NVFP4-quantized; up_acc: the up block of a WPU = 2 SwiGLU unit).
+// row_base; rows_valid of them are stored (the f32 rows, or the activation in bf16 or NVFP4-quantized; up_acc: the
+// up block of a WPU = 2 SwiGLU unit).
 template <int BT, int NB, Epilogue EPI, int WPU, int UP>
 __device__ __forceinline__ void store_tile_outputs(const GemmParams& p, const float (&acc)[NB][BT / 2],
                                                    const float (&up_acc)[UP], int e, int unit, int half,
