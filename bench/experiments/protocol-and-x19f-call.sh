@@ -16,7 +16,7 @@ for preset in deepseek-v3 qwen3-235b qwen3-30b; do
   echo "x19f $preset T=1: exit $? [$SECONDS s]"
 done
 grep -h "X19" $W/x19-*.log > $W/x19f.txt
-grep -hE "X19 (qwen|deep)|ws_gemm1 +#0 P(4|5|7) " $W/x19f.txt
+grep -hE "X19 (qwen|deep)|ws_gemm1 +#0 P(1|4|5|7|8|14|15|16|17) " $W/x19f.txt
 python3 bench/x19f_warp_tail.py $W/x19f-warps.txt > $W/x19f-tail.txt 2>&1; cat $W/x19f-tail.txt | head -60
 xz -9 $W/x19f-warps.txt
 tar czf $OUT/x19f.tgz -C $W . && rm -rf $W

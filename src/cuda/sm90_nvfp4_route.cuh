@@ -144,6 +144,47 @@ __device__ __forceinline__ float group_top2_sum(const float* key, int gsize) {
   }
   return gsize >= 2 ? t1 + t2 : t1;
 }
+// The kept groups of one token's grouped routing, G <= 32 groups, by one warp alone (route_block: no shared-memory
+// scores and two barriers fewer; group_top2_sum's serial walk by G threads was most of deepseek-v3's T = 1
+// routing). Lanes g L .. g L + L - 1 (L: the largest power of two with G L <= 32) take keys j, j + L, ... of group
+// g, keep the two largest as group_top2_sum does (neither NaN nor -inf ever rises above its -FLT_MAX start, so
+// fmaxf(v, -FLT_MAX) stands for them), and merge their pairs over the L lanes: the two largest of a multiset are
+// the same two values in any order, so the score t1 + t2 is group_top2_sum's, up to the sign of a zero sum, which
+// no compare below tells apart. Group g is kept when its score is valid (neither NaN nor -inf) and fewer than
+// topk_group valid scores rank above it (greater, or equal and of a lower group): the groups that topk_group
+// argmax passes with ties to the lower group take. Returns bit g set for each kept group g, in every lane.
+__device__ __forceinline__ unsigned warp_kept_groups(const float* key, int E, int G, int topk_group, int lane) {
+  const int gsize = E / G;
+  int L = 32;
+  while (L > 1 && L * G > 32) L >>= 1;
+  const int g = lane / L, j = lane - g * L;
+  float t1 = -FLT_MAX, t2 = -FLT_MAX;
+  if (g < G) {
+    const float* kg = key + g * gsize;
+    for (int i = j; i < gsize; i += L) {
+      const float v = fmaxf(kg[i], -FLT_MAX);
+      if (v > t1) { t2 = t1; t1 = v; }
+      else if (v > t2) t2 = v;
+    }
+  }
+  for (int off = 1; off < L; off <<= 1) {  // (xor below L stays inside the group's aligned lanes)
+    const float o1 = __shfl_xor_sync(0xffffffffu, t1, off), o2 = __shfl_xor_sync(0xffffffffu, t2, off);
+    t2 = fmaxf(fminf(t1, o1), fmaxf(t2, o2));
+    t1 = fmaxf(t1, o1);
+  }
+  const float score = gsize >= 2 ? t1 + t2 : t1;
+  const bool valid = g < G && !(score != score || score == -INFINITY);
+  int rank = 0;
+  for (int u = 0; u < G; ++u) {
+    const float su = __shfl_sync(0xffffffffu, score, u * L);
+    const bool uvalid = !(su != su || su == -INFINITY);
+    rank += (uvalid && (su > score || (su == score && u < g))) ? 1 : 0;
+  }
+  const unsigned leaders = __ballot_sync(0xffffffffu, j == 0 && valid && rank < topk_group);  // bit g L
+  unsigned kept = 0u;
+  for (int u = 0; u < G; ++u) kept |= ((leaders >> (u * L)) & 1u) << u;
+  return kept;
+}
 
 // Routes token t with one warp; base: the warp's route_smem_per_warp(E) bytes of shared memory. ids_mirror (or
 // nullptr): shared memory that also receives the token's k ids (the fused plan reads them there instead of
@@ -373,6 +414,7 @@ __device__ __forceinline__ void route_block(const RouteArgs& a, uint8_t* smem, i
   // else the token's first warp does, before the ranks.
   const bool stats_beside = block_route_stats_warps(T, E, softmax) &&
                             static_cast<int>(blockDim.x) >= block_route_threads(T, E, softmax);
+  unsigned kept_groups = ~0u;  // (G <= 32: bit g set where group g is kept)
   if (softmax && write_global) {  // (only the weights read them: a block that writes nothing needs the ids alone)
     const int ts = stats_beside ? (tid - T * Ep) >> 5 : t;  // the token whose statistics this warp computes
     if (stats_beside ? (tid >= T * Ep && ts < T) : (active && e < 32)) {  // max and normalizer, as the warp path
@@ -387,6 +429,8 @@ __device__ __forceinline__ void route_block(const RouteArgs& a, uint8_t* smem, i
         stat[2 * ts + 1] = z;
       }
     }
+  } else if (G > 1 && G <= 32) {  // each warp of the token finds the kept groups (ineligible keys: past the barrier)
+    if (active) kept_groups = warp_kept_groups(kt, E, G, a.topk_group, lane);
   } else if (G > 1) {
     const int gsize = E / G;
     if (active && e < G) gsw[t * Ep + e] = group_top2_sum(kt + e * gsize, gsize);
@@ -406,6 +450,9 @@ __device__ __forceinline__ void route_block(const RouteArgs& a, uint8_t* smem, i
     if (real && !kept[t * Ep + e / gsize]) kt[e] = __int_as_float(0x7fffffff);  // not eligible: never ranked
   }
   if (!stats_beside) __syncthreads();  // (the same for the whole block: blockDim and the arguments)
+  // G <= 32: no warp reads the keys for the groups past the barrier, and stage 1 reads only its own warp's keys
+  // (after its __syncwarp below), so each thread marks its own key ineligible.
+  if (G > 1 && G <= 32 && real && !((kept_groups >> (e / (E / G))) & 1u)) kt[e] = __int_as_float(0x7fffffff);
   // The ranks in two stages (route_rank.h, rank_among_candidates: exactly the slots of one rank among all keys,
   // with 8 + k Ep / 128 compare steps a thread instead of Ep / 4). Stage 1: each expert's rank among the 32 keys
   // of its own warp (Ep is whole warps, so a warp is one token's segment of 32 experts); local rank j < kc makes

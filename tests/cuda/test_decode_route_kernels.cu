@@ -2,7 +2,9 @@
 // function: the one-token plan plan_one_token_block (the routing kernels' plan at T = 1) writes exactly what
 // plan_small_block (their plan at T >= 2) writes for the same ids, every global array and the shared-memory perm
 // / row count the fused kernel reads; rank_among_keys (route_block's count) equals the short-circuit form of the
-// count on adversarial keys. The layer tests cover the kernels end to end against the CPU reference.
+// count on adversarial keys; warp_kept_groups (route_block's group selection) keeps the groups that the
+// serial form (group_top2_sum per group, then the ranks) keeps. The layer tests cover the kernels end to end against
+// the CPU reference.
 #include <gtest/gtest.h>
 
 #include <cuda_runtime.h>
@@ -18,6 +20,7 @@
 #include "cuda/moe_kernels.h"
 #include "cuda/route_rank.h"
 #include "cuda/sm90_nvfp4_plan_block.cuh"
+#include "cuda/sm90_nvfp4_route.cuh"
 #include "support/cuda_test_support.h"
 
 namespace nvfp4moe::cuda {
@@ -178,6 +181,79 @@ TEST(DecodeRouteKernels, BranchFreeRankEqualsShortCircuitOnDevice) {
       for (int e = 0; e < Ep; ++e) EXPECT_EQ(b[e] < 0, !(keys[e] == keys[e])) << e;  // ranked iff not NaN
     }
   }
+}
+
+// One warp: the kept groups of E keys in G groups by warp_kept_groups, and by the serial form route_block used
+// before it (group_top2_sum by one thread a group, then each group's rank among the valid scores).
+__global__ void kept_groups_probe_kernel(const float* keys, int E, int G, int topk_group, uint32_t* warp_form,
+                                         uint32_t* serial_form) {
+  __shared__ float k[1024];
+  __shared__ float score[32];
+  const int lane = threadIdx.x;
+  for (int i = lane; i < E; i += 32) k[i] = keys[i];
+  __syncwarp();
+  const uint32_t w = kernels::warp_kept_groups(k, E, G, topk_group, lane);
+  if (lane < G) score[lane] = kernels::group_top2_sum(k + lane * (E / G), E / G);
+  __syncwarp();
+  if (lane == 0) {
+    uint32_t kept = 0u;
+    for (int g = 0; g < G; ++g) {
+      const float v = score[g];
+      int rank = 0;
+      for (int u = 0; u < G; ++u) {
+        const float su = score[u];
+        rank += (!(su != su || su == -INFINITY) && (su > v || (su == v && u < g))) ? 1 : 0;
+      }
+      if (!(v != v || v == -INFINITY) && rank < topk_group) kept |= 1u << g;
+    }
+    *warp_form = w;
+    *serial_form = kept;
+  }
+}
+
+TEST(DecodeRouteKernels, WarpKeptGroupsEqualSerialGroupSelection) {
+  std::mt19937 rng(7);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+  int cases = 0, differing_masks = 0;
+  // (E, G): deepseek-v3's 256 / 8, the layer tests' 32 / 8, 96 / 8, 512 / 8, and the corners of G <= 32
+  for (auto [E, G] : std::vector<std::pair<int, int>>{{256, 8}, {32, 8}, {96, 8}, {512, 8}, {256, 32}, {32, 32},
+                                                      {64, 2}, {40, 5}, {1024, 16}, {6, 3}, {384, 12}, {24, 24}}) {
+    for (int pattern = 0; pattern < 9; ++pattern) {
+      for (int topk_group : {1, G / 2 > 0 ? G / 2 : 1, G}) {
+        SCOPED_TRACE(::testing::Message() << "E=" << E << " G=" << G << " topk_group=" << topk_group << " pattern "
+                                          << pattern);
+        std::vector<float> keys(E);
+        for (int e = 0; e < E; ++e) {
+          const float x = normal(rng);
+          float v = x;
+          switch (pattern) {
+            case 0: v = 1.0f / (1.0f + std::exp(-x)) + 0.1f * normal(rng); break;  // sigmoid + bias, as routed
+            case 1: v = 0.5f; break;                                                // every key tied
+            case 2: v = std::round(2.0f * x) * 0.25f; break;                        // few values: ties across groups
+            case 3: v = (e % 3 == 0) ? 0.0f : (e % 3 == 1) ? -0.0f : -std::fabs(std::round(x)); break;  // signed zeros
+            case 4: v = (e % 5 == 0) ? -inf : (e % 11 == 3) ? inf : x; break;
+            case 5: v = (e % 4 == 1) ? nan : std::round(x); break;
+            case 6: v = (e % (E / G) == 0) ? x : nan; break;  // one key a group (score -FLT_MAX + key)
+            case 7: v = (e < E / 2) ? nan : -inf; break;      // invalid groups: scores -inf
+            default: v = (e % 2) ? -std::numeric_limits<float>::max() : x; break;
+          }
+          keys[e] = v;
+        }
+        DevBuf<float> d_keys(keys);
+        DevBuf<uint32_t> w(1), s(1);
+        kept_groups_probe_kernel<<<1, 32>>>(d_keys.p, E, G, topk_group, w.p, s.p);
+        ASSERT_EQ(cudaGetLastError(), cudaSuccess);
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        const uint32_t a = w.get()[0], b = s.get()[0];
+        EXPECT_EQ(a, b);
+        differing_masks += (b != 0u && b != (G == 32 ? ~0u : (1u << G) - 1u)) ? 1 : 0;
+        ++cases;
+      }
+    }
+  }
+  EXPECT_EQ(cases, 12 * 9 * 3);
+  EXPECT_GT(differing_masks, 100);  // most cases keep some groups and not others: the masks are compared, not trivial
 }
 
 }  // namespace
