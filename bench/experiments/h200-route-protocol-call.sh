@@ -1,0 +1,36 @@
+# One device call (forty-first session): the group selection by one warp (warp_kept_groups, a4fd462) tested, then
+# the protocol with torch on it (HEAD's figures of record; on 00484d9's CLI instead if a test fails), then its A/B
+# against 00484d9's CLI at deepseek-v3 T = 1 / 2 / 4 and x19g's stamps inside route_block (on the base tree:
+# bench/experiments/x19g-route-stamps-on-d0d7287.patch). Predictions: docs/benchmarks.md's optimisation log.
+# Carry: BASE_CLI=<00484d9's nvfp4moe> VARIANT_BUILDS="x19:<x19g tree>/build" bash scripts/pack_carry.sh build.
+# Run as SHA=<sha> END_S=570 bash <this> (carry [".carry"]; needs_h200: deepseek-v3's prefill stack).
+set -u
+for b in .carry/*.tar.xz; do tar xJf $b -C .carry; done
+export LD_LIBRARY_PATH=$PWD/.carry
+W=$OUT/r; mkdir -p $W
+END=${END_S:-570}
+left() { echo $(( END - SECONDS )); }
+nvidia-smi --query-gpu=name,clocks.max.sm --format=csv,noheader | tee $W/gpu.txt
+timeout 60 .carry/cuda_test_decode_route_kernels > $W/decode-route.log 2>&1; rc1=$?
+echo "decode route tests: exit $rc1 [$SECONDS s]"; grep -E "^\[  (PASSED|FAILED) |FAILED  \]" $W/decode-route.log
+timeout 150 .carry/cuda_test_cuda_layer --gtest_filter='-*PresetDims*' > $W/layer.log 2>&1; rc2=$?
+echo "layer tests (no PresetDims): exit $rc2 [$SECONDS s]"; grep -E "^\[  (PASSED|FAILED) |FAILED  \]" $W/layer.log | head -8
+psha=${SHA:-unknown} pbin=.carry/nvfp4moe
+[ $rc1 = 0 ] && [ $rc2 = 0 ] || { psha=00484d9; pbin=.carry/base/nvfp4moe; echo "tests failed: protocol on 00484d9"; }
+PROTOCOL_BIN=$pbin SHA=$psha BUDGET_S=$(( $(left) - 150 )) bash bench/protocol-call.sh
+echo "protocol: [$SECONDS s]"
+VARIANTS="base:.carry/base/nvfp4moe groups:.carry/nvfp4moe" \
+  POINTS="${AB_POINTS:-deepseek-v3:1:w4a16,w4a4 deepseek-v3:2:w4a16 deepseek-v3:4:w4a16}" \
+  REPEAT=${AB_REPEAT:-1} NVFP4MOE_GIT_SHA=${SHA:-unknown} OUT=$W/ab timeout $(( $(left) > 150 ? 100 : $(left) / 2 )) \
+  bash scripts/device_variant_ab.sh | tee $W/ab.txt
+echo "ab: [$SECONDS s]"
+if [ $(left) -gt 25 ] && [ -x .carry/x19/nvfp4moe ]; then
+  for preset in deepseek-v3 qwen3-30b; do
+    timeout $(( $(left) > 40 ? 30 : 15 )) env NVFP4MOE_X19_REPLAYS=16 .carry/x19/nvfp4moe bench --preset $preset \
+      --tokens 1 --mode w4a16 > $W/x19g-$preset-t1.log 2>&1
+    echo "x19g $preset: exit $? [$SECONDS s]"
+  done
+  grep -hE "X19 (qwen|deep)|ws_gemm1 +#0 P(0|1|2|4|5|8|14|15|16|17) " $W/x19g-*.log
+fi
+tar czf $OUT/r.tgz -C $W . && rm -rf $W
+echo "done [$SECONDS s]"
