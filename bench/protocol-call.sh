@@ -1,7 +1,8 @@
 # One device call: the protocol of ../shared/docs/benchmarks.md (ceilings, every preset and T, the torch baseline)
 # on the carried CLI (PROTOCOL_BIN: another carried CLI), nothing else. Run as SHA=<sha> BUDGET_S=<s> bash
 # bench/protocol-call.sh on a carry packed by scripts/pack_carry.sh. The tool returns at most 8 files a call: the
-# merged JSON, the summary and the roofline PNG come back as files, everything else (per-preset JSON and logs, torch logs, gpu info) in $OUT/raw.tgz.
+# merged JSON, the summary and the roofline PNG come back as files, everything else (per-preset JSON and logs,
+# torch logs, gpu info) in $OUT/raw.tgz.
 set -u
 for b in .carry/*.tar.xz; do tar xJf $b -C .carry; done
 export LD_LIBRARY_PATH=$PWD/.carry
