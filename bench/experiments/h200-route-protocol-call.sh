@@ -1,7 +1,8 @@
 # One device call (forty-first session): the group selection by one warp (warp_kept_groups, a4fd462) tested, then
 # the protocol with torch on it (HEAD's figures of record; on 00484d9's CLI instead if a test fails), then its A/B
-# against 00484d9's CLI at deepseek-v3 T = 1 / 2 / 4 and x19g's stamps inside route_block (on the base tree:
-# bench/experiments/x19g-route-stamps-on-d0d7287.patch). Predictions: docs/benchmarks.md's optimisation log.
+# against 00484d9's CLI at deepseek-v3 T = 1 / 4, x19g's stamps inside route_block and x19f's per-warp dump (on the
+# base tree: bench/experiments/x19g-route-stamps-on-d0d7287.patch), then ws8_s5_w24_b1 against the default at
+# deepseek-v3 T = 1 if time is left. Predictions: docs/benchmarks.md's optimisation log.
 # Carry: BASE_CLI=<00484d9's nvfp4moe> VARIANT_BUILDS="x19:<x19g tree>/build" bash scripts/pack_carry.sh build.
 # Run as SHA=<sha> END_S=570 bash <this> (carry [".carry"]; needs_h200: deepseek-v3's prefill stack).
 set -u
@@ -17,20 +18,27 @@ timeout 150 .carry/cuda_test_cuda_layer --gtest_filter='-*PresetDims*' > $W/laye
 echo "layer tests (no PresetDims): exit $rc2 [$SECONDS s]"; grep -E "^\[  (PASSED|FAILED) |FAILED  \]" $W/layer.log | head -8
 psha=${SHA:-unknown} pbin=.carry/nvfp4moe
 [ $rc1 = 0 ] && [ $rc2 = 0 ] || { psha=00484d9; pbin=.carry/base/nvfp4moe; echo "tests failed: protocol on 00484d9"; }
-PROTOCOL_BIN=$pbin SHA=$psha BUDGET_S=$(( $(left) - 150 )) bash bench/protocol-call.sh
+pb=$(( $(left) - 210 )); [ $pb -gt 300 ] && pb=300
+PROTOCOL_BIN=$pbin SHA=$psha BUDGET_S=$pb bash bench/protocol-call.sh
 echo "protocol: [$SECONDS s]"
 VARIANTS="base:.carry/base/nvfp4moe groups:.carry/nvfp4moe" \
-  POINTS="${AB_POINTS:-deepseek-v3:1:w4a16,w4a4 deepseek-v3:2:w4a16 deepseek-v3:4:w4a16}" \
-  REPEAT=${AB_REPEAT:-1} NVFP4MOE_GIT_SHA=${SHA:-unknown} OUT=$W/ab timeout $(( $(left) > 150 ? 100 : $(left) / 2 )) \
+  POINTS="${AB_POINTS:-deepseek-v3:1:w4a16,w4a4 deepseek-v3:4:w4a16}" \
+  REPEAT=${AB_REPEAT:-1} NVFP4MOE_GIT_SHA=${SHA:-unknown} OUT=$W/ab timeout $(( $(left) > 150 ? 80 : $(left) / 2 )) \
   bash scripts/device_variant_ab.sh | tee $W/ab.txt
 echo "ab: [$SECONDS s]"
 if [ $(left) -gt 25 ] && [ -x .carry/x19/nvfp4moe ]; then
   for preset in deepseek-v3 qwen3-30b; do
-    timeout $(( $(left) > 40 ? 30 : 15 )) env NVFP4MOE_X19_REPLAYS=16 .carry/x19/nvfp4moe bench --preset $preset \
-      --tokens 1 --mode w4a16 > $W/x19g-$preset-t1.log 2>&1
+    timeout $(( $(left) > 40 ? 30 : 15 )) env NVFP4MOE_X19_REPLAYS=16 NVFP4MOE_X19_DUMP=$W/x19f-warps.txt \
+      .carry/x19/nvfp4moe bench --preset $preset --tokens 1 --mode w4a16 > $W/x19g-$preset-t1.log 2>&1
     echo "x19g $preset: exit $? [$SECONDS s]"
   done
   grep -hE "X19 (qwen|deep)|ws_gemm1 +#0 P(0|1|2|4|5|8|14|15|16|17) " $W/x19g-*.log
+  python3 bench/x19f_warp_tail.py $W/x19f-warps.txt > $W/x19f-tail.txt 2>&1; head -24 $W/x19f-tail.txt
+  xz -9 $W/x19f-warps.txt
 fi
+# the 24-warp b1 GEMM1 (opt-in ws8_s5_w24_b1) against the default at deepseek-v3 T = 1, if time is left
+[ $(left) -gt 45 ] && VARIANTS="base:.carry/nvfp4moe w24:.carry/nvfp4moe:NVFP4MOE_SM90_CONFIG=gemm1=ws8_s5_w24_b1" \
+  POINTS="deepseek-v3:1:w4a16" REPEAT=2 NVFP4MOE_GIT_SHA=${SHA:-unknown} OUT=$W/ab-w24 \
+  timeout $(( $(left) - 10 )) bash scripts/device_variant_ab.sh | tee $W/ab-w24.txt
 tar czf $OUT/r.tgz -C $W . && rm -rf $W
 echo "done [$SECONDS s]"
