@@ -5,6 +5,8 @@
 // it against that definition without a GPU.
 #pragma once
 
+#include <cfloat>
+#include <cmath>
 #include <cstdint>
 
 #include "format/nvfp4.h"  // NVFP4_HD
@@ -94,6 +96,43 @@ NVFP4_HD int rank_among_keys(const float* keys, int n4, int e, float k) {
 // get exactly what rank_among_keys over all keys gives (tests/cuda_host/test_route_rank.cpp).
 NVFP4_HD int rank_among_candidates(const float* ckeys, const int32_t* cids, int n4, int id, float k) {
   return count_before(ckeys, n4, id, k, StoredTieIds{cids});
+}
+
+// DeepSeek's group selection (route_token, route_block), host and device. A group's score is the sum of its two
+// largest keys, walked in key order from -FLT_MAX (NaN and -inf never rise above that start).
+NVFP4_HD void group_top2_insert(float& t1, float& t2, float v) {
+  if (v > t1) {
+    t2 = t1;
+    t1 = v;
+  } else if (v > t2) {
+    t2 = v;
+  }
+}
+NVFP4_HD float group_top2_sum(const float* key, int gsize) {  // one thread, in key order
+  float t1 = -FLT_MAX, t2 = -FLT_MAX;
+  for (int i = 0; i < gsize; ++i) group_top2_insert(t1, t2, key[i]);
+  return gsize >= 2 ? t1 + t2 : t1;
+}
+// warp_kept_groups' pieces (sm90_nvfp4_route.cuh): L lanes a group (the largest power of two with G L <= 32), each
+// walking keys j, j + L, ... of its group into a top-2 pair (group_top2_insert), the pairs merged over the L lanes by
+// group_top2_merge: the two largest of the union, so the score is group_top2_sum's values in another order (up to
+// the sign of a zero sum, which no compare tells apart). tests/cuda_host/test_route_rank.cpp runs these pieces as
+// the warp does against group_top2_sum and the argmax passes.
+NVFP4_HD int kept_group_lanes(int groups) {
+  int lanes = 32;
+  while (lanes > 1 && lanes * groups > 32) lanes >>= 1;
+  return lanes;
+}
+NVFP4_HD void group_top2_merge(float& t1, float& t2, float o1, float o2) {
+  t2 = fmaxf(fminf(t1, o1), fmaxf(t2, o2));
+  t1 = fmaxf(t1, o1);
+}
+NVFP4_HD bool group_score_valid(float score) { return !(score != score || score == -INFINITY); }
+// Whether group u (score su) ranks above group g (score s): a valid score, greater, or equal and a lower group. A
+// group is kept when valid and fewer than topk_group groups rank above it: what topk_group argmax passes with ties
+// to the lower group keep.
+NVFP4_HD bool group_ranks_above(float su, int u, float s, int g) {
+  return group_score_valid(su) && (su > s || (su == s && u < g));
 }
 
 }  // namespace nvfp4moe::cuda

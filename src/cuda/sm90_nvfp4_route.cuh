@@ -134,53 +134,24 @@ __device__ __forceinline__ float warp_softmax_sum(const float* key, int E, float
   for (int off = 16; off > 0; off >>= 1) z += __shfl_xor_sync(0xffffffffu, z, off);
   return z;
 }
-// DeepSeek group score: the sum of the group's two largest keys (one thread, in key order; NaN skipped).
-__device__ __forceinline__ float group_top2_sum(const float* key, int gsize) {
-  float t1 = -FLT_MAX, t2 = -FLT_MAX;
-  for (int i = 0; i < gsize; ++i) {
-    const float v = key[i];
-    if (v > t1) { t2 = t1; t1 = v; }
-    else if (v > t2) t2 = v;
-  }
-  return gsize >= 2 ? t1 + t2 : t1;
-}
 // The kept groups of one token's grouped routing, G <= 32 groups, by one warp alone (route_block: no shared-memory
 // scores and two barriers fewer; group_top2_sum's serial walk by G threads was most of deepseek-v3's T = 1
-// routing). Lanes g L .. g L + L - 1 (L: the largest power of two with G L <= 32) take keys j, j + L, ... of group
-// g, keep the two largest as group_top2_sum does (neither NaN nor -inf ever rises above its -FLT_MAX start, so
-// fmaxf(v, -FLT_MAX) stands for them), and merge their pairs over the L lanes: the two largest of a multiset are
-// the same two values in any order, so the score t1 + t2 is group_top2_sum's, up to the sign of a zero sum, which
-// no compare below tells apart. Group g is kept when its score is valid (neither NaN nor -inf) and fewer than
-// topk_group valid scores rank above it (greater, or equal and of a lower group): the groups that topk_group
-// argmax passes with ties to the lower group take. Returns bit g set for each kept group g, in every lane.
+// routing): the pieces of route_rank.h, L = kept_group_lanes(G) lanes a group, the pairs merged by shuffles within
+// the group's aligned lanes, each group's rank among the scores by shuffles, one ballot. Returns bit g set for each
+// kept group g, in every lane: the groups that group_top2_sum and topk_group argmax passes keep.
 __device__ __forceinline__ unsigned warp_kept_groups(const float* key, int E, int G, int topk_group, int lane) {
-  const int gsize = E / G;
-  int L = 32;
-  while (L > 1 && L * G > 32) L >>= 1;
+  const int gsize = E / G, L = kept_group_lanes(G);
   const int g = lane / L, j = lane - g * L;
   float t1 = -FLT_MAX, t2 = -FLT_MAX;
-  if (g < G) {
-    const float* kg = key + g * gsize;
-    for (int i = j; i < gsize; i += L) {
-      const float v = fmaxf(kg[i], -FLT_MAX);
-      if (v > t1) { t2 = t1; t1 = v; }
-      else if (v > t2) t2 = v;
-    }
-  }
-  for (int off = 1; off < L; off <<= 1) {  // (xor below L stays inside the group's aligned lanes)
-    const float o1 = __shfl_xor_sync(0xffffffffu, t1, off), o2 = __shfl_xor_sync(0xffffffffu, t2, off);
-    t2 = fmaxf(fminf(t1, o1), fmaxf(t2, o2));
-    t1 = fmaxf(t1, o1);
-  }
+  if (g < G)
+    for (int i = j; i < gsize; i += L) group_top2_insert(t1, t2, key[g * gsize + i]);
+  for (int off = 1; off < L; off <<= 1)
+    group_top2_merge(t1, t2, __shfl_xor_sync(0xffffffffu, t1, off), __shfl_xor_sync(0xffffffffu, t2, off));
   const float score = gsize >= 2 ? t1 + t2 : t1;
-  const bool valid = g < G && !(score != score || score == -INFINITY);
   int rank = 0;
-  for (int u = 0; u < G; ++u) {
-    const float su = __shfl_sync(0xffffffffu, score, u * L);
-    const bool uvalid = !(su != su || su == -INFINITY);
-    rank += (uvalid && (su > score || (su == score && u < g))) ? 1 : 0;
-  }
-  const unsigned leaders = __ballot_sync(0xffffffffu, j == 0 && valid && rank < topk_group);  // bit g L
+  for (int u = 0; u < G; ++u) rank += group_ranks_above(__shfl_sync(0xffffffffu, score, u * L), u, score, g) ? 1 : 0;
+  const unsigned leaders =  // bit g L: group g kept
+      __ballot_sync(0xffffffffu, j == 0 && g < G && group_score_valid(score) && rank < topk_group);
   unsigned kept = 0u;
   for (int u = 0; u < G; ++u) kept |= ((leaders >> (u * L)) & 1u) << u;
   return kept;

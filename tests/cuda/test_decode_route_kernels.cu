@@ -193,7 +193,7 @@ __global__ void kept_groups_probe_kernel(const float* keys, int E, int G, int to
   for (int i = lane; i < E; i += 32) k[i] = keys[i];
   __syncwarp();
   const uint32_t w = kernels::warp_kept_groups(k, E, G, topk_group, lane);
-  if (lane < G) score[lane] = kernels::group_top2_sum(k + lane * (E / G), E / G);
+  if (lane < G) score[lane] = group_top2_sum(k + lane * (E / G), E / G);
   __syncwarp();
   if (lane == 0) {
     uint32_t kept = 0u;

@@ -1,7 +1,8 @@
 // The decode block route's rank counts (src/cuda/route_rank.h: the default short-circuit form and the
 // branch-free one), host side: equal to their definition on random and adversarial keys (ties, +-0, +-inf, NaN
 // pads and NaN logits), and the ranks of the valid experts are a permutation of 0 .. valid-1 whose order is the
-// k-argmax order (descending key, ties to the lower id).
+// k-argmax order (descending key, ties to the lower id). The grouped routing's warp group selection
+// (warp_kept_groups' pieces, run as the warp runs them) keeps what the serial top-2 sums and argmax passes keep.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -129,6 +130,106 @@ TEST(RouteRank, TwoStagesGiveTheSlotsOfOneRankAmongAllKeys) {
         }
         EXPECT_EQ(got, want);
       }
+}
+
+// DeepSeek's group selection as route_token defines it: group_top2_sum per group, then topk_group argmax passes
+// over the valid scores (neither NaN nor -inf), ties to the lower group. Bit g: group g kept.
+uint32_t kept_groups_by_argmax_passes(const std::vector<float>& keys, int G, int topk_group,
+                                      std::vector<float>* scores) {
+  const int gsize = static_cast<int>(keys.size()) / G;
+  std::vector<float> gscore(static_cast<size_t>(G));
+  for (int g = 0; g < G; ++g) gscore[static_cast<size_t>(g)] = group_top2_sum(keys.data() + g * gsize, gsize);
+  *scores = gscore;
+  uint32_t kept = 0u;
+  for (int r = 0; r < topk_group; ++r) {
+    int best = -1;
+    for (int g = 0; g < G; ++g) {
+      const float v = gscore[static_cast<size_t>(g)];
+      if (!group_score_valid(v) || ((kept >> g) & 1u)) continue;
+      if (best < 0 || v > gscore[static_cast<size_t>(best)]) best = g;  // (ties: the lower group, seen first)
+    }
+    if (best < 0) break;
+    kept |= 1u << best;
+  }
+  return kept;
+}
+
+// warp_kept_groups' steps on 32 emulated lanes: the strided top-2 walk, the xor butterfly within L lanes (every
+// lane reads its partner's values from before the round, as __shfl_xor_sync does), the ranks from lane u L's score,
+// the ballot of the groups' first lanes.
+uint32_t kept_groups_as_the_warp(const std::vector<float>& keys, int G, int topk_group, std::vector<float>* scores) {
+  const int E = static_cast<int>(keys.size()), gsize = E / G, L = kept_group_lanes(G);
+  float t1[32], t2[32], score[32];
+  for (int lane = 0; lane < 32; ++lane) {
+    const int g = lane / L, j = lane - g * L;
+    t1[lane] = t2[lane] = -FLT_MAX;
+    if (g < G)
+      for (int i = j; i < gsize; i += L)
+        group_top2_insert(t1[lane], t2[lane], keys[static_cast<size_t>(g * gsize + i)]);
+  }
+  for (int off = 1; off < L; off <<= 1) {
+    float o1[32], o2[32];
+    for (int lane = 0; lane < 32; ++lane) o1[lane] = t1[lane ^ off], o2[lane] = t2[lane ^ off];
+    for (int lane = 0; lane < 32; ++lane) group_top2_merge(t1[lane], t2[lane], o1[lane], o2[lane]);
+  }
+  for (int lane = 0; lane < 32; ++lane) score[lane] = gsize >= 2 ? t1[lane] + t2[lane] : t1[lane];
+  uint32_t leaders = 0u;
+  for (int lane = 0; lane < 32; ++lane) {
+    const int g = lane / L, j = lane - g * L;
+    int rank = 0;
+    for (int u = 0; u < G; ++u) rank += group_ranks_above(score[u * L], u, score[lane], g) ? 1 : 0;
+    if (j == 0 && g < G && group_score_valid(score[lane]) && rank < topk_group) leaders |= 1u << lane;
+    if (j == 0 && g < G) (*scores)[static_cast<size_t>(g)] = score[lane];
+  }
+  uint32_t kept = 0u;
+  for (int u = 0; u < G; ++u) kept |= ((leaders >> (u * L)) & 1u) << u;
+  return kept;
+}
+
+TEST(RouteRank, WarpKeptGroupsKeepWhatTheArgmaxPassesKeep) {
+  std::mt19937 rng(2028);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+  int cases = 0, partial = 0;
+  for (auto [E, G] : std::vector<std::pair<int, int>>{{256, 8}, {32, 8}, {96, 8}, {512, 8}, {256, 32}, {32, 32},
+                                                      {64, 2}, {40, 5}, {1024, 16}, {6, 3}, {384, 12}, {24, 24},
+                                                      {160, 20}, {8, 2}})
+    for (int pattern = 0; pattern < 10; ++pattern)
+      for (int topk_group : {1, 2, G / 2 > 0 ? G / 2 : 1, G - 1 > 0 ? G - 1 : 1, G}) {
+        SCOPED_TRACE(::testing::Message() << "E=" << E << " G=" << G << " topk_group=" << topk_group << " pattern "
+                                          << pattern);
+        const int gsize = E / G;
+        std::vector<float> keys(static_cast<size_t>(E));
+        for (int e = 0; e < E; ++e) {
+          const float x = normal(rng);
+          float v = x;
+          switch (pattern) {
+            case 0: v = 1.0f / (1.0f + std::exp(-x)) + 0.1f * normal(rng); break;  // sigmoid + bias, as routed
+            case 1: v = 0.5f; break;                                                // every key tied
+            case 2: v = std::round(2.0f * x) * 0.25f; break;                        // ties within and across groups
+            case 3: v = (e % 3 == 0) ? 0.0f : (e % 3 == 1) ? -0.0f : -std::fabs(std::round(x)); break;  // +-0 sums
+            case 4: v = (e % 5 == 0) ? -inf : (e % 11 == 3) ? inf : x; break;
+            case 5: v = (e % 4 == 1) ? nan : std::round(x); break;
+            case 6: v = (e % gsize == 0) ? x : nan; break;     // one key a group: score -FLT_MAX + key
+            case 7: v = (e < E / 2) ? nan : -inf; break;       // no key counts: scores -inf (gsize >= 2)
+            case 8: v = (e % 2) ? -FLT_MAX : x; break;         // -FLT_MAX keys: -inf sums where two meet
+            default: v = (e / gsize) % 3 == 0 ? nan : x; break;  // whole groups NaN
+          }
+          keys[static_cast<size_t>(e)] = v;
+        }
+        std::vector<float> want_scores, got_scores(static_cast<size_t>(G));
+        const uint32_t want = kept_groups_by_argmax_passes(keys, G, topk_group, &want_scores);
+        const uint32_t got = kept_groups_as_the_warp(keys, G, topk_group, &got_scores);
+        EXPECT_EQ(got, want);
+        for (int g = 0; g < G; ++g) {  // the same values (a zero sum's sign aside, which == ignores)
+          const float a = got_scores[static_cast<size_t>(g)], b = want_scores[static_cast<size_t>(g)];
+          EXPECT_TRUE(a == b || (std::isnan(a) && std::isnan(b))) << "group " << g << ": " << a << " vs " << b;
+        }
+        ++cases;
+        partial += (want != 0u && want != (G == 32 ? ~0u : (1u << G) - 1u)) ? 1 : 0;
+      }
+  EXPECT_EQ(cases, 14 * 10 * 5);
+  EXPECT_GT(partial, 300);  // most cases keep some groups and not others
 }
 
 }  // namespace
