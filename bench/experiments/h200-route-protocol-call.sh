@@ -1,9 +1,9 @@
-# One device call (forty-first session): the group selection by one warp (warp_kept_groups, a4fd462) tested, then
-# the protocol with torch on it (HEAD's figures of record; on 00484d9's CLI instead if a test fails), then its A/B
-# against 00484d9's CLI at deepseek-v3 T = 1 / 4, x19g's stamps inside route_block and x19f's per-warp dump (on the
-# base tree: bench/experiments/x19g-route-stamps-on-d0d7287.patch), then ws8_s5_w24_b1 against the default at
-# deepseek-v3 T = 1 if time is left. Predictions: docs/benchmarks.md's optimisation log.
-# Carry: BASE_CLI=<00484d9's nvfp4moe> VARIANT_BUILDS="x19:<x19g tree>/build" bash scripts/pack_carry.sh build.
+# One device call (forty-first session): the group selection by one warp (warp_kept_groups, opt-in
+# NVFP4MOE_ROUTE_WARP_GROUPS=1) tested, then the protocol with torch on the carried CLI (HEAD's figures of record; its
+# default, the serial selection), then the switch's A/B in the same binary at deepseek-v3 T = 1 / 4, x19g's stamps
+# inside route_block and x19f's per-warp dump (bench/experiments/x19g-route-stamps-on-d0d7287.patch), then ws8_s5_w24_b1
+# against the default at deepseek-v3 T = 1 if time is left. Predictions: docs/benchmarks.md's optimisation log.
+# Carry: VARIANT_BUILDS="x19:<x19g tree>/build" bash scripts/pack_carry.sh build.
 # Run as SHA=<sha> END_S=570 bash <this> (carry [".carry"]; needs_h200: deepseek-v3's prefill stack).
 set -u
 for b in .carry/*.tar.xz; do tar xJf $b -C .carry; done
@@ -15,13 +15,16 @@ nvidia-smi --query-gpu=name,clocks.max.sm --format=csv,noheader | tee $W/gpu.txt
 timeout 60 .carry/cuda_test_decode_route_kernels > $W/decode-route.log 2>&1; rc1=$?
 echo "decode route tests: exit $rc1 [$SECONDS s]"; grep -E "^\[  (PASSED|FAILED) |FAILED  \]" $W/decode-route.log
 timeout 150 .carry/cuda_test_cuda_layer --gtest_filter='-*PresetDims*' > $W/layer.log 2>&1; rc2=$?
-echo "layer tests (no PresetDims): exit $rc2 [$SECONDS s]"; grep -E "^\[  (PASSED|FAILED) |FAILED  \]" $W/layer.log | head -8
-psha=${SHA:-unknown} pbin=.carry/nvfp4moe
-[ $rc1 = 0 ] && [ $rc2 = 0 ] || { psha=00484d9; pbin=.carry/base/nvfp4moe; echo "tests failed: protocol on 00484d9"; }
+echo "layer tests (no PresetDims): exit $rc2 [$SECONDS s]"
+grep -E "^\[  (PASSED|FAILED) |FAILED  \]" $W/layer.log | head -8
+timeout 60 env NVFP4MOE_ROUTE_WARP_GROUPS=1 .carry/cuda_test_cuda_layer \
+  --gtest_filter='*RoutingAdversarial*:*T1RouteInGemm*:*TokensRoutedInGemm1*' > $W/layer-warp-groups-on.log 2>&1
+echo "routing layer tests with NVFP4MOE_ROUTE_WARP_GROUPS=1: exit $? [$SECONDS s]"
+grep -E "^\[  (PASSED|FAILED) |FAILED  \]" $W/layer-warp-groups-on.log | head -4
 pb=$(( $(left) - 210 )); [ $pb -gt 300 ] && pb=300
-PROTOCOL_BIN=$pbin SHA=$psha BUDGET_S=$pb bash bench/protocol-call.sh
+SHA=${SHA:-unknown} BUDGET_S=$pb bash bench/protocol-call.sh
 echo "protocol: [$SECONDS s]"
-VARIANTS="base:.carry/base/nvfp4moe groups:.carry/nvfp4moe" \
+VARIANTS="base:.carry/nvfp4moe groups:.carry/nvfp4moe:NVFP4MOE_ROUTE_WARP_GROUPS=1" \
   POINTS="${AB_POINTS:-deepseek-v3:1:w4a16,w4a4 deepseek-v3:4:w4a16}" \
   REPEAT=${AB_REPEAT:-1} NVFP4MOE_GIT_SHA=${SHA:-unknown} OUT=$W/ab timeout $(( $(left) > 150 ? 80 : $(left) / 2 )) \
   bash scripts/device_variant_ab.sh | tee $W/ab.txt

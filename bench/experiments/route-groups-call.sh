@@ -1,8 +1,9 @@
-# One device call (forty-first session): the grouped routing's group selection by one warp (warp_kept_groups,
-# a4fd462) tested and measured against 00484d9's CLI, plus x19g's stamps inside route_block on the base
-# (bench/experiments/x19g-route-stamps-on-d0d7287.patch: x19f plus P14..P17 at route_block's barriers).
+# One device call (forty-first session): the grouped routing's group selection by one warp (warp_kept_groups, opt-in
+# NVFP4MOE_ROUTE_WARP_GROUPS=1) tested and measured against the default in the same binary, plus x19g's stamps inside
+# route_block on the base (bench/experiments/x19g-route-stamps-on-d0d7287.patch: x19f plus P14..P17 at route_block's
+# barriers).
 # Prediction: docs/benchmarks.md's optimisation log (deepseek-v3 T = 1 -1.5..2.0 us, T = 2 alike, T = 4 -1..2).
-# Carry: BASE_CLI=<00484d9's nvfp4moe> VARIANT_BUILDS="x19:<x19g tree>/build" bash scripts/pack_carry.sh build.
+# Carry: VARIANT_BUILDS="x19:<x19g tree>/build" bash scripts/pack_carry.sh build.
 # Run as SHA=<sha> END_S=560 bash <this> (carry [".carry"]; fits an H100: deepseek-v3 decode only).
 set -u
 for b in .carry/*.tar.xz; do tar xJf $b -C .carry; done
@@ -14,8 +15,13 @@ nvidia-smi --query-gpu=name,clocks.max.sm --format=csv,noheader | tee $W/gpu.txt
 timeout 60 .carry/cuda_test_decode_route_kernels > $W/decode-route.log 2>&1
 echo "decode route tests: exit $? [$SECONDS s]"; grep -E "^\[  (PASSED|FAILED) |FAILED  \]" $W/decode-route.log
 timeout 150 .carry/cuda_test_cuda_layer --gtest_filter="${LAYER_TESTS:--*PresetDims*}" > $W/layer.log 2>&1
-echo "layer tests (no PresetDims): exit $? [$SECONDS s]"; grep -E "^\[  (PASSED|FAILED) |FAILED  \]" $W/layer.log | head -8
-VARIANTS="base:.carry/base/nvfp4moe groups:.carry/nvfp4moe" \
+echo "layer tests (no PresetDims): exit $? [$SECONDS s]"
+grep -E "^\[  (PASSED|FAILED) |FAILED  \]" $W/layer.log | head -8
+timeout 60 env NVFP4MOE_ROUTE_WARP_GROUPS=1 .carry/cuda_test_cuda_layer \
+  --gtest_filter='*RoutingAdversarial*:*T1RouteInGemm*:*TokensRoutedInGemm1*' > $W/layer-warp-groups-on.log 2>&1
+echo "routing layer tests with NVFP4MOE_ROUTE_WARP_GROUPS=1: exit $? [$SECONDS s]"
+grep -E "^\[  (PASSED|FAILED) |FAILED  \]" $W/layer-warp-groups-on.log | head -4
+VARIANTS="base:.carry/nvfp4moe groups:.carry/nvfp4moe:NVFP4MOE_ROUTE_WARP_GROUPS=1" \
   POINTS="${AB_POINTS:-deepseek-v3:1:w4a16,w4a4 deepseek-v3:2:w4a16 deepseek-v3:4:w4a16 qwen3-30b:1:w4a16}" \
   REPEAT=${AB_REPEAT:-2} NVFP4MOE_GIT_SHA=${SHA:-unknown} OUT=$W/ab timeout $(( $(left) > 330 ? 230 : $(left) / 2 )) \
   bash scripts/device_variant_ab.sh | tee $W/ab.txt

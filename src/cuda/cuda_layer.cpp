@@ -294,6 +294,7 @@ CudaMoeLayer::CudaMoeLayer(MoeWeights w, const MoeLayerOptions& options, GemmPat
   shared_reads_hidden_ = env_switch("NVFP4MOE_SHARED_HIDDEN");  // A/B and tests: "0" = the shared gather copies
   fused_gather_enabled_ = env_switch("NVFP4MOE_FUSED_GATHER");  // A/B and tests: "0" = route + plan, then gather
   gather_token_major_min_tokens_ = gather_token_major_min_tokens_from_env();  // A/B and tests
+  route_warp_kept_groups_ = env_opt_in("NVFP4MOE_ROUTE_WARP_GROUPS");  // A/B and tests: "1" = groups by one warp
   DeviceGuard warm(options.device);
   (void)device_sm_count();  // cached now, so no attribute query ever happens inside a captured forward()
   DeviceGuard guard(options.device);
@@ -1165,6 +1166,7 @@ RouteArgs CudaMoeLayer::route_args(const float* logits, int T) const {
   r.n_group = static_cast<int>(spec_.n_group);
   r.topk_group = static_cast<int>(spec_.topk_group);
   r.scaling = spec_.routed_scaling_factor;
+  r.warp_kept_groups = route_warp_kept_groups_;
   r.topk_ids = topk_ids_;
   r.topk_weights = topk_weights_;
   return r;

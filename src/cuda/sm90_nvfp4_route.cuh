@@ -400,7 +400,7 @@ __device__ __forceinline__ void route_block(const RouteArgs& a, uint8_t* smem, i
         stat[2 * ts + 1] = z;
       }
     }
-  } else if (G > 1 && G <= 32) {  // each warp of the token finds the kept groups (ineligible keys: past the barrier)
+  } else if (G > 1 && G <= 32 && a.warp_kept_groups) {  // each warp finds the kept groups (keys: past the barrier)
     if (active) kept_groups = warp_kept_groups(kt, E, G, a.topk_group, lane);
   } else if (G > 1) {
     const int gsize = E / G;
@@ -423,7 +423,8 @@ __device__ __forceinline__ void route_block(const RouteArgs& a, uint8_t* smem, i
   if (!stats_beside) __syncthreads();  // (the same for the whole block: blockDim and the arguments)
   // G <= 32: no warp reads the keys for the groups past the barrier, and stage 1 reads only its own warp's keys
   // (after its __syncwarp below), so each thread marks its own key ineligible.
-  if (G > 1 && G <= 32 && real && !((kept_groups >> (e / (E / G))) & 1u)) kt[e] = __int_as_float(0x7fffffff);
+  if (G > 1 && G <= 32 && a.warp_kept_groups && real && !((kept_groups >> (e / (E / G))) & 1u))
+    kt[e] = __int_as_float(0x7fffffff);
   // The ranks in two stages (route_rank.h, rank_among_candidates: exactly the slots of one rank among all keys,
   // with 8 + k Ep / 128 compare steps a thread instead of Ep / 4). Stage 1: each expert's rank among the 32 keys
   // of its own warp (Ep is whole warps, so a warp is one token's segment of 32 experts); local rank j < kc makes

@@ -1155,6 +1155,42 @@ std::vector<float> tokens_trial_logits(int64_t T, int64_t E, uint64_t seed, int 
   return logits;
 }
 
+// The block routing's group selection by one warp (NVFP4MOE_ROUTE_WARP_GROUPS=1: warp_kept_groups) gives the serial
+// selection's ids, weights, plan and output bits, wherever route_block runs: GEMM1's T = 1 routing, GEMM1 routing
+// T = 2 .. 4 tokens, the fused decode routing launches, and larger T unchanged (the warp path). DeepSeek-style
+// groups of 32 keys (one warp a group), of 4 (eight groups a warp) and of 12 (groups across warps: the ineligible
+// keys are marked past the barrier), 512 experts in 8 groups; both modes; per token random, tied, NaN and all-NaN
+// logits mixed within a forward; a poisoned workspace; a captured graph replayed.
+TEST(CudaLayer, RouteWarpKeptGroupsBitIdenticalToSerialSelection) {
+  const LayerDims dims[] = {
+      {"sigmoid-grouped E256 k8 n8 g4 +shared(I) as expert E", 256, 64, 256, 8, Activation::SwiGLU,
+       Routing::SigmoidGroupedTopK, 8, 4, 2.5f, true, 64},
+      kMergedSigmoid,
+      {"sigmoid-grouped E96 k8 n8 g3 (groups of 12)", 128, 64, 96, 8, Activation::SwiGLU,
+       Routing::SigmoidGroupedTopK, 8, 3, 2.5f, false},
+      {"E512 k8 sigmoid 8 groups", 128, 64, 512, 8, Activation::SwiGLU, Routing::SigmoidGroupedTopK, 8, 3, 1.5f, false},
+  };
+  int gemm1_routed_points = 0;
+  for (const LayerDims& d : dims)
+    for (const Mode mode : {Mode::W4A16, Mode::W4A4}) {
+      SCOPED_TRACE(std::string(d.name) + " " + mode_name(mode));
+      SwitchPair h("NVFP4MOE_ROUTE_WARP_GROUPS", "1", d, mode, 64, 73);
+      for (int64_t T : {1, 2, 3, 4, 5, 8, 40}) {
+        SCOPED_TRACE("T=" + std::to_string(T));
+        gemm1_routed_points += h.switched.cuda->decode_routing(T, false, true).gemm1_routes;
+        for (int trial = 0; trial < 4; ++trial) {
+          SCOPED_TRACE("trial " + std::to_string(trial));
+          const auto logits = tokens_trial_logits(T, d.E, 4100 + 10 * T, trial);
+          const auto hidden = random_hidden(T, d.H, 4200 + trial);
+          PlanDump plan;
+          expect_poisoned_forwards_match(h.base, {{&h.switched, "groups by one warp"}}, T, hidden, logits, plan);
+        }
+        if (T == 1 || T == 4) expect_replays_bit_identical(h.base, h.switched, T, 4300 + T);
+      }
+    }
+  EXPECT_GE(gemm1_routed_points, 4) << "GEMM1 routed the tokens at too few points: the test checks little";
+}
+
 // T = 1 with router logits routed inside GEMM1 (the default; NVFP4MOE_T1_ROUTE_IN_GEMM=0: the routing launch):
 // every CTA of the warp-streaming GEMM1 routes the token with the block routing and maps its pieces from the ids,
 // CTA 0 writes the ids, weights and plan; GEMM2 guesses those ids before its wait and checks them after it
