@@ -362,11 +362,14 @@ __device__ __forceinline__ void route_block(const RouteArgs& a, uint8_t* smem, i
   if (active) {
     float k = __int_as_float(0x7fffffff);  // NaN: never ranked, never counted
     if (real) {
+      // The bias (a weight, not the previous kernel's output) is loaded ahead of the logit: written after it, its
+      // load was issued only once the logit had arrived (the sigmoid's first instruction waits for the logit), two
+      // global round trips in series before deepseek-v3's T = 1 routing could start.
+      const float b = (!softmax && a.bias) ? __ldg(a.bias + e) : 0.0f;
       const float l = __ldg(a.logits + static_cast<int64_t>(t) * E + e);
       if (softmax) {
         k = l;
       } else {
-        const float b = a.bias ? __ldg(a.bias + e) : 0.0f;
         const float sg = 1.0f / (1.0f + expf(-l));
         aux[t * Ep + e] = sg;
         k = sg + b;
