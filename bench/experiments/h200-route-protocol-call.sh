@@ -3,7 +3,8 @@
 # default, the serial selection), then the switch's A/B in the same binary at deepseek-v3 T = 1 / 4, x19g's stamps
 # inside route_block and x19f's per-warp dump (bench/experiments/x19g-route-stamps-on-d0d7287.patch), then ws8_s5_w24_b1
 # against the default at deepseek-v3 T = 1 if time is left. Predictions: docs/benchmarks.md's optimisation log.
-# Carry: VARIANT_BUILDS="x19:<x19g tree>/build" bash scripts/pack_carry.sh build.
+# Carry: BASE_CLI=$(bash scripts/build_base_cli.sh 00484d9 | tail -1) VARIANT_BUILDS="x19:<x19g tree>/build" bash
+# scripts/pack_carry.sh build (the x19g tree: d0d7287 + the patch, its nvfp4moe_cli built with -DNVFP4MOE_TESTS=OFF).
 # Run as SHA=<sha> END_S=570 bash <this> (carry [".carry"]; needs_h200: deepseek-v3's prefill stack).
 set -u
 for b in .carry/*.tar.xz; do tar xJf $b -C .carry; done
@@ -21,12 +22,14 @@ timeout 60 env NVFP4MOE_ROUTE_WARP_GROUPS=1 .carry/cuda_test_cuda_layer \
   --gtest_filter='*RoutingAdversarial*:*T1RouteInGemm*:*TokensRoutedInGemm1*' > $W/layer-warp-groups-on.log 2>&1
 echo "routing layer tests with NVFP4MOE_ROUTE_WARP_GROUPS=1: exit $? [$SECONDS s]"
 grep -E "^\[  (PASSED|FAILED) |FAILED  \]" $W/layer-warp-groups-on.log | head -4
-pb=$(( $(left) - 210 )); [ $pb -gt 300 ] && pb=300
+pb=$(( $(left) - 230 )); [ $pb -gt 300 ] && pb=300
 SHA=${SHA:-unknown} BUDGET_S=$pb bash bench/protocol-call.sh
 echo "protocol: [$SECONDS s]"
-VARIANTS="base:.carry/nvfp4moe groups:.carry/nvfp4moe:NVFP4MOE_ROUTE_WARP_GROUPS=1" \
+# (with a base CLI carried, 00484d9's: the bias loaded after the logit, for the bias-order A/B)
+old=""; [ -x .carry/base/nvfp4moe ] && old="b00484d9:.carry/base/nvfp4moe"
+VARIANTS="$old base:.carry/nvfp4moe groups:.carry/nvfp4moe:NVFP4MOE_ROUTE_WARP_GROUPS=1" \
   POINTS="${AB_POINTS:-deepseek-v3:1:w4a16,w4a4 deepseek-v3:4:w4a16}" \
-  REPEAT=${AB_REPEAT:-1} NVFP4MOE_GIT_SHA=${SHA:-unknown} OUT=$W/ab timeout $(( $(left) > 150 ? 80 : $(left) / 2 )) \
+  REPEAT=${AB_REPEAT:-1} NVFP4MOE_GIT_SHA=${SHA:-unknown} OUT=$W/ab timeout $(( $(left) > 170 ? 100 : $(left) / 2 )) \
   bash scripts/device_variant_ab.sh | tee $W/ab.txt
 echo "ab: [$SECONDS s]"
 if [ $(left) -gt 25 ] && [ -x .carry/x19/nvfp4moe ]; then

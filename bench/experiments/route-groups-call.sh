@@ -3,7 +3,8 @@
 # route_block on the base (bench/experiments/x19g-route-stamps-on-d0d7287.patch: x19f plus P14..P17 at route_block's
 # barriers).
 # Prediction: docs/benchmarks.md's optimisation log (deepseek-v3 T = 1 -1.5..2.0 us, T = 2 alike, T = 4 -1..2).
-# Carry: VARIANT_BUILDS="x19:<x19g tree>/build" bash scripts/pack_carry.sh build.
+# Carry: BASE_CLI=$(bash scripts/build_base_cli.sh 00484d9 | tail -1) VARIANT_BUILDS="x19:<x19g tree>/build" bash
+# scripts/pack_carry.sh build (the x19g tree: d0d7287 + the patch, its nvfp4moe_cli built with -DNVFP4MOE_TESTS=OFF).
 # Run as SHA=<sha> END_S=560 bash <this> (carry [".carry"]; fits an H100: deepseek-v3 decode only).
 set -u
 for b in .carry/*.tar.xz; do tar xJf $b -C .carry; done
@@ -21,7 +22,9 @@ timeout 60 env NVFP4MOE_ROUTE_WARP_GROUPS=1 .carry/cuda_test_cuda_layer \
   --gtest_filter='*RoutingAdversarial*:*T1RouteInGemm*:*TokensRoutedInGemm1*' > $W/layer-warp-groups-on.log 2>&1
 echo "routing layer tests with NVFP4MOE_ROUTE_WARP_GROUPS=1: exit $? [$SECONDS s]"
 grep -E "^\[  (PASSED|FAILED) |FAILED  \]" $W/layer-warp-groups-on.log | head -4
-VARIANTS="base:.carry/nvfp4moe groups:.carry/nvfp4moe:NVFP4MOE_ROUTE_WARP_GROUPS=1" \
+# (with a base CLI carried, 00484d9's: the bias loaded after the logit, for the bias-order A/B)
+old=""; [ -x .carry/base/nvfp4moe ] && old="b00484d9:.carry/base/nvfp4moe"
+VARIANTS="$old base:.carry/nvfp4moe groups:.carry/nvfp4moe:NVFP4MOE_ROUTE_WARP_GROUPS=1" \
   POINTS="${AB_POINTS:-deepseek-v3:1:w4a16,w4a4 deepseek-v3:2:w4a16 deepseek-v3:4:w4a16 qwen3-30b:1:w4a16}" \
   REPEAT=${AB_REPEAT:-2} NVFP4MOE_GIT_SHA=${SHA:-unknown} OUT=$W/ab timeout $(( $(left) > 330 ? 230 : $(left) / 2 )) \
   bash scripts/device_variant_ab.sh | tee $W/ab.txt
