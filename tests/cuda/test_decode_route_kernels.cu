@@ -22,6 +22,7 @@
 #include "cuda/sm90_nvfp4_plan_block.cuh"
 #include "cuda/sm90_nvfp4_route.cuh"
 #include "support/cuda_test_support.h"
+#include "support/grouped_route_keys.h"
 
 namespace nvfp4moe::cuda {
 namespace {
@@ -213,34 +214,13 @@ __global__ void kept_groups_probe_kernel(const float* keys, int E, int G, int to
 
 TEST(DecodeRouteKernels, WarpKeptGroupsEqualSerialGroupSelection) {
   std::mt19937 rng(7);
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
   int cases = 0, differing_masks = 0;
-  // (E, G): deepseek-v3's 256 / 8, the layer tests' 32 / 8, 96 / 8, 512 / 8, and the corners of G <= 32
-  for (auto [E, G] : std::vector<std::pair<int, int>>{{256, 8}, {32, 8}, {96, 8}, {512, 8}, {256, 32}, {32, 32},
-                                                      {64, 2}, {40, 5}, {1024, 16}, {6, 3}, {384, 12}, {24, 24}}) {
-    for (int pattern = 0; pattern < 9; ++pattern) {
+  for (auto [E, G] : test::grouped_route_shapes())
+    for (int pattern = 0; pattern < test::kGroupedRouteKeyPatterns; ++pattern)
       for (int topk_group : {1, G / 2 > 0 ? G / 2 : 1, G}) {
         SCOPED_TRACE(::testing::Message() << "E=" << E << " G=" << G << " topk_group=" << topk_group << " pattern "
                                           << pattern);
-        std::vector<float> keys(E);
-        for (int e = 0; e < E; ++e) {
-          const float x = normal(rng);
-          float v = x;
-          switch (pattern) {
-            case 0: v = 1.0f / (1.0f + std::exp(-x)) + 0.1f * normal(rng); break;  // sigmoid + bias, as routed
-            case 1: v = 0.5f; break;                                                // every key tied
-            case 2: v = std::round(2.0f * x) * 0.25f; break;                        // few values: ties across groups
-            case 3: v = (e % 3 == 0) ? 0.0f : (e % 3 == 1) ? -0.0f : -std::fabs(std::round(x)); break;  // signed zeros
-            case 4: v = (e % 5 == 0) ? -inf : (e % 11 == 3) ? inf : x; break;
-            case 5: v = (e % 4 == 1) ? nan : std::round(x); break;
-            case 6: v = (e % (E / G) == 0) ? x : nan; break;  // one key a group (score -FLT_MAX + key)
-            case 7: v = (e < E / 2) ? nan : -inf; break;      // invalid groups: scores -inf
-            default: v = (e % 2) ? -std::numeric_limits<float>::max() : x; break;
-          }
-          keys[e] = v;
-        }
-        DevBuf<float> d_keys(keys);
+        DevBuf<float> d_keys(test::grouped_route_keys(E, E / G, pattern, rng));
         DevBuf<uint32_t> w(1), s(1);
         kept_groups_probe_kernel<<<1, 32>>>(d_keys.p, E, G, topk_group, w.p, s.p);
         ASSERT_EQ(cudaGetLastError(), cudaSuccess);
@@ -250,9 +230,7 @@ TEST(DecodeRouteKernels, WarpKeptGroupsEqualSerialGroupSelection) {
         differing_masks += (b != 0u && b != (G == 32 ? ~0u : (1u << G) - 1u)) ? 1 : 0;
         ++cases;
       }
-    }
-  }
-  EXPECT_EQ(cases, 12 * 9 * 3);
+  EXPECT_EQ(cases, 14 * test::kGroupedRouteKeyPatterns * 3);
   EXPECT_GT(differing_masks, 100);  // most cases keep some groups and not others: the masks are compared, not trivial
 }
 

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "cuda/route_rank.h"
+#include "support/grouped_route_keys.h"
 
 namespace nvfp4moe::cuda {
 namespace {
@@ -188,35 +189,13 @@ uint32_t kept_groups_as_the_warp(const std::vector<float>& keys, int G, int topk
 
 TEST(RouteRank, WarpKeptGroupsKeepWhatTheArgmaxPassesKeep) {
   std::mt19937 rng(2028);
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
   int cases = 0, partial = 0;
-  for (auto [E, G] : std::vector<std::pair<int, int>>{{256, 8}, {32, 8}, {96, 8}, {512, 8}, {256, 32}, {32, 32},
-                                                      {64, 2}, {40, 5}, {1024, 16}, {6, 3}, {384, 12}, {24, 24},
-                                                      {160, 20}, {8, 2}})
-    for (int pattern = 0; pattern < 10; ++pattern)
+  for (auto [E, G] : test::grouped_route_shapes())
+    for (int pattern = 0; pattern < test::kGroupedRouteKeyPatterns; ++pattern)
       for (int topk_group : {1, 2, G / 2 > 0 ? G / 2 : 1, G - 1 > 0 ? G - 1 : 1, G}) {
         SCOPED_TRACE(::testing::Message() << "E=" << E << " G=" << G << " topk_group=" << topk_group << " pattern "
                                           << pattern);
-        const int gsize = E / G;
-        std::vector<float> keys(static_cast<size_t>(E));
-        for (int e = 0; e < E; ++e) {
-          const float x = normal(rng);
-          float v = x;
-          switch (pattern) {
-            case 0: v = 1.0f / (1.0f + std::exp(-x)) + 0.1f * normal(rng); break;  // sigmoid + bias, as routed
-            case 1: v = 0.5f; break;                                                // every key tied
-            case 2: v = std::round(2.0f * x) * 0.25f; break;                        // ties within and across groups
-            case 3: v = (e % 3 == 0) ? 0.0f : (e % 3 == 1) ? -0.0f : -std::fabs(std::round(x)); break;  // +-0 sums
-            case 4: v = (e % 5 == 0) ? -inf : (e % 11 == 3) ? inf : x; break;
-            case 5: v = (e % 4 == 1) ? nan : std::round(x); break;
-            case 6: v = (e % gsize == 0) ? x : nan; break;     // one key a group: score -FLT_MAX + key
-            case 7: v = (e < E / 2) ? nan : -inf; break;       // no key counts: scores -inf (gsize >= 2)
-            case 8: v = (e % 2) ? -FLT_MAX : x; break;         // -FLT_MAX keys: -inf sums where two meet
-            default: v = (e / gsize) % 3 == 0 ? nan : x; break;  // whole groups NaN
-          }
-          keys[static_cast<size_t>(e)] = v;
-        }
+        const std::vector<float> keys = test::grouped_route_keys(E, E / G, pattern, rng);
         std::vector<float> want_scores, got_scores(static_cast<size_t>(G));
         const uint32_t want = kept_groups_by_argmax_passes(keys, G, topk_group, &want_scores);
         const uint32_t got = kept_groups_as_the_warp(keys, G, topk_group, &got_scores);
@@ -228,7 +207,7 @@ TEST(RouteRank, WarpKeptGroupsKeepWhatTheArgmaxPassesKeep) {
         ++cases;
         partial += (want != 0u && want != (G == 32 ? ~0u : (1u << G) - 1u)) ? 1 : 0;
       }
-  EXPECT_EQ(cases, 14 * 10 * 5);
+  EXPECT_EQ(cases, 14 * test::kGroupedRouteKeyPatterns * 5);
   EXPECT_GT(partial, 300);  // most cases keep some groups and not others
 }
 
