@@ -32,9 +32,9 @@ struct RouteArgs {
   bool renormalize = true;
   int n_group = 1, topk_group = 1;
   float scaling = 1.0f;           // sigmoid: routed_scaling_factor
-  // route_block with 1 < n_group <= 32: the kept groups by one warp (warp_kept_groups) instead of the serial top-2
-  // sums and ranks on n_group threads; the same groups. Opt-in (the layer's NVFP4MOE_ROUTE_WARP_GROUPS=1) until
-  // its GPU tests and A/B have run.
+  // 1 < n_group <= 32: the kept groups by one warp (warp_kept_groups) in route_block and route_token instead of the
+  // serial top-2 sums and then ranks (route_block) or argmax passes (route_token); the same groups. Opt-in (the
+  // layer's NVFP4MOE_ROUTE_WARP_GROUPS=1) until its GPU tests and A/B have run.
   bool warp_kept_groups = false;
   int32_t* topk_ids = nullptr;    // [T, k] out
   float* topk_weights = nullptr;  // [T, k] out

@@ -255,7 +255,12 @@ __device__ __forceinline__ void route_token(const RouteArgs& a, int t, uint8_t* 
   }
   __syncwarp();
   const int G = a.n_group;
-  if (G > 1) {
+  if (G > 1 && G <= 32 && a.warp_kept_groups) {  // (the warp's own form, as route_block's: the same groups)
+    const int gsize = E / G;
+    const unsigned kept = warp_kept_groups(key, E, G, a.topk_group, lane);
+    for (int e = lane; e < E; e += 32) eligible[e] = (kept >> (e / gsize)) & 1u;
+    __syncwarp();
+  } else if (G > 1) {
     const int gsize = E / G;
     for (int g = lane; g < G; g += 32) gscore[g] = group_top2_sum(key + g * gsize, gsize);
     __syncwarp();
@@ -388,7 +393,8 @@ __device__ __forceinline__ void route_block(const RouteArgs& a, uint8_t* smem, i
   // else the token's first warp does, before the ranks.
   const bool stats_beside = block_route_stats_warps(T, E, softmax) &&
                             static_cast<int>(blockDim.x) >= block_route_threads(T, E, softmax);
-  unsigned kept_groups = ~0u;  // (G <= 32: bit g set where group g is kept)
+  const bool warp_groups = G > 1 && G <= 32 && a.warp_kept_groups;
+  unsigned kept_groups = ~0u;  // (warp_groups: bit g set where group g is kept)
   if (softmax && write_global) {  // (only the weights read them: a block that writes nothing needs the ids alone)
     const int ts = stats_beside ? (tid - T * Ep) >> 5 : t;  // the token whose statistics this warp computes
     if (stats_beside ? (tid >= T * Ep && ts < T) : (active && e < 32)) {  // max and normalizer, as the warp path
@@ -403,7 +409,7 @@ __device__ __forceinline__ void route_block(const RouteArgs& a, uint8_t* smem, i
         stat[2 * ts + 1] = z;
       }
     }
-  } else if (G > 1 && G <= 32 && a.warp_kept_groups) {  // each warp finds the kept groups (keys: past the barrier)
+  } else if (warp_groups) {  // each warp finds the kept groups (the ineligible keys are marked past the barrier)
     if (active) kept_groups = warp_kept_groups(kt, E, G, a.topk_group, lane);
   } else if (G > 1) {
     const int gsize = E / G;
@@ -426,8 +432,7 @@ __device__ __forceinline__ void route_block(const RouteArgs& a, uint8_t* smem, i
   if (!stats_beside) __syncthreads();  // (the same for the whole block: blockDim and the arguments)
   // G <= 32: no warp reads the keys for the groups past the barrier, and stage 1 reads only its own warp's keys
   // (after its __syncwarp below), so each thread marks its own key ineligible.
-  if (G > 1 && G <= 32 && a.warp_kept_groups && real && !((kept_groups >> (e / (E / G))) & 1u))
-    kt[e] = __int_as_float(0x7fffffff);
+  if (warp_groups && real && !((kept_groups >> (e / (E / G))) & 1u)) kt[e] = __int_as_float(0x7fffffff);
   // The ranks in two stages (route_rank.h, rank_among_candidates: exactly the slots of one rank among all keys,
   // with 8 + k Ep / 128 compare steps a thread instead of Ep / 4). Stage 1: each expert's rank among the 32 keys
   // of its own warp (Ep is whole warps, so a warp is one token's segment of 32 experts); local rank j < kc makes

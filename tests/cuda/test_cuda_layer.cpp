@@ -1156,8 +1156,8 @@ std::vector<float> tokens_trial_logits(int64_t T, int64_t E, uint64_t seed, int 
 }
 
 // The block routing's group selection by one warp (NVFP4MOE_ROUTE_WARP_GROUPS=1: warp_kept_groups) gives the serial
-// selection's ids, weights, plan and output bits, wherever route_block runs: GEMM1's T = 1 routing, GEMM1 routing
-// T = 2 .. 4 tokens, the fused decode routing launches, and larger T unchanged (the warp path). DeepSeek-style
+// selection's ids, weights, plan and output bits, in route_block (GEMM1's T = 1 routing, GEMM1 routing T = 2 .. 4
+// tokens, the fused decode routing launches) and in route_token (the warp per token of larger T). DeepSeek-style
 // groups of 32 keys (one warp a group), of 4 (eight groups a warp) and of 12 (groups across warps: the ineligible
 // keys are marked past the barrier), 512 experts in 8 groups; both modes; per token random, tied, NaN and all-NaN
 // logits mixed within a forward; a poisoned workspace; a captured graph replayed.
