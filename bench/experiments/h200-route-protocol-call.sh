@@ -5,7 +5,8 @@
 # against the default at deepseek-v3 T = 1 if time is left. Predictions: docs/benchmarks.md's optimisation log.
 # Carry: BASE_CLI=$(bash scripts/build_base_cli.sh 00484d9 | tail -1) VARIANT_BUILDS="x19:<x19g tree>/build" bash
 # scripts/pack_carry.sh build (the x19g tree: d0d7287 + the patch, its nvfp4moe_cli built with -DNVFP4MOE_TESTS=OFF).
-# Run as SHA=<sha> END_S=570 bash <this> (carry [".carry"]; needs_h200: deepseek-v3's prefill stack).
+# Run as SHA=<sha> END_S=570 bash <this> (carry [".carry"]; needs_h200: deepseek-v3's prefill stack); on an H100:
+# PROTOCOL=0 END_S=420 (no protocol).
 set -u
 for b in .carry/*.tar.xz; do tar xJf $b -C .carry; done
 export LD_LIBRARY_PATH=$PWD/.carry
@@ -22,9 +23,11 @@ timeout 60 env NVFP4MOE_ROUTE_WARP_GROUPS=1 .carry/cuda_test_cuda_layer \
   --gtest_filter='*RoutingAdversarial*:*T1RouteInGemm*:*TokensRoutedInGemm1*' > $W/layer-warp-groups-on.log 2>&1
 echo "routing layer tests with NVFP4MOE_ROUTE_WARP_GROUPS=1: exit $? [$SECONDS s]"
 grep -E "^\[  (PASSED|FAILED) |FAILED  \]" $W/layer-warp-groups-on.log | head -4
-pb=$(( $(left) - 230 )); [ $pb -gt 300 ] && pb=300
-SHA=${SHA:-unknown} BUDGET_S=$pb bash bench/protocol-call.sh
-echo "protocol: [$SECONDS s]"
+if [ "${PROTOCOL:-1}" != 0 ]; then  # (PROTOCOL=0: no protocol; the rest fits an H100)
+  pb=$(( $(left) - 230 )); [ $pb -gt 300 ] && pb=300
+  SHA=${SHA:-unknown} BUDGET_S=$pb bash bench/protocol-call.sh
+  echo "protocol: [$SECONDS s]"
+fi
 # (with a base CLI carried, 00484d9's: the bias loaded after the logit, for the bias-order A/B)
 old=""; [ -x .carry/base/nvfp4moe ] && old="b00484d9:.carry/base/nvfp4moe"
 VARIANTS="$old base:.carry/nvfp4moe groups:.carry/nvfp4moe:NVFP4MOE_ROUTE_WARP_GROUPS=1" \
