@@ -431,15 +431,23 @@ void route(const MoeSpec& spec, const float* logits, const float* bias, int64_t 
         std::vector<float> gscore(static_cast<size_t>(G));
         std::vector<uint8_t> gok(static_cast<size_t>(G), 1), kept(static_cast<size_t>(G), 0);
         for (int64_t gi = 0; gi < G; ++gi) {
-          // Sum of the two largest keys (largest first), by a stable selection.
+          // The sum of the group's two largest keys, walked in key order from -FLT_MAX: NaN and -inf keys never
+          // rise above that start, so a group with fewer than two keys above -inf scores -FLT_MAX + its best
+          // (or -inf). The CUDA routing computes the same (route_rank.h, group_top2_sum).
           const float* kv = key.data() + gi * gsize;
-          int64_t i1 = -1, i2 = -1;
-          for (int64_t i = 0; i < gsize; ++i)
-            if (kv[i] == kv[i] && (i1 < 0 || kv[i] > kv[i1])) i1 = i;
-          for (int64_t i = 0; i < gsize; ++i)
-            if (i != i1 && kv[i] == kv[i] && (i2 < 0 || kv[i] > kv[i2])) i2 = i;
-          const float t1 = i1 >= 0 ? kv[i1] : -std::numeric_limits<float>::infinity();
-          gscore[gi] = (gsize >= 2 && i2 >= 0) ? t1 + kv[i2] : t1;
+          float t1 = -std::numeric_limits<float>::max(), t2 = t1;
+          for (int64_t i = 0; i < gsize; ++i) {
+            if (kv[i] > t1) {
+              t2 = t1;
+              t1 = kv[i];
+            } else if (kv[i] > t2) {
+              t2 = kv[i];
+            }
+          }
+          gscore[gi] = gsize >= 2 ? t1 + t2 : t1;
+          // A score of -inf (the sum overflowed: no key above -inf, or keys near -FLT_MAX) is never kept, nor NaN
+          // (none arises: neither start is -inf); topk_group argmax passes over the rest, ties to the lower group.
+          gok[gi] = (gscore[gi] != gscore[gi] || gscore[gi] == -std::numeric_limits<float>::infinity()) ? 0 : 1;
         }
         for (int64_t r = 0; r < spec.topk_group; ++r) {
           const int64_t gi = argmax(gscore.data(), gok.data(), G);

@@ -98,8 +98,10 @@ NVFP4_HD int rank_among_candidates(const float* ckeys, const int32_t* cids, int 
   return count_before(ckeys, n4, id, k, StoredTieIds{cids});
 }
 
-// DeepSeek's group selection (route_token, route_block), host and device. A group's score is the sum of its two
-// largest keys, walked in key order from -FLT_MAX (NaN and -inf never rise above that start).
+// DeepSeek's group selection (route_token, route_block), host and device; the CPU reference (src/cpu/reference.cpp)
+// defines it the same way (docs/numerics.md section 5). A group's score is the sum of its two largest keys, walked
+// in key order from -FLT_MAX (NaN and -inf never rise above that start): one key above -inf scores key - FLT_MAX,
+// none -inf.
 NVFP4_HD void group_top2_insert(float& t1, float& t2, float v) {
   if (v > t1) {
     t2 = t1;
@@ -127,6 +129,8 @@ NVFP4_HD void group_top2_merge(float& t1, float& t2, float o1, float o2) {
   t2 = fmaxf(fminf(t1, o1), fmaxf(t2, o2));
   t1 = fmaxf(t1, o1);
 }
+// A group scoring -inf (no key above -inf, or a sum that overflowed) is never kept; NaN cannot arise (neither start
+// is -inf) and is excluded too.
 NVFP4_HD bool group_score_valid(float score) { return !(score != score || score == -INFINITY); }
 // Whether group u (score su) ranks above group g (score s): a valid score, greater, or equal and a lower group. A
 // group is kept when valid and fewer than topk_group groups rank above it: what topk_group argmax passes with ties

@@ -262,7 +262,12 @@ __device__ __forceinline__ void route_token(const RouteArgs& a, int t, uint8_t* 
     __syncwarp();
   } else if (G > 1) {
     const int gsize = E / G;
-    for (int g = lane; g < G; g += 32) gscore[g] = group_top2_sum(key + g * gsize, gsize);
+    // An invalid score (-inf) becomes NaN, so that -inf marks only the groups taken below (before 2026-12-08 a
+    // group scoring -inf was marked eligible too; route_block never keeps one, nor now the CPU reference).
+    for (int g = lane; g < G; g += 32) {
+      const float v = group_top2_sum(key + g * gsize, gsize);
+      gscore[g] = group_score_valid(v) ? v : __int_as_float(0x7fffffff);
+    }
     __syncwarp();
     // Group selection uses its own eligibility: gscore entries set to -inf once taken (ties: lower group).
     for (int r = 0; r < a.topk_group; ++r) {

@@ -358,8 +358,9 @@ struct Harness {
   DevBuf<float> weights;
   DevBuf<float> out;
 
+  // router_bias (or nullptr: make_weights' random one) replaces the sigmoid routing's e_score_correction_bias.
   Harness(const LayerDims& d, Mode mode, int64_t max_t, uint64_t seed = 1, GemmPath gemm = GemmPath::kSm90Wgmma,
-          bool shared_max_input_scale = false)
+          bool shared_max_input_scale = false, const std::vector<float>* router_bias = nullptr)
       : max_tokens(max_t),
         hidden(max_t * d.H),
         logits(max_t * d.E),
@@ -367,6 +368,7 @@ struct Harness {
         weights(max_t * d.k),
         out(max_t * d.H) {
     MoeWeights w = make_weights(d, seed);
+    if (router_bias) w.router_bias = *router_bias;
     host = test::clone_weights(w);
     MoeLayerOptions o;
     o.backend = Backend::Cuda;
@@ -1686,11 +1688,57 @@ TEST(CudaLayer, BatchInvariance) {
   }
 }
 
-// The decode routing (the whole block ranks the experts: T * round_up(E, 32) <= 1024) and the warp-per-token
-// routing (larger T) on adversarial logits: ties everywhere, +-0, +-inf, NaN, rows with fewer valid experts than
-// k, all -inf. Both pick the CPU reference's ids, and a token's ids and weights are the same bits whether it is
-// routed alone (block path, in the fused route + plan [+ gather] launch) or among 64 tokens (warp path: its
-// candidates in registers up to 256 experts, its shared-memory passes above).
+// The adversarial routing tests' rows: T = 64 routes them on the warp path (route_token), T <= 8 on the block path.
+constexpr int64_t kAdversarialRouteRows = 64;
+
+// The decode routing (the whole block ranks the experts: T * round_up(E, 32) <= 1024; T = 1..5, 8, in the fused
+// route + plan [+ gather] launch or inside GEMM1) and the warp-per-token routing (64 tokens: its candidates in
+// registers up to 256 experts, its shared-memory passes above) pick the CPU reference's ids for these logits, and a
+// token's ids and weights are the same bits whether it is routed alone or among 64.
+void expect_routing_matches_cpu_on_both_paths(Harness& hs, const std::vector<float>& logits) {
+  constexpr int64_t kRows = kAdversarialRouteRows;
+  const int64_t H = hs.H(), E = hs.spec().num_experts, K = hs.spec().top_k;
+  const auto hidden = random_hidden(kRows, H, 5);
+  const std::vector<float>& bias = hs.host.router_bias;
+  std::vector<int32_t> cpu_ids(kRows * K);
+  std::vector<float> cpu_ws(kRows * K);
+  cpu::route(hs.spec(), logits.data(), bias.empty() ? nullptr : bias.data(), kRows, cpu_ids.data(), cpu_ws.data());
+  auto routed = [&](int64_t T) {
+    hs.forward_logits(T, hs.out.p, DType::F32);
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    const PlanView pv = hs.cuda->plan_view();
+    std::vector<int32_t> ids(T * K);
+    std::vector<float> ws(T * K);
+    EXPECT_EQ(cudaMemcpy(ids.data(), pv.topk_ids, T * K * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+    EXPECT_EQ(cudaMemcpy(ws.data(), pv.topk_weights, T * K * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+    return std::make_pair(ids, ws);
+  };
+  hs.hidden.put(hidden);
+  hs.logits.put(logits);
+  const auto [all_ids, all_ws] = routed(kRows);  // warp path (T > 32)
+  EXPECT_EQ(all_ids, cpu_ids) << "T=64 (warp path) ids vs cpu::route";
+  for (int64_t T : {1, 2, 3, 4, 5, 8}) {
+    for (int64_t t0 = 0; t0 + T <= 16; t0 += T) {
+      hs.hidden.put(std::vector<uint16_t>(hidden.begin() + t0 * H, hidden.begin() + (t0 + T) * H));
+      hs.logits.put(std::vector<float>(logits.begin() + t0 * E, logits.begin() + (t0 + T) * E));
+      const auto [ids, ws] = routed(T);
+      for (int64_t i = 0; i < T * K; ++i) {
+        ASSERT_EQ(ids[i], all_ids[t0 * K + i]) << "T=" << T << " token " << t0 + i / K << " slot " << i % K;
+        uint32_t a, b;
+        std::memcpy(&a, &ws[i], 4);
+        std::memcpy(&b, &all_ws[t0 * K + i], 4);
+        ASSERT_EQ(a, b) << "T=" << T << " token " << t0 + i / K << " slot " << i % K << ": weight " << ws[i]
+                        << " vs " << all_ws[t0 * K + i] << " among 64";
+      }
+    }
+  }
+  // Finite weights close to the CPU's (its normalizer sums in another order).
+  for (size_t i = 0; i < cpu_ws.size(); ++i)
+    if (std::isfinite(cpu_ws[i]) && std::isfinite(all_ws[i]))
+      EXPECT_NEAR(all_ws[i], cpu_ws[i], 2e-6f * (1.0f + std::fabs(cpu_ws[i]))) << i;
+}
+
+// Adversarial logits: ties everywhere, +-0, +-inf, NaN, rows with fewer valid experts than k, all -inf.
 TEST(CudaLayer, RoutingAdversarialLogitsBlockAndWarpPaths) {
   const LayerDims dims[] = {
       kSmallSoftmax,
@@ -1700,15 +1748,14 @@ TEST(CudaLayer, RoutingAdversarialLogitsBlockAndWarpPaths) {
       // E > 256: the warp routing's shared-memory argmax passes (E <= 256 keeps its candidates in registers)
       {"E320 softmax k6", 128, 64, 320, 6},
   };
-  constexpr int64_t kRows = 64;
   const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
   for (const auto& d : dims) {
     SCOPED_TRACE(d.name);
-    Harness hs(d, Mode::W4A16, kRows, 21);
-    const int64_t H = hs.H(), E = d.E, K = d.k;
-    std::vector<float> logits(kRows * E);
+    Harness hs(d, Mode::W4A16, kAdversarialRouteRows, 21);
+    const int64_t E = d.E, K = d.k;
+    std::vector<float> logits(kAdversarialRouteRows * E);
     Rng r(77);
-    for (int64_t t = 0; t < kRows; ++t) {
+    for (int64_t t = 0; t < kAdversarialRouteRows; ++t) {
       float* l = logits.data() + t * E;
       for (int64_t e = 0; e < E; ++e) {
         const float x = 2.0f * r.normal();
@@ -1724,44 +1771,60 @@ TEST(CudaLayer, RoutingAdversarialLogitsBlockAndWarpPaths) {
         }
       }
     }
-    const auto hidden = random_hidden(kRows, H, 5);
-    const std::vector<float>& bias = hs.host.router_bias;
-    std::vector<int32_t> cpu_ids(kRows * K);
-    std::vector<float> cpu_ws(kRows * K);
-    cpu::route(hs.spec(), logits.data(), bias.empty() ? nullptr : bias.data(), kRows, cpu_ids.data(), cpu_ws.data());
-    auto routed = [&](int64_t T) {
-      hs.forward_logits(T, hs.out.p, DType::F32);
-      EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-      const PlanView pv = hs.cuda->plan_view();
-      std::vector<int32_t> ids(T * K);
-      std::vector<float> ws(T * K);
-      EXPECT_EQ(cudaMemcpy(ids.data(), pv.topk_ids, T * K * 4, cudaMemcpyDeviceToHost), cudaSuccess);
-      EXPECT_EQ(cudaMemcpy(ws.data(), pv.topk_weights, T * K * 4, cudaMemcpyDeviceToHost), cudaSuccess);
-      return std::make_pair(ids, ws);
-    };
-    hs.hidden.put(hidden);
-    hs.logits.put(logits);
-    const auto [all_ids, all_ws] = routed(kRows);  // warp path (T > 32)
-    EXPECT_EQ(all_ids, cpu_ids) << "T=64 (warp path) ids vs cpu::route";
-    for (int64_t T : {1, 2, 3, 4, 5, 8}) {
-      for (int64_t t0 = 0; t0 + T <= 16; t0 += T) {
-        hs.hidden.put(std::vector<uint16_t>(hidden.begin() + t0 * H, hidden.begin() + (t0 + T) * H));
-        hs.logits.put(std::vector<float>(logits.begin() + t0 * E, logits.begin() + (t0 + T) * E));
-        const auto [ids, ws] = routed(T);
-        for (int64_t i = 0; i < T * K; ++i) {
-          ASSERT_EQ(ids[i], all_ids[t0 * K + i]) << "T=" << T << " token " << t0 + i / K << " slot " << i % K;
-          uint32_t a, b;
-          std::memcpy(&a, &ws[i], 4);
-          std::memcpy(&b, &all_ws[t0 * K + i], 4);
-          ASSERT_EQ(a, b) << "T=" << T << " token " << t0 + i / K << " slot " << i % K << ": weight " << ws[i]
-                          << " vs " << all_ws[t0 * K + i] << " among 64";
+    expect_routing_matches_cpu_on_both_paths(hs, logits);
+  }
+}
+
+// DeepSeek's grouped routing with keys that no sigmoid of a finite logit gives: a router bias of -inf, -FLT_MAX
+// (group sums that overflow to -inf), +inf and ties, under logits of -inf (key = the bias), NaN for some or all
+// experts, and groups of 2 keys where a NaN leaves one key that counts. A group's score and validity are
+// group_top2_sum's (route_rank.h) everywhere: the CPU reference, route_block, route_token (whose serial selection
+// marked a group scoring -inf eligible before 2026-12-08) and the warp form behind NVFP4MOE_ROUTE_WARP_GROUPS.
+TEST(CudaLayer, RoutingAdversarialRouterBiasBlockAndWarpPaths) {
+  const LayerDims dims[] = {
+      {"E256 sigmoid 8 groups k8", 128, 64, 256, 8, Activation::SwiGLU, Routing::SigmoidGroupedTopK, 8, 4, 2.5f, true},
+      {"E32 sigmoid 16 groups of 2 k4", 128, 64, 32, 4, Activation::SwiGLU, Routing::SigmoidGroupedTopK, 16, 3, 1.5f,
+       true},
+      // E > 256: route_token's shared-memory passes; more than 32 groups: the serial group selection in every form
+      {"E384 sigmoid 12 groups k6", 128, 64, 384, 6, Activation::SwiGLU, Routing::SigmoidGroupedTopK, 12, 5, 1.0f,
+       false},
+      {"E128 sigmoid 64 groups k6", 128, 64, 128, 6, Activation::SwiGLU, Routing::SigmoidGroupedTopK, 64, 7, 1.0f,
+       true},
+  };
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+  for (const auto& d : dims) {
+    SCOPED_TRACE(d.name);
+    const int64_t E = d.E, gsize = d.E / d.n_group;
+    Rng r(91);
+    std::vector<float> bias(E);
+    for (int64_t e = 0; e < E; ++e) {
+      switch ((e * 7 + e / gsize) % 9) {  // a different mix in each group
+        case 0: case 1: bias[e] = -inf; break;
+        case 2: bias[e] = -FLT_MAX; break;
+        case 3: bias[e] = (e % 5 == 3) ? inf : 0.25f; break;
+        case 4: bias[e] = 0.25f; break;
+        case 5: bias[e] = -FLT_MAX / 2; break;
+        default: bias[e] = 0.1f * r.normal(); break;
+      }
+    }
+    for (int64_t e = 0; e < 3 * gsize; ++e) bias[e] = (e / gsize == 1) ? -FLT_MAX : -inf;  // groups 0 and 2 score -inf
+    Harness hs(d, Mode::W4A16, kAdversarialRouteRows, 23, GemmPath::kSm90Wgmma, false, &bias);
+    std::vector<float> logits(kAdversarialRouteRows * E);
+    for (int64_t t = 0; t < kAdversarialRouteRows; ++t) {
+      float* l = logits.data() + t * E;
+      for (int64_t e = 0; e < E; ++e) {
+        const float x = 2.0f * r.normal();
+        switch (t % 6) {
+          case 0: l[e] = x; break;
+          case 1: l[e] = -inf; break;                                     // the key is the bias, bit for bit
+          case 2: l[e] = (e % 2 == 1) ? nan : x; break;                   // one key a group of two counts
+          case 3: l[e] = (e % gsize == gsize - 1) ? -inf : nan; break;    // one key a group counts
+          case 4: l[e] = (e % 3 == 0) ? 0.5f : (e % 3 == 1) ? nan : -inf; break;
+          default: l[e] = nan; break;                                     // no key counts: every id -1
         }
       }
     }
-    // Finite weights close to the CPU's (its normalizer sums in another order).
-    for (size_t i = 0; i < cpu_ws.size(); ++i)
-      if (std::isfinite(cpu_ws[i]) && std::isfinite(all_ws[i]))
-        EXPECT_NEAR(all_ws[i], cpu_ws[i], 2e-6f * (1.0f + std::fabs(cpu_ws[i]))) << i;
+    expect_routing_matches_cpu_on_both_paths(hs, logits);
   }
 }
 

@@ -13,7 +13,9 @@
 #include <random>
 #include <vector>
 
+#include "cpu/reference.h"
 #include "cuda/route_rank.h"
+#include "nvfp4moe/spec.h"
 #include "support/grouped_route_keys.h"
 
 namespace nvfp4moe::cuda {
@@ -209,6 +211,56 @@ TEST(RouteRank, WarpKeptGroupsKeepWhatTheArgmaxPassesKeep) {
       }
   EXPECT_EQ(cases, 14 * test::kGroupedRouteKeyPatterns * 5);
   EXPECT_GT(partial, 300);  // most cases keep some groups and not others
+}
+
+// The CPU reference (the oracle) routes DeepSeek's grouped top-k as the block routing does: the kept groups by
+// group_top2_sum's scores (a NaN or -inf score never kept), then the k ids by rank_among_keys over the kept groups'
+// keys. Keys from the adversarial patterns through the router bias (logits -inf: sigmoid 0, key = 0 + bias), so NaN,
+// +-inf and -FLT_MAX keys reach both. Before 2026-12-08 the CPU reference scored a group with one key that counts by
+// that key alone and could keep a -inf group, which this test catches (patterns 5 to 7).
+TEST(RouteRank, CpuReferenceKeepsTheGroupsAndIdsOfTheBlockRouting) {
+  std::mt19937 rng(2029);
+  const float ninf = -std::numeric_limits<float>::infinity();
+  int cases = 0, with_missing_ids = 0;
+  for (auto [E, G] : test::grouped_route_shapes())
+    for (int pattern = 0; pattern < test::kGroupedRouteKeyPatterns; ++pattern)
+      for (int topk_group : {1, 2, G - 1 > 0 ? G - 1 : 1}) {
+        const int K = std::min(E, 8);
+        SCOPED_TRACE(::testing::Message() << "E=" << E << " G=" << G << " topk_group=" << topk_group << " k=" << K
+                                          << " pattern " << pattern);
+        std::vector<float> keys = test::grouped_route_keys(E, E / G, pattern, rng);
+        for (float& k : keys) k = 0.0f + k;  // the bias as the key: -0 becomes +0, as 0 + bias does
+        MoeSpec spec;
+        spec.num_experts = E;
+        spec.top_k = K;
+        spec.routing = Routing::SigmoidGroupedTopK;
+        spec.n_group = G;
+        spec.topk_group = topk_group;
+        spec.has_router_bias = true;
+        const std::vector<float> logits(static_cast<size_t>(E), ninf);
+        std::vector<int32_t> cpu_ids(static_cast<size_t>(K));
+        std::vector<float> cpu_ws(static_cast<size_t>(K));
+        cpu::route(spec, logits.data(), keys.data(), 1, cpu_ids.data(), cpu_ws.data());
+
+        std::vector<float> scores;
+        const uint32_t kept = kept_groups_by_argmax_passes(keys, G, topk_group, &scores);
+        const int padded = (E + 3) / 4 * 4;
+        std::vector<float> eligible_keys(static_cast<size_t>(padded), std::numeric_limits<float>::quiet_NaN());
+        for (int e = 0; e < E; ++e)
+          if ((kept >> (e / (E / G))) & 1u) eligible_keys[static_cast<size_t>(e)] = keys[static_cast<size_t>(e)];
+        std::vector<int32_t> block_ids(static_cast<size_t>(K), -1);
+        for (int e = 0; e < E; ++e) {
+          const float k = eligible_keys[static_cast<size_t>(e)];
+          if (k != k) continue;
+          const int r = rank_among_keys(eligible_keys.data(), padded / 4, e, k);
+          if (r < K) block_ids[static_cast<size_t>(r)] = e;
+        }
+        EXPECT_EQ(cpu_ids, block_ids);
+        ++cases;
+        with_missing_ids += std::count(block_ids.begin(), block_ids.end(), -1) > 0 ? 1 : 0;
+      }
+  EXPECT_EQ(cases, 14 * test::kGroupedRouteKeyPatterns * 3);
+  EXPECT_GT(with_missing_ids, 20);  // rows where the kept groups hold fewer than k keys that count
 }
 
 }  // namespace
