@@ -33,7 +33,9 @@ struct MoeLayerOptions {
 };
 
 // Routing arguments: either router_logits [T, E] F32, or topk_ids [T, k] I32 (-1 = unused slot) together
-// with topk_weights [T, k] F32. Exactly one of the two forms.
+// with topk_weights [T, k] F32. Exactly one of the two forms. An id outside [-1, E): the cpu backend refuses it
+// (ArgumentError naming the slot); the cuda backend, which cannot read device data in forward() without a sync,
+// reads it as an unused slot.
 struct RoutingArgs {
   const TensorRef* router_logits = nullptr;
   const TensorRef* topk_ids = nullptr;

@@ -90,7 +90,8 @@ class MoeLayer(_core.MoeLayer):
 
     forward(hidden, router_logits=None, topk_ids=None, topk_weights=None, out=None, stream=None) -> out
         hidden [T, H] bf16 or f32; routing by router_logits [T, E] f32, or topk_ids [T, k] int32 with
-        topk_weights [T, k] f32; out [T, H] bf16 or f32 (allocated like hidden when None: torch.Tensor.new_empty
+        topk_weights [T, k] f32 (id -1: an unused slot; an id outside [-1, E) is refused on "cpu" and read as
+        unused on CUDA, which cannot check device data without a sync); out [T, H] bf16 or f32 (allocated like hidden when None: torch.Tensor.new_empty
         for torch, numpy.empty for NumPy, cupy.empty for CuPy). Any DLPack tensor is accepted. On CUDA the
         layer runs on ``stream`` (a cudaStream_t as int); when None, torch inputs use torch's current stream
         and other inputs the default stream. Returns out.

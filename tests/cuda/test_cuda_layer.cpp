@@ -727,6 +727,49 @@ INSTANTIATE_TEST_SUITE_P(Modes, ModeTest,
                                   (g == GemmPath::kSm90Wgmma ? "" : std::string("_") + gemm_path_name(g));
                          });
 
+// Given ids outside [-1, E) (E, E + 1000, -2, INT_MIN, INT_MAX): forward() cannot refuse device data without a
+// sync, so the cuda backend reads them as unused slots (copy_topk). The same bits as the same ids with -1 in their
+// place (their weights ignored), the routing workspace holding -1, at T = 1 (the one-token plan), 3, 40 and 300
+// (the three-kernel plan), with and without the shared expert. The cpu backend refuses them instead
+// (cpu::moe_forward: ArgumentError naming the slot).
+TEST(CudaLayer, GivenIdsOutsideTheExpertsReadAsUnusedSlots) {
+  for (const LayerDims& d : {LayerDims{"ids", 256, 128, 24, 4},
+                             LayerDims{"ids+shared(I)", 256, 128, 24, 4, Activation::SwiGLU, Routing::SoftmaxTopK, 1,
+                                       1, 1.0f, true, 128}}) {
+    SCOPED_TRACE(d.name);
+    Harness hs(d, Mode::W4A16, 300, 7);
+    const int64_t H = d.H, K = d.k, E = d.E;
+    const int32_t bad[] = {static_cast<int32_t>(E), static_cast<int32_t>(E + 1000), -2,
+                           std::numeric_limits<int32_t>::min(), std::numeric_limits<int32_t>::max()};
+    for (const int64_t T : {int64_t(1), int64_t(3), int64_t(40), int64_t(300)}) {
+      SCOPED_TRACE(::testing::Message() << "T=" << T);
+      std::vector<int32_t> ids(T * K), masked(T * K);
+      std::vector<float> ws(T * K);
+      Rng r(T + 3);
+      for (int64_t i = 0; i < T * K; ++i) {
+        const bool out_of_range = (i % K == 1) || (r.next() % 5 == 0);
+        ids[i] = out_of_range ? bad[r.next() % 5] : static_cast<int32_t>((i * 7 + i / K) % E);
+        masked[i] = out_of_range ? -1 : ids[i];
+        ws[i] = r.uniform();
+      }
+      hs.hidden.put(random_hidden(T, H, 40 + T));
+      hs.weights.put(ws);
+      hs.ids.put(ids);
+      hs.forward_ids(T, hs.out.p, DType::F32);
+      CUDA_OK(cudaDeviceSynchronize());
+      const auto got = hs.out.get(T * H);
+      std::vector<int32_t> routed(T * K);
+      CUDA_OK(cudaMemcpy(routed.data(), hs.cuda->plan_view().topk_ids, T * K * 4, cudaMemcpyDeviceToHost));
+      EXPECT_EQ(routed, masked);
+      hs.ids.put(masked);
+      hs.forward_ids(T, hs.out.p, DType::F32);
+      CUDA_OK(cudaDeviceSynchronize());
+      const auto want = hs.out.get(T * H);
+      ASSERT_EQ(std::memcmp(got.data(), want.data(), T * H * 4), 0);
+    }
+  }
+}
+
 // Same inputs, same bits: 5 runs, then with out and workspace poisoned (0xD5, ~0xD5, NaN); also bf16 output.
 TEST(CudaLayer, DeterministicAndPoisonProof) {
   for (GemmPath gemm : kBothPaths)
