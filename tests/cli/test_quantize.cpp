@@ -27,6 +27,7 @@
 #include "support/cli_runner.h"
 #include "nvfp4moe/checkpoint.h"
 #include "nvfp4moe/error.h"
+#include "support/test_support.h"
 
 namespace fs = std::filesystem;
 using namespace nvfp4moe;
@@ -113,25 +114,7 @@ void write_calibration(const std::string& path, int64_t n, uint64_t seed) {
   io::write_safetensors(path, {t});
 }
 
-// The reference quantizer, written here from fmt:: (section 3): codes [n, k/2], scales [n, k/16].
-void ref_quantize(const std::vector<float>& w, int64_t n, int64_t k, float ws2, std::vector<uint8_t>& packed,
-                  std::vector<uint8_t>& scales) {
-  packed.assign(static_cast<size_t>(n * k / 2), 0);
-  scales.assign(static_cast<size_t>(n * k / 16), 0);
-  for (int64_t r = 0; r < n; ++r)
-    for (int64_t b = 0; b < k / 16; ++b) {
-      float amax = 0;
-      for (int i = 0; i < 16; ++i) amax = std::max(amax, std::fabs(w[static_cast<size_t>(r * k + b * 16 + i)]));
-      const uint8_t s8 = fmt::weight_block_scale(amax, ws2);
-      scales[static_cast<size_t>(r * (k / 16) + b)] = s8;
-      const float denom = fmt::e4m3_decode(s8) * ws2;
-      for (int i = 0; i < 16; i += 2) {
-        const uint8_t lo = fmt::e2m1_encode(w[static_cast<size_t>(r * k + b * 16 + i)] / denom);
-        const uint8_t hi = fmt::e2m1_encode(w[static_cast<size_t>(r * k + b * 16 + i + 1)] / denom);
-        packed[static_cast<size_t>(r * (k / 2) + b * 8 + i / 2)] = static_cast<uint8_t>(lo | (hi << 4));
-      }
-    }
-}
+using test::reference_quantize_weights;
 
 std::vector<float> as_float(const Bf16Tensor& t) {
   std::vector<float> f(t.v.size());
@@ -223,13 +206,13 @@ TEST_F(Quantize, Bf16ToNvfp4BitwiseEqualsReferenceQuantizer) {
     EXPECT_EQ(w.experts.w2_scale2[e], ws2);
     std::vector<uint8_t> p, s;
     const size_t half = static_cast<size_t>(I * H / 2), halfs = static_cast<size_t>(I * H / 16);
-    ref_quantize(g, I, H, ws13, p, s);
+    reference_quantize_weights(g, I, H, ws13, p, s);
     EXPECT_EQ(0, std::memcmp(w.experts.w13.data() + e * 2 * half, p.data(), half));
     EXPECT_EQ(0, std::memcmp(w.experts.w13_scale.data() + e * 2 * halfs, s.data(), halfs));
-    ref_quantize(u, I, H, ws13, p, s);
+    reference_quantize_weights(u, I, H, ws13, p, s);
     EXPECT_EQ(0, std::memcmp(w.experts.w13.data() + e * 2 * half + half, p.data(), half));
     EXPECT_EQ(0, std::memcmp(w.experts.w13_scale.data() + e * 2 * halfs + halfs, s.data(), halfs));
-    ref_quantize(d, H, I, ws2, p, s);
+    reference_quantize_weights(d, H, I, ws2, p, s);
     EXPECT_EQ(0, std::memcmp(w.experts.w2.data() + e * half, p.data(), half));
     EXPECT_EQ(0, std::memcmp(w.experts.w2_scale.data() + e * halfs, s.data(), halfs));
     if (e == 3) EXPECT_EQ(s[0], fmt::e4m3_encode(1.0f));  // the zero block
@@ -428,11 +411,11 @@ TEST_F(Quantize, DeepSeekSharedExpertAndF32Weights) {
   const auto& d = vals[sb + "down_proj.weight"];
   const float ws13 = fmt::weight_global_scale(std::max(amax(g), amax(u)));
   std::vector<uint8_t> p, s;
-  ref_quantize(u, 2 * I, H, ws13, p, s);
+  reference_quantize_weights(u, 2 * I, H, ws13, p, s);
   EXPECT_EQ(mw.shared.w13_up_scale2[0], ws13);
   EXPECT_EQ(0, std::memcmp(mw.shared.w13.data() + p.size(), p.data(), p.size()));
   EXPECT_EQ(0, std::memcmp(mw.shared.w13_scale.data() + s.size(), s.data(), s.size()));
-  ref_quantize(d, H, 2 * I, fmt::weight_global_scale(amax(d)), p, s);
+  reference_quantize_weights(d, H, 2 * I, fmt::weight_global_scale(amax(d)), p, s);
   EXPECT_EQ(0, std::memcmp(mw.shared.w2.data(), p.data(), p.size()));
   EXPECT_GT(mw.shared.w13_input_scale[0], 0.0f);
   const Result rr = cli("run '" + out + "' --layer 0 --mode w4a4 --tokens 4");

@@ -25,6 +25,7 @@
 #include "nvfp4moe/error.h"
 #include "nvfp4moe/moe.h"
 #include "support/checkpoint_files.h"
+#include "support/test_support.h"
 
 namespace nvfp4moe {
 namespace {
@@ -98,31 +99,9 @@ void expect_stacked_equal(const StackedExperts& a, const StackedExperts& b, cons
   expect_bits_equal(a.w2_input_scale, b.w2_input_scale, what + ".w2_input_scale");
 }
 
-struct Tokens {
-  int64_t t = 0;
-  std::vector<uint16_t> hidden;
-  std::vector<int32_t> ids;
-  std::vector<float> weights;
-};
-Tokens make_tokens(const MoeSpec& s, int64_t t, uint64_t seed) {
-  Tokens k;
-  k.t = t;
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<float> nd(0.0f, 1.0f);
-  k.hidden.resize(static_cast<size_t>(t * s.hidden));
-  for (auto& h : k.hidden) h = fmt::bf16_from_float(nd(rng));
-  for (int64_t i = 0; i < t; ++i)
-    for (int64_t j = 0; j < s.top_k; ++j) {
-      k.ids.push_back(static_cast<int32_t>((i + j) % s.num_experts));
-      k.weights.push_back(1.0f / static_cast<float>(s.top_k));
-    }
-  return k;
-}
-std::vector<float> forward(const MoeWeights& w, Mode mode, const Tokens& k) {
-  std::vector<float> out(static_cast<size_t>(k.t * w.spec.hidden));
-  cpu::moe_forward(w, mode, k.hidden.data(), k.t, k.ids.data(), k.weights.data(), out.data());
-  return out;
-}
+using test::cpu_forward;
+using test::round_robin_tokens;
+using test::RoutedTokens;
 
 class CompressedTensors : public ::testing::Test {
  protected:
@@ -193,9 +172,9 @@ TEST_F(CompressedTensors, SameWeightsBitwiseIdenticalToModelOpt) {
       EXPECT_EQ(wa.router_weight, wb.router_weight);
       expect_bits_equal(wa.router_bias, wb.router_bias, "router_bias");
       EXPECT_EQ(wa.shared_gate_weight, wb.shared_gate_weight);
-      const Tokens k = make_tokens(wa.spec, 9, 3);
+      const RoutedTokens k = round_robin_tokens(wa.spec, 9, 3);
       for (Mode m : {Mode::W4A16, Mode::W4A4}) {
-        const auto oa = forward(wa, m, k), ob = forward(wb, m, k);
+        const auto oa = cpu_forward(wa, m, k), ob = cpu_forward(wb, m, k);
         ASSERT_EQ(oa.size(), ob.size());
         EXPECT_EQ(0, std::memcmp(oa.data(), ob.data(), oa.size() * 4)) << mode_name(m);
         bool nonzero = false;
@@ -232,9 +211,9 @@ TEST_F(CompressedTensors, ReciprocalRoundTripReport) {
   for (int l : a->moe_layers()) {
     const MoeWeights wa = a->load_layer(l), wb = b->load_layer(l);
     EXPECT_EQ(0, std::memcmp(wa.experts.w13.data(), wb.experts.w13.data(), wa.experts.w13.size()));
-    const Tokens k = make_tokens(wa.spec, 9, 4);
+    const RoutedTokens k = round_robin_tokens(wa.spec, 9, 4);
     for (Mode m : {Mode::W4A16, Mode::W4A4}) {
-      const auto oa = forward(wa, m, k), ob = forward(wb, m, k);
+      const auto oa = cpu_forward(wa, m, k), ob = cpu_forward(wb, m, k);
       for (size_t i = 0; i < oa.size(); ++i) {
         worst_out = std::max(worst_out, double(std::fabs(oa[i] - ob[i])));
         max_out = std::max(max_out, double(std::fabs(oa[i])));
@@ -266,7 +245,7 @@ TEST_F(CompressedTensors, W4A16HasNoInputScalesAndW4A4IsRefused) {
   auto layer = MoeLayer::create(*b, 0, o);
   auto a = Checkpoint::open(mo);
   const MoeWeights wa = a->load_layer(0);
-  const Tokens k = make_tokens(wa.spec, 5, 5);
+  const RoutedTokens k = round_robin_tokens(wa.spec, 5, 5);
   std::vector<float> out(static_cast<size_t>(k.t * wa.spec.hidden));
   auto ref_of = [](const void* p, DType d, std::vector<int64_t> shape) {
     TensorRef t;
@@ -283,7 +262,7 @@ TEST_F(CompressedTensors, W4A16HasNoInputScalesAndW4A4IsRefused) {
   r.topk_ids = &ids;
   r.topk_weights = &tw;
   layer->forward(h, r, ot);
-  const auto ref = forward(wa, Mode::W4A16, k);
+  const auto ref = cpu_forward(wa, Mode::W4A16, k);
   EXPECT_EQ(0, std::memcmp(out.data(), ref.data(), out.size() * 4));
 }
 

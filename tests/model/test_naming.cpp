@@ -25,6 +25,7 @@
 #include "nvfp4moe/error.h"
 #include "nvfp4moe/moe.h"
 #include "support/checkpoint_files.h"
+#include "support/test_support.h"
 
 namespace nvfp4moe {
 namespace {
@@ -44,31 +45,9 @@ std::string fresh_dir(const std::string& name) { return test::fresh_dir("test_na
 
 bool roundtrips(float x) { return 1.0f / (1.0f / x) == x; }
 
-struct Tokens {
-  int64_t t = 0;
-  std::vector<uint16_t> hidden;
-  std::vector<int32_t> ids;
-  std::vector<float> weights;
-};
-Tokens make_tokens(const MoeSpec& s, int64_t t, uint64_t seed) {
-  Tokens k;
-  k.t = t;
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<float> nd(0.0f, 1.0f);
-  k.hidden.resize(static_cast<size_t>(t * s.hidden));
-  for (auto& h : k.hidden) h = fmt::bf16_from_float(nd(rng));
-  for (int64_t i = 0; i < t; ++i)
-    for (int64_t j = 0; j < s.top_k; ++j) {
-      k.ids.push_back(static_cast<int32_t>((i + j) % s.num_experts));
-      k.weights.push_back(1.0f / static_cast<float>(s.top_k));
-    }
-  return k;
-}
-std::vector<float> forward(const MoeWeights& w, Mode mode, const Tokens& k) {
-  std::vector<float> out(static_cast<size_t>(k.t * w.spec.hidden));
-  cpu::moe_forward(w, mode, k.hidden.data(), k.t, k.ids.data(), k.weights.data(), out.data());
-  return out;
-}
+using test::cpu_forward;
+using test::round_robin_tokens;
+using test::RoutedTokens;
 
 
 std::string replace_all(std::string s, const std::string& a, const std::string& b) {
@@ -98,9 +77,9 @@ void expect_weights_equal(const MoeWeights& a, const MoeWeights& b) {
 
 // Both layers run through cpu::moe_forward (both modes) and the public MoeLayer with router logits.
 void expect_same_outputs(const MoeWeights& a, const MoeWeights& b) {
-  const Tokens k = make_tokens(a.spec, 7, 11);
+  const RoutedTokens k = round_robin_tokens(a.spec, 7, 11);
   for (Mode m : {Mode::W4A16, Mode::W4A4}) {
-    const auto oa = forward(a, m, k), ob = forward(b, m, k);
+    const auto oa = cpu_forward(a, m, k), ob = cpu_forward(b, m, k);
     ASSERT_EQ(oa.size(), ob.size());
     EXPECT_EQ(0, std::memcmp(oa.data(), ob.data(), oa.size() * 4)) << mode_name(m);
     double l2 = 0;
@@ -158,7 +137,7 @@ TEST(Naming, MixtralBlockSparseMoeW1W3W2) {
   MoeLayerOptions opt;
   auto layer = MoeLayer::create(*a, 1, opt);
   const MoeWeights w = a->load_layer(1);
-  const Tokens k = make_tokens(w.spec, 4, 2);
+  const RoutedTokens k = round_robin_tokens(w.spec, 4, 2);
   std::vector<float> logits(static_cast<size_t>(4 * w.spec.num_experts)), out(static_cast<size_t>(4 * w.spec.hidden));
   cpu::router_logits(w, k.hidden.data(), 4, logits.data());
   auto ref_of = [](const void* p, DType d, std::vector<int64_t> shape) {
@@ -210,8 +189,8 @@ TEST(Naming, Qwen3NextSharedExpertWithSigmoidGate) {
     // the sigmoid gate is applied: an all-zero gate (sigmoid 0 = 1/2) changes the output
     MoeWeights wz = a->load_layer(l);
     std::fill(wz.shared_gate_weight.begin(), wz.shared_gate_weight.end(), uint16_t(0));
-    const Tokens k = make_tokens(wa.spec, 5, 3);
-    EXPECT_NE(forward(wa, Mode::W4A16, k), forward(wz, Mode::W4A16, k));
+    const RoutedTokens k = round_robin_tokens(wa.spec, 5, 3);
+    EXPECT_NE(cpu_forward(wa, Mode::W4A16, k), cpu_forward(wz, Mode::W4A16, k));
   }
 }
 

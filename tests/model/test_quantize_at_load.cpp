@@ -19,6 +19,7 @@
 #include "nvfp4moe/error.h"
 #include "nvfp4moe/moe.h"
 #include "support/checkpoint_files.h"
+#include "support/test_support.h"
 
 namespace fs = std::filesystem;
 using namespace nvfp4moe;
@@ -157,25 +158,7 @@ float amax(const std::vector<float>& v) {
   return a;
 }
 
-// The reference quantizer, from fmt:: (section 3): codes [n, k/2], scales [n, k/16].
-void ref_quantize(const std::vector<float>& w, int64_t n, int64_t k, float ws2, std::vector<uint8_t>& packed,
-                  std::vector<uint8_t>& scales) {
-  packed.assign(static_cast<size_t>(n * k / 2), 0);
-  scales.assign(static_cast<size_t>(n * k / 16), 0);
-  for (int64_t r = 0; r < n; ++r)
-    for (int64_t b = 0; b < k / 16; ++b) {
-      float a = 0;
-      for (int i = 0; i < 16; ++i) a = std::max(a, std::fabs(w[static_cast<size_t>(r * k + b * 16 + i)]));
-      const uint8_t s8 = fmt::weight_block_scale(a, ws2);
-      scales[static_cast<size_t>(r * (k / 16) + b)] = s8;
-      const float denom = fmt::e4m3_decode(s8) * ws2;
-      for (int i = 0; i < 16; i += 2) {
-        const uint8_t lo = fmt::e2m1_encode(w[static_cast<size_t>(r * k + b * 16 + i)] / denom);
-        const uint8_t hi = fmt::e2m1_encode(w[static_cast<size_t>(r * k + b * 16 + i + 1)] / denom);
-        packed[static_cast<size_t>(r * (k / 2) + b * 8 + i / 2)] = static_cast<uint8_t>(lo | (hi << 4));
-      }
-    }
-}
+using test::reference_quantize_weights;
 
 void expect_same_stack(const StackedExperts& a, const StackedExperts& b, const std::string& what) {
   SCOPED_TRACE(what);
@@ -245,13 +228,13 @@ void check_family(Family f, DType dt, const std::string& tag) {
       EXPECT_EQ(a.experts.w2_scale2[e], fmt::weight_global_scale(amax(d)));
       std::vector<uint8_t> p, s;
       const size_t pe = a.experts.w13_bytes_per_expert(), se = a.experts.w13_scale_bytes_per_expert();
-      ref_quantize(g, I, H, ws13, p, s);
+      reference_quantize_weights(g, I, H, ws13, p, s);
       EXPECT_EQ(0, std::memcmp(a.experts.w13.data() + e * pe, p.data(), p.size()));
       EXPECT_EQ(0, std::memcmp(a.experts.w13_scale.data() + e * se, s.data(), s.size()));
-      ref_quantize(u, I, H, ws13, p, s);
+      reference_quantize_weights(u, I, H, ws13, p, s);
       EXPECT_EQ(0, std::memcmp(a.experts.w13.data() + e * pe + pe / 2, p.data(), p.size()));
       EXPECT_EQ(0, std::memcmp(a.experts.w13_scale.data() + e * se + se / 2, s.data(), s.size()));
-      ref_quantize(d, H, I, fmt::weight_global_scale(amax(d)), p, s);
+      reference_quantize_weights(d, H, I, fmt::weight_global_scale(amax(d)), p, s);
       EXPECT_EQ(0, std::memcmp(a.experts.w2.data() + e * a.experts.w2_bytes_per_expert(), p.data(), p.size()));
       EXPECT_EQ(0, std::memcmp(a.experts.w2_scale.data() + e * a.experts.w2_scale_bytes_per_expert(), s.data(),
                                s.size()));

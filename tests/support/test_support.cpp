@@ -1,9 +1,12 @@
 #include "support/test_support.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <random>
 
+#include "cpu/reference.h"
 #include "format/nvfp4.h"
 #include "nvfp4moe/error.h"
 
@@ -252,6 +255,46 @@ MoeSpec small_spec(int64_t H, int64_t I, int64_t E, int64_t k) {
   s.num_experts = E;
   s.top_k = k;
   return s;
+}
+
+RoutedTokens round_robin_tokens(const MoeSpec& s, int64_t t, uint64_t seed) {
+  RoutedTokens k;
+  k.t = t;
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  k.hidden.resize(static_cast<size_t>(t * s.hidden));
+  for (auto& h : k.hidden) h = fmt::bf16_from_float(nd(rng));
+  for (int64_t i = 0; i < t; ++i)
+    for (int64_t j = 0; j < s.top_k; ++j) {
+      k.ids.push_back(static_cast<int32_t>((i + j) % s.num_experts));
+      k.weights.push_back(1.0f / static_cast<float>(s.top_k));
+    }
+  return k;
+}
+
+std::vector<float> cpu_forward(const MoeWeights& w, Mode mode, const RoutedTokens& k) {
+  std::vector<float> out(static_cast<size_t>(k.t * w.spec.hidden));
+  cpu::moe_forward(w, mode, k.hidden.data(), k.t, k.ids.data(), k.weights.data(), out.data());
+  return out;
+}
+
+void reference_quantize_weights(const std::vector<float>& w, int64_t n, int64_t k, float ws2,
+                                std::vector<uint8_t>& packed, std::vector<uint8_t>& scales) {
+  packed.assign(static_cast<size_t>(n * k / 2), 0);
+  scales.assign(static_cast<size_t>(n * k / 16), 0);
+  for (int64_t r = 0; r < n; ++r)
+    for (int64_t b = 0; b < k / 16; ++b) {
+      float amax = 0;
+      for (int i = 0; i < 16; ++i) amax = std::max(amax, std::fabs(w[static_cast<size_t>(r * k + b * 16 + i)]));
+      const uint8_t s8 = fmt::weight_block_scale(amax, ws2);
+      scales[static_cast<size_t>(r * (k / 16) + b)] = s8;
+      const float denom = fmt::e4m3_decode(s8) * ws2;
+      for (int i = 0; i < 16; i += 2) {
+        const uint8_t lo = fmt::e2m1_encode(w[static_cast<size_t>(r * k + b * 16 + i)] / denom);
+        const uint8_t hi = fmt::e2m1_encode(w[static_cast<size_t>(r * k + b * 16 + i + 1)] / denom);
+        packed[static_cast<size_t>(r * (k / 2) + b * 8 + i / 2)] = static_cast<uint8_t>(lo | (hi << 4));
+      }
+    }
 }
 
 }  // namespace nvfp4moe::test

@@ -8,6 +8,8 @@
 //   - random_hidden_bf16 / random_hidden_f32 / random_logits / random_topk: inputs.
 //   - compare(got, ref, n): rel_l2, rms_ratio, max_abs, cosine (testing.md: element-wise + rel L2 + RMS ratio).
 //   - cpu_tensor(...): a TensorRef over host memory.
+//   - round_robin_tokens / cpu_forward: fixed tokens through cpu::moe_forward (checkpoint-equivalence tests).
+//   - reference_quantize_weights: the section-3 weight quantizer written out from fmt:: primitives.
 #pragma once
 
 #include <algorithm>
@@ -98,5 +100,23 @@ TensorRef cpu_tensor(const void* data, DType dtype, std::vector<int64_t> shape);
 
 // A small valid spec: softmax top-k, SwiGLU, renormalized.
 MoeSpec small_spec(int64_t H, int64_t I, int64_t E, int64_t k);
+
+// T tokens for tests that compare two loads of one layer: N(0, 1) bf16 hidden states (std::mt19937_64 from seed),
+// token i routed to experts (i + j) % E, j < k, each with weight 1 / k. cpu_forward: cpu::moe_forward of them.
+struct RoutedTokens {
+  int64_t t = 0;
+  std::vector<uint16_t> hidden;
+  std::vector<int32_t> ids;
+  std::vector<float> weights;
+};
+RoutedTokens round_robin_tokens(const MoeSpec& spec, int64_t t, uint64_t seed);
+std::vector<float> cpu_forward(const MoeWeights& w, Mode mode, const RoutedTokens& tokens);
+
+// The section-3 weight quantizer written out from fmt:: primitives (the block's amax, weight_block_scale, each
+// value divided by sf * ws2 and e2m1-encoded), independently of fmt::quantize_weight_block and of the library's
+// quantizers that the quantize / quantize-at-load tests check against it: w [n, k] -> packed codes [n, k / 2]
+// (element 2i in the low nibble), block scales [n, k / 16].
+void reference_quantize_weights(const std::vector<float>& w, int64_t n, int64_t k, float ws2,
+                                std::vector<uint8_t>& packed, std::vector<uint8_t>& scales);
 
 }  // namespace nvfp4moe::test
