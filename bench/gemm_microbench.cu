@@ -335,6 +335,22 @@ int main(int argc, char** argv) {
       row(n.c_str(), "gemm2", cfg, run_case(g2, counts, Sm90GemmEpilogue::kF32, cfg, json, n + "_gemm2", c));
     }
   }
+  // prefill_rows<R>: every expert exactly R rows, GEMM1 and GEMM2 on the prefill tiles (bt128, bt144). Prices an
+  // expert's partial last pass against its full ones: at bt144, R = 144 is one pass, 160 / 208 / 272 add a pass of
+  // N = 16 / 64 / 128, 288 two full passes; R = 128 / 256 are the balanced T = 4096 / 8192 loads. The question it
+  // answers (docs/gemm.md, "Where this plan stands after the forty-second session"): how much of a full pass a
+  // narrow last pass costs, i.e. what running it beside a full pass of the same unit could save.
+  for (int r : {128, 144, 160, 208, 256, 272, 288}) {
+    const std::string n = "prefill_rows" + std::to_string(r);
+    if (only.empty() || !wanted(n)) continue;  // (only when asked: GEMM_MICROBENCH_ONLY=prefill_rows)
+    std::vector<int> counts(E, r);
+    for (const auto& cfg : sm90_gemm_configs()) {
+      if (cfg.block_t != 128 && cfg.block_t != 144) continue;
+      if (cfg.warp_stream || cfg.mma_sync || cfg.warpgroups_per_unit != 1) continue;
+      row(n.c_str(), "gemm1", cfg, run_case(g1, counts, Sm90GemmEpilogue::kSwiGLU, cfg, json, n + "_gemm1", c));
+      row(n.c_str(), "gemm2", cfg, run_case(g2, counts, Sm90GemmEpilogue::kF32, cfg, json, n + "_gemm2", c));
+    }
+  }
   // prefill: T = 4096, k = 8, uniform random distinct experts per token. GEMM1 also with its A gathered by the
   // kernel (sm90_gather_configs(): `hidden` [4096, 7168] read through the permutation of the (token, slot) pairs
   // in expert order, token order within an expert, as the plan makes it) against the pre-gathered rows.

@@ -2,7 +2,8 @@
 # NVFP4MOE_ROUTE_WARP_GROUPS=1) tested, then the protocol with torch on the carried CLI (HEAD's figures of record; its
 # default, the serial selection), then the switch's A/B in the same binary at deepseek-v3 T = 1 / 4, x19g's stamps
 # inside route_block and x19f's per-warp dump (bench/experiments/x19g-route-stamps-on-d0d7287.patch), then ws8_s5_w24_b1
-# against the default at deepseek-v3 T = 1 if time is left. Predictions: docs/benchmarks.md's optimisation log.
+# against the default at deepseek-v3 T = 1 if time is left (before it, gemm_microbench's prefill_rows cases: the
+# price of a narrow last prefill pass). Predictions: docs/benchmarks.md's optimisation log and docs/gemm.md.
 # Carry: BASE_CLI=$(bash scripts/build_base_cli.sh 00484d9 | tail -1) VARIANT_BUILDS="x19:<x19g tree>/build" bash
 # scripts/pack_carry.sh build (the x19g tree: d0d7287 + the patch, its nvfp4moe_cli built with -DNVFP4MOE_TESTS=OFF).
 # Run as SHA=<sha> END_S=570 bash <this> (carry [".carry"]; needs_h200: deepseek-v3's prefill stack); on an H100:
@@ -44,6 +45,12 @@ if [ $(left) -gt 25 ] && [ -x .carry/x19/nvfp4moe ]; then
   grep -hE "X19 (qwen|deep)|ws_gemm1 +#0 P(0|1|2|4|5|8|14|15|16|17) " $W/x19g-*.log
   python3 bench/x19f_warp_tail.py $W/x19f-warps.txt > $W/x19f-tail.txt 2>&1; head -24 $W/x19f-tail.txt
   xz -9 $W/x19f-warps.txt
+fi
+# every expert at exactly R rows on the prefill tiles (gemm_microbench's prefill_rows cases, ~30 s): what a narrow
+# last pass costs against a full one (docs/gemm.md, "Where this plan stands after the forty-second session")
+if [ $(left) -gt 100 ] && [ -x .carry/gemm_microbench ]; then
+  GEMM_MICROBENCH_ONLY=prefill_rows timeout 60 .carry/gemm_microbench $W/prefill-rows.jsonl > $W/prefill-rows.txt 2>&1
+  echo "prefill_rows: exit $? [$SECONDS s]"; grep -E "ceilings|prefill_rows" $W/prefill-rows.txt
 fi
 # the 24-warp b1 GEMM1 (opt-in ws8_s5_w24_b1) against the default at deepseek-v3 T = 1, if time is left
 [ $(left) -gt 45 ] && VARIANTS="base:.carry/nvfp4moe w24:.carry/nvfp4moe:NVFP4MOE_SM90_CONFIG=gemm1=ws8_s5_w24_b1" \
