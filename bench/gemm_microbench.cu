@@ -206,11 +206,14 @@ static Result run_case(const WeightSets& w, const std::vector<int>& counts, Sm90
     CK(cudaMalloc(&tile_counter, sizeof(int32_t)));
     CK(cudaMemset(tile_counter, 0, sizeof(int32_t)));
   }
+  // GEMM_MICROBENCH_MIXED=1: the mixed last pass (Sm90GemmArgs::mixed_last_pass; the prefill tiles take it).
+  const bool mixed_last_pass = std::getenv("GEMM_MICROBENCH_MIXED") != nullptr;
   const char* stagger_env = std::getenv("GEMM_MICROBENCH_STAGGER_NS");
   const int stagger_ns = stagger_env != nullptr ? std::atoi(stagger_env) : 0;
   Sm90GemmArgs args;
   args.tile_counter = tile_counter;
   args.consumer_stagger_ns = stagger_ns;
+  args.mixed_last_pass = mixed_last_pass;
   args.a = a;
   args.a_rows_capacity = rows;
   args.shape = w.shape;

@@ -307,6 +307,7 @@ CudaMoeLayer::CudaMoeLayer(MoeWeights w, const MoeLayerOptions& options, GemmPat
       early_gemm2_enabled_ = env_switch("NVFP4MOE_EARLY_GEMM2");  // A/B: "0" = GEMM2 waits first
       dynamic_tiles_enabled_ = env_switch("NVFP4MOE_DYNAMIC_TILES");  // A/B: "0" = static tile round-robin
       consumer_stagger_ = consumer_stagger_from_env();                 // A/B: ns, default 0
+      mixed_last_pass_ = env_opt_in("NVFP4MOE_SM90_MIXED_LAST_PASS");  // A/B: "1" = the mixed last prefill pass
       gemm1_gather_enabled_ = env_opt_in("NVFP4MOE_GEMM1_GATHER");  // A/B: "1" = gathered A at prefill
       t1_broadcast_enabled_ = env_switch("NVFP4MOE_T1_BROADCAST");  // A/B: "0" = the gather copies at T = 1
       ws_gather_enabled_ = env_opt_in("NVFP4MOE_WS_GATHER");  // A/B: "1" = decode GEMM1 gathers
@@ -1000,6 +1001,9 @@ void CudaMoeLayer::forward(const TensorRef& hidden, const RoutingArgs& routing, 
       // The consumer stagger (same bits; the tile configs of 64 rows and more read it, the others ignore it).
       s1.consumer_stagger_ns = consumer_stagger_.gemm1;
       s2.consumer_stagger_ns = consumer_stagger_.gemm2;
+      // The mixed last pass (same bits; the prefill tile configs with the SwiGLU and f32 epilogues take it).
+      s1.mixed_last_pass = mixed_last_pass_;
+      s2.mixed_last_pass = mixed_last_pass_;
       // Calibration measures GEMM1's output between the two GEMMs: never chained then.
       if (!calibrating_ && chained(c1, c2, T, d.gated)) {
         s2.out = chain_y;

@@ -272,6 +272,7 @@ class CudaMoeLayer final : public MoeLayer {
   // The block routing's group selection by one warp (RouteArgs::warp_kept_groups): NVFP4MOE_ROUTE_WARP_GROUPS=1
   // (read at creation). Opt-in until its GPU tests and A/B have run (the same ids and weights either way).
   bool route_warp_kept_groups_ = false;
+  bool mixed_last_pass_ = false;  // NVFP4MOE_SM90_MIXED_LAST_PASS=1 (Sm90GemmArgs::mixed_last_pass)
   // GEMM2 reading GEMM1's ids guesses them before its PDL wait (prologue_before_pdl_wait with read_ids: its first
   // piece's weights during GEMM1's tail; checked after the wait, the same bits either way).
   // NVFP4MOE_T1_GEMM2_GUESSES_IDS=0 (read at creation): reads them after the wait, for A/B and the bitwise test.

@@ -94,6 +94,12 @@ cudaError_t fail(const std::string& msg) {
   X(16, 6, 1, 1, 2)                               \
   X(16, 4, 2, 1, 2)
 
+// The configs with a mixed-last-pass kernel (Sm90GemmArgs::mixed_last_pass; SwiGLU and f32 epilogues): the two
+// prefill tiles, opt-in (the layer's NVFP4MOE_SM90_MIXED_LAST_PASS) until measured.
+#define NVFP4MOE_SM90_MIXED_CONFIGS(X) \
+  X(128, 8, 2, 1, 0)                   \
+  X(144, 8, 2, 1, 0)
+
 // The configs with a chained kernel (GEMM1 -> GEMM2 in one launch, sm90_nvfp4_chained_gemms), each for the
 // SwiGLU and relu^2 GEMM1: the decode tiles that the heuristic picks for both GEMMs of one layer (the half tile:
 // qwen3-30b, nemotron-nano, gpt-oss-120b at T = 1; the 2-warpgroup tile: qwen3-235b at T = 1).
@@ -161,6 +167,16 @@ cudaError_t launch(const CUtensorMap& map, const sm90::GemmParams& p, int grid, 
   int fit = 0;
   if (const cudaError_t e = kernel_ready<ReadyTr>(kernel, &fit); e != cudaSuccess) return e;
   return launch_pdl(kernel, dim3(grid), dim3(Tr::kThreads), Tr::kSmemBytes, stream, map, p);
+}
+
+template <int BT, int STAGES, int WGS, sm90::Epilogue EPI>
+cudaError_t launch_mixed(const CUtensorMap& map, const CUtensorMap& tail_map, const sm90::GemmParams& p, int grid,
+                         cudaStream_t stream) {
+  using Tr = sm90::KernelTraits<BT, WGS, STAGES, EPI, 1, false>;
+  auto kernel = sm90::sm90_nvfp4_mixed_pass_gemm_kernel<BT, WGS, STAGES, EPI>;
+  int fit = 0;
+  if (const cudaError_t e = kernel_ready<VariantTraits<Tr, 2>>(kernel, &fit); e != cudaSuccess) return e;
+  return launch_pdl(kernel, dim3(grid), dim3(Tr::kThreads), Tr::kSmemBytes, stream, map, tail_map, p);
 }
 
 template <int BT, int STAGES, int WGS, int WPU, bool SYNC, sm90::Epilogue EPI1>
@@ -994,6 +1010,17 @@ cudaError_t grouped_gemm_impl(const Sm90GemmArgs& args, const Sm90GemmConfig& co
   }
   CUtensorMap map;
   if (std::string m = make_a_map(args, config.block_t, &map, who); !m.empty()) return fail(m);
+  if (args.mixed_last_pass && sm90_mixed_last_pass_available(config, args.epilogue)) {
+    CUtensorMap tail_map;  // the same A in boxes of the narrow token tile's rows
+    if (std::string m = make_a_map(args, sm90::kMixedTailRows, &tail_map, who); !m.empty()) return fail(m);
+    const bool swiglu = args.epilogue == Sm90GemmEpilogue::kSwiGLU;
+#define NVFP4MOE_X(bt, st, wgs, wpu, sync)                                                                   \
+    if (NVFP4MOE_SM90_TILE_CONFIG_IS(bt, st, wgs, wpu, sync))                                                \
+      return swiglu ? launch_mixed<bt, st, wgs, sm90::Epilogue::kSwiGLU>(map, tail_map, p, num_sms, stream) \
+                    : launch_mixed<bt, st, wgs, sm90::Epilogue::kF32>(map, tail_map, p, num_sms, stream);
+    NVFP4MOE_SM90_MIXED_CONFIGS(NVFP4MOE_X)
+#undef NVFP4MOE_X
+  }
 #define NVFP4MOE_X(bt, st, wgs, wpu, sync)                                                              \
   if (NVFP4MOE_SM90_TILE_CONFIG_IS(bt, st, wgs, wpu, sync))                                             \
     return launch_epi<bt, st, wgs, wpu, sync != 0, false>(args.epilogue, map, p, num_sms, stream);
@@ -1039,6 +1066,15 @@ bool listed(const std::vector<Sm90GemmConfig>& list, const Sm90GemmConfig& c) {
 }
 }  // namespace
 
+const std::vector<Sm90GemmConfig>& sm90_mixed_last_pass_configs() {
+#define NVFP4MOE_X(bt, st, wgs, wpu, sync) Sm90GemmConfig{bt, st, wgs, wpu, sync != 0},
+  static const std::vector<Sm90GemmConfig> list = {NVFP4MOE_SM90_MIXED_CONFIGS(NVFP4MOE_X)};
+#undef NVFP4MOE_X
+  return list;
+}
+bool sm90_mixed_last_pass_available(const Sm90GemmConfig& c, Sm90GemmEpilogue epilogue) {
+  return epilogue != Sm90GemmEpilogue::kRelu2 && listed(sm90_mixed_last_pass_configs(), c);
+}
 bool sm90_chained_available(const Sm90GemmConfig& c) { return listed(sm90_chained_configs(), c); }
 bool sm90_gather_available(const Sm90GemmConfig& c) { return c.warp_stream || listed(sm90_gather_configs(), c); }
 

@@ -31,6 +31,7 @@
 
 #include "cuda/launch_pdl.cuh"
 #include "cuda/sm90_gather_rows.h"
+#include "cuda/sm90_mixed_last_pass.h"
 #include "cuda/sm90_wgmma_bf16_rs.cuh"
 #include "format/nvfp4.h"
 
@@ -865,12 +866,18 @@ __device__ __forceinline__ void end_dynamic_schedule(const GemmParams& p, int s,
 // stage that carries the tile's first k-tile; after the last, it hands the consumers an end slot.
 // DYNAMIC_OK: the launch may schedule dynamically (the plain kernel; a chain's tiles follow the static order,
 // which its GEMM2 waits rely on).
-template <int BT, int WGS, int STAGES, int WPU, bool SYNC, bool CHAINED, bool DYNAMIC_OK = false>
+// MIXED: the mixed last pass (sm90_mixed_last_pass.h; sm90_nvfp4_mixed_pass_gemm_kernel): a mixed tile's stage
+// gets one unit's weights (slot 0) and, besides the A box, the narrow token tile's rows by tmap_tail (boxes of
+// kMixedTailRows rows) at kMixedTailOffset of the weight stage.
+template <int BT, int WGS, int STAGES, int WPU, bool SYNC, bool CHAINED, bool DYNAMIC_OK = false, bool MIXED = false>
 __device__ __forceinline__ int produce_tiles(const CUtensorMap* tmap_a, const GemmParams& p, int idx, int& s,
                                              uint32_t& phase, uint8_t* smem_a, uint8_t* smem_w, uint32_t full0,
-                                             uint32_t empty0, uint32_t slots, const ChainSync& chain) {
+                                             uint32_t empty0, uint32_t slots, const ChainSync& chain,
+                                             [[maybe_unused]] const CUtensorMap* tmap_tail = nullptr) {
   using Tr = KernelTraits<BT, WGS, STAGES, Epilogue::kF32, WPU, SYNC>;  // stage sizes: the same for every EPI
   constexpr int UPT = Tr::kUnitsPerTile;
+  static_assert(!MIXED || (UPT == 2 && WPU == 1 && !SYNC && !CHAINED && BT >= 64), "the mixed last pass: 2 units");
+  static_assert(!MIXED || Tr::kWBytes >= kMixedTailOffset + kMixedTailRows * 128, "the narrow rows fit the stage");
   const int n_ctiles = (p.units + UPT - 1) / UPT;
   const bool issuer = threadIdx.x == 0;
   const bool dynamic = DYNAMIC_OK && p.tile_counter != nullptr;
@@ -878,13 +885,19 @@ __device__ __forceinline__ int produce_tiles(const CUtensorMap* tmap_a, const Ge
   while (cur.template seek<kProducerExpertsPerLane>(p, n_ctiles, idx)) {
     const int local = idx - cur.first;
     const int n_idx = local / cur.ttiles, t_idx = local - n_idx * cur.ttiles;
-    const int row0 = cur.row_begin + t_idx * BT;
+    // (MIXED only: constants otherwise, so that the other kernels keep their code)
+    [[maybe_unused]] const MixedTilePlace place = MIXED ? mixed_tile_place(BT, cur.rows, n_idx, t_idx, 0)
+                                                        : MixedTilePlace{};
+    [[maybe_unused]] const bool mixed = MIXED && mixed_last_pass_tile(BT, cur.rows, cur.ttiles, t_idx);
+    const int row0 = cur.row_begin + (MIXED ? place.tok0 : t_idx * BT);
     const uint8_t* wsrc[UPT];
 #pragma unroll
     for (int c = 0; c < UPT; ++c) {
       const int unit = min(n_idx * UPT + c, p.units - 1);  // a consumer past the last unit computes a copy
       wsrc[c] = p.w + (static_cast<size_t>(cur.e) * p.units + unit) * p.k_tiles * kUnitBytes;
     }
+    if constexpr (MIXED)
+      wsrc[0] = p.w + (static_cast<size_t>(cur.e) * p.units + min(place.unit, p.units - 1)) * p.k_tiles * kUnitBytes;
     if (issuer) {
       auto load_a = [&](int stage, int kt) {
         tma_load_2d(smem_u32(smem_a + stage * Tr::kABytes), tmap_a, kt * kBlockK, row0, full0 + 8 * stage);
@@ -928,6 +941,18 @@ __device__ __forceinline__ int produce_tiles(const CUtensorMap* tmap_a, const Ge
         if (++s == STAGES) { s = 0; phase ^= 1; }
         continue;
 #else
+        if constexpr (MIXED) {
+          if (mixed) {  // the A box, the narrow rows, one unit's weights
+            mbar_expect_tx(full, Tr::kABytes + kMixedTailRows * 128 + kUnitBytes);
+            load_a(s, kt);
+            tma_load_2d(smem_u32(smem_w + s * Tr::kWBytes + kMixedTailOffset), tmap_tail, kt * kBlockK, row0 + BT,
+                        full);
+            bulk_load(smem_u32(smem_w + s * Tr::kWBytes), wsrc[0] + static_cast<size_t>(kt) * kUnitBytes, kUnitBytes,
+                      full);
+            if (++s == STAGES) { s = 0; phase ^= 1; }
+            continue;
+          }
+        }
         mbar_expect_tx(full, Tr::kStageBytes);
         if (ready) {
           load_a(s, kt);
@@ -1138,13 +1163,16 @@ __device__ __forceinline__ void store_tile_outputs(const GemmParams& p, const fl
 // GATHER: the stages' A rows come from the producer warps' cp.async (produce_tiles_gathered), generic-proxy
 // writes: a fence.proxy.async after each full-barrier wait puts one on the causality path from those writes to
 // the wgmma that reads them (the TMA's writes need none).
+// MIXED: the mixed last pass (sm90_mixed_last_pass.h): in a mixed tile both warpgroups read slot 0's weights,
+// the second one its token rows at kMixedTailOffset of the weight stage.
 template <int BT, int WGS, int STAGES, Epilogue EPI, int WPU, bool SYNC, bool SIGNAL, bool DYNAMIC_OK = false,
-          bool GATHER = false>
+          bool GATHER = false, bool MIXED = false>
 __device__ __forceinline__ int consume_tiles(const GemmParams& p, int idx, int& s, uint32_t& phase,
                                              uint8_t* smem_a, uint8_t* smem_w, float* smem_xch, uint32_t full0,
                                              uint32_t empty0, uint32_t slots, [[maybe_unused]] int32_t* done) {
   using Tr = KernelTraits<BT, WGS, STAGES, EPI, WPU, SYNC>;
   constexpr int UPT = Tr::kUnitsPerTile, NB = Tr::kBlocksPerWarpgroup;
+  static_assert(!MIXED || (UPT == 2 && WPU == 1 && !SYNC && !SIGNAL && !GATHER), "the mixed last pass: 2 units");
   const int n_ctiles = (p.units + UPT - 1) / UPT;
   const int c = static_cast<int>(threadIdx.x) / 128 - 1;
   const int slot = c / WPU, half = WPU == 2 ? c % 2 : 0;  // unit slot of the tile, block of the unit (WPU = 2)
@@ -1175,7 +1203,23 @@ __device__ __forceinline__ int consume_tiles(const GemmParams& p, int idx, int& 
     }
     const int ttiles = (rows + BT - 1) / BT;
     const int n_idx = local / ttiles, t_idx = local - n_idx * ttiles;
-    const int unit = n_idx * UPT + slot;
+    // MIXED (constants otherwise, so that the other kernels keep their code): this warpgroup's unit, first token row
+    // and weight slot (mixed_tile_place), and where its B (token rows) stage lies: b_base + stage * b_stride (the A
+    // stages, or the narrow rows in the weight stages). Arithmetic on the tile's mixed flag and the slot, no branch:
+    // a branch on a value derived from threadIdx anywhere in the consumers' path made ptxas serialize their wgmmas
+    // (C7520).
+    [[maybe_unused]] const MixedTilePlace place = MIXED ? mixed_tile_place(BT, rows, n_idx, t_idx, slot)
+                                                        : MixedTilePlace{};
+    const int unit = MIXED ? place.unit : n_idx * UPT + slot;
+    [[maybe_unused]] uint32_t b_base = 0, b_stride = 0;
+    if constexpr (MIXED) {
+      const uint32_t tail = static_cast<uint32_t>(place.tail);
+      // (warp broadcasts: the wgmma descriptors live in uniform registers, and a value derived from the slot is
+      // not known to be uniform; unbroadcast, each wgmma waited for R2UR moves of its descriptor)
+      const uint32_t a_u32 = smem_u32(smem_a);
+      b_base = __shfl_sync(0xFFFFFFFFu, a_u32 + tail * (smem_w_u32 + kMixedTailOffset - a_u32), 0);
+      b_stride = __shfl_sync(0xFFFFFFFFu, Tr::kABytes + tail * (Tr::kWBytes - Tr::kABytes), 0);
+    }
     float acc[NB][BT / 2];
 #pragma unroll
     for (int b = 0; b < NB; ++b)
@@ -1183,15 +1227,19 @@ __device__ __forceinline__ int consume_tiles(const GemmParams& p, int idx, int& 
       for (int i = 0; i < BT / 2; ++i) acc[b][i] = 0.0f;
 
     // wgmma N for this tile (mma_n_for_rows).
-    const int tile_rows = min(BT, rows - t_idx * BT);
-    const int n_mma = mma_n_for_rows<BT>(tile_rows);
+    const int tile_rows = min(BT, rows - (MIXED ? place.tok0 : t_idx * BT));
+    // MIXED: the two warpgroups of a mixed tile run different widths; the width comes from the slot, so ptxas takes
+    // the width's branch for divergent unless the value is a warp broadcast (C7520 otherwise; CUTLASS broadcasts its
+    // warpgroup index the same way).
+    const int n_mma =
+        MIXED ? __shfl_sync(0xFFFFFFFFu, mma_n_for_rows<BT>(tile_rows), 0) : mma_n_for_rows<BT>(tile_rows);
 
     // Software pipeline: the dequantization of k-tile kt+1 runs while the wgmmas of k-tile kt execute.
     // This thread's weight words of a stage: its 16 code bytes of each of its NB blocks, and the scale word it
     // converts for its quad (dequant_ktile). ld.shared on 32-bit shared addresses (a generic pointer here would
     // compile to generic LD.E). Both consumer kinds load through it.
     auto stage_weights = [&](int stage) {
-      return smem_w_u32 + stage * Tr::kWBytes + slot * kUnitBytes + half * kChunkBytes;
+      return smem_w_u32 + stage * Tr::kWBytes + (MIXED ? place.weight_slot : slot) * kUnitBytes + half * kChunkBytes;
     };
     auto load_codes = [&](uint32_t wsm, uint4 (&codes)[NB]) {
 #pragma unroll
@@ -1229,7 +1277,8 @@ __device__ __forceinline__ int consume_tiles(const GemmParams& p, int idx, int& 
 #if NVFP4MOE_SM90_DEQUANT_EXPERIMENT == 7 || NVFP4MOE_SM90_DEQUANT_EXPERIMENT == 8
       return;  // measurement hook: no wgmma
 #endif
-      const uint64_t desc = make_b_desc(smem_u32(smem_a + stage * Tr::kABytes));
+      const uint64_t desc = make_b_desc(MIXED ? b_base + static_cast<uint32_t>(stage) * b_stride
+                                              : smem_u32(smem_a + stage * Tr::kABytes));
       reg_fence_all(acc);
       wgmma_fence();
       auto run = [&](auto n_const) {
@@ -1399,7 +1448,7 @@ __device__ __forceinline__ int consume_tiles(const GemmParams& p, int idx, int& 
       for (int i = 0; i < BT / 2; ++i) up_acc[i] = xch[i * 128 + tid];
       named_bar_sync(1 + slot, 256);
     }
-    const int tok0 = t_idx * BT;
+    const int tok0 = MIXED ? place.tok0 : t_idx * BT;
     store_tile_outputs<BT, NB, EPI, WPU>(p, acc, up_acc, e, unit, half, row_begin + tok0, min(BT, rows - tok0), warp,
                                          g, t);
     if constexpr (SIGNAL) {
@@ -1493,6 +1542,39 @@ __global__ void __launch_bounds__((WGS + 1) * 128, 1)
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(Tr::kConsumerRegs));
     consume_tiles<BT, WGS, STAGES, EPI, WPU, SYNC, false, true, GATHER>(p, blockIdx.x, s, phase, sm.a, sm.w, sm.xch,
                                                                         sm.full0, sm.empty0, sm.slots, nullptr);
+  }
+}
+
+// The mixed last pass (Sm90GemmArgs::mixed_last_pass, sm90_mixed_last_pass.h): the plain tile kernel's walks, with
+// an expert's narrow last token tile (at most kMixedTailRows rows) run beside its last full one, a unit a tile, its
+// rows loaded through tmap_tail (the same A in boxes of kMixedTailRows rows). Its own kernel (the plain ones keep
+// their code and parameters); the dynamic schedule and the consumer stagger as there.
+template <int BT, int WGS, int STAGES, Epilogue EPI>
+__global__ void __launch_bounds__((WGS + 1) * 128, 1)
+    sm90_nvfp4_mixed_pass_gemm_kernel(const __grid_constant__ CUtensorMap tmap_a,
+                                      const __grid_constant__ CUtensorMap tmap_tail, const GemmParams p) {
+  using Tr = KernelTraits<BT, WGS, STAGES, EPI, 1, false>;
+  extern __shared__ uint8_t smem_raw[];
+  const CtaSmem<Tr, STAGES> sm(smem_raw);
+  kernels::pdl_wait_then_allow_next();
+  __nanosleep(threadIdx.x >= 256 ? p.consumer_stagger_ns : 0);  // (the plain kernel's stagger, branch-free)
+  int s = 0;
+  uint32_t phase = 0;
+  if (threadIdx.x < 128) {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(Tr::kProducerRegs));
+    if (threadIdx.x >= 32) return;
+    if (threadIdx.x == 0) {
+      asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&tmap_a)) : "memory");
+      asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&tmap_tail)) : "memory");
+    }
+    produce_tiles<BT, WGS, STAGES, 1, false, false, true, true>(&tmap_a, p, blockIdx.x, s, phase, sm.a, sm.w,
+                                                                sm.full0, sm.empty0, sm.slots, ChainSync{},
+                                                                &tmap_tail);
+  } else {
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(Tr::kConsumerRegs));
+    consume_tiles<BT, WGS, STAGES, EPI, 1, false, false, true, false, true>(p, blockIdx.x, s, phase, sm.a, sm.w,
+                                                                            sm.xch, sm.full0, sm.empty0, sm.slots,
+                                                                            nullptr);
   }
 }
 

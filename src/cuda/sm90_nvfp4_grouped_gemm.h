@@ -163,6 +163,12 @@ struct Sm90GemmArgs {
   // the lead). 0: together. In [0, kSm90MaxConsumerStaggerNs]; the same bits for every value. Ignored by the
   // other configs and by chained launches.
   int consumer_stagger_ns = 0;
+  // The mixed last pass (the configs of sm90_mixed_last_pass_configs(), SwiGLU and f32 epilogues, plain launches
+  // with `a`; ignored by every other launch): an expert whose last token tile has at most 32 rows runs its last two
+  // token tiles as one tile a unit, the narrow tile's rows beside the full one's in the same stages, so that the
+  // narrow pass's dequantization no longer runs alone (src/cuda/sm90_mixed_last_pass.h; docs/gemm.md). The same
+  // bits as without.
+  bool mixed_last_pass = false;
   // Gathered A (the configs of sm90_gather_configs() and the warp-streaming ones, with an activation epilogue,
   // plain launches): GEMM row r (expert order) reads row src(r) of a_gather_src [a_gather_src_rows, K] bf16
   // instead of row r of `a` (then unused, may be null):
@@ -301,6 +307,11 @@ cudaError_t sm90_nvfp4_chained_gemms(const Sm90GemmArgs& gemm1, const Sm90GemmAr
 // config (decode).
 const std::vector<Sm90GemmConfig>& sm90_gather_configs();
 bool sm90_gather_available(const Sm90GemmConfig& config);
+
+// The tile configs with a mixed-last-pass kernel (Sm90GemmArgs::mixed_last_pass; SwiGLU and f32 epilogues): the
+// prefill tiles. sm90_mixed_last_pass_available: whether a launch of config with that epilogue takes it.
+const std::vector<Sm90GemmConfig>& sm90_mixed_last_pass_configs();
+bool sm90_mixed_last_pass_available(const Sm90GemmConfig& config, Sm90GemmEpilogue epilogue);
 
 const char* sm90_gemm_last_error_message();
 

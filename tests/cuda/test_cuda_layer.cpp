@@ -1200,6 +1200,34 @@ std::vector<float> tokens_trial_logits(int64_t T, int64_t E, uint64_t seed, int 
   return logits;
 }
 
+// The mixed last pass (NVFP4MOE_SM90_MIXED_LAST_PASS=1, Sm90GemmArgs::mixed_last_pass): the default's routing, plan
+// and output bits at prefill T where the experts' last token tiles on bt128 / bt144 are often 1..32 rows (mixed)
+// and often not: softmax E8 k2, DeepSeek-style sigmoid with the shared expert merged as expert E, relu^2 (no mixed
+// kernel: the flag is ignored); both modes (w4a4's GEMM1 with the quantizing epilogue); a poisoned workspace; a
+// captured graph replayed.
+TEST(CudaLayer, MixedLastPassBitIdenticalToPlain) {
+  const LayerDims dims[] = {{"softmax H256 I128 E8 k2", 256, 128, 8, 2}, kMergedSigmoid, kRelu2MergedShared};
+  int prefill_tile_launches = 0;
+  for (const LayerDims& d : dims)
+    for (const Mode mode : {Mode::W4A16, Mode::W4A4}) {
+      SCOPED_TRACE(std::string(d.name) + " " + mode_name(mode));
+      SwitchPair h("NVFP4MOE_SM90_MIXED_LAST_PASS", "1", d, mode, 1500, 61);
+      for (int64_t T : {600, 1100, 1500}) {
+        SCOPED_TRACE("T=" + std::to_string(T));
+        for (const auto& l : h.switched.cuda->sm90_launches(T))
+          prefill_tile_launches += (!l.config.warp_stream && l.config.block_t >= 128) ? 1 : 0;
+        for (int trial = 0; trial < 2; ++trial) {
+          const auto logits = random_logits(T, d.E, 5100 + 10 * T + trial);
+          const auto hidden = random_hidden(T, d.H, 5200 + trial);
+          PlanDump plan;
+          expect_poisoned_forwards_match(h.base, {{&h.switched, "mixed last pass"}}, T, hidden, logits, plan);
+        }
+      }
+      expect_replays_bit_identical(h.base, h.switched, 1100, 5300);
+    }
+  EXPECT_GE(prefill_tile_launches, 12) << "too few bt128 / bt144 launches: the test checks little";
+}
+
 // The block routing's group selection by one warp (NVFP4MOE_ROUTE_WARP_GROUPS=1: warp_kept_groups) gives the serial
 // selection's ids, weights, plan and output bits, in route_block (GEMM1's T = 1 routing, GEMM1 routing T = 2 .. 4
 // tokens, the fused decode routing launches) and in route_token (the warp per token of larger T). DeepSeek-style

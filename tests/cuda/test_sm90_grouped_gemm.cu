@@ -225,7 +225,8 @@ std::string describe_difference(const std::vector<uint8_t>& x, const std::vector
 // broadcast_row: `a` is a one-row buffer holding p.a's row 0, read for every row (Sm90GemmArgs::a_broadcast_row).
 void run_gpu(const Problem& p, Sm90GemmEpilogue epi, bool quant, const Sm90GemmConfig& cfg, GpuRun& res,
              int repeats = 1, bool before_pdl_wait = false, int32_t* tile_counter = nullptr, int num_sms = 0,
-             int stagger_ns = 0, const GatherInput* gather = nullptr, bool broadcast_row = false) {
+             int stagger_ns = 0, const GatherInput* gather = nullptr, bool broadcast_row = false,
+             bool mixed_last_pass = false) {
   const Sm90PreparedShape shape = sm90_prepared_shape(p.E, p.N, p.K, p.gated);
   DevBuf<uint8_t> packed(p.packed), scales(p.scales), w(shape.bytes);
   DevBuf<uint16_t> a(p.a);
@@ -242,6 +243,7 @@ void run_gpu(const Problem& p, Sm90GemmEpilogue epi, bool quant, const Sm90GemmC
   args.prologue_before_pdl_wait = before_pdl_wait;
   args.tile_counter = tile_counter;
   args.consumer_stagger_ns = stagger_ns;
+  args.mixed_last_pass = mixed_last_pass;
   DevBuf<uint16_t> gsrc(gather ? gather->src.size() : 1);
   DevBuf<int32_t> gperm(gather ? std::max<size_t>(gather->perm.size(), 1) : 1);
   if (gather) {
@@ -758,6 +760,52 @@ TEST(Sm90GroupedGemm, SyncMmaBitIdenticalToWgmma) {
       }
   }
   EXPECT_GE(pairs, 3 * 5);  // every sync and warp-streaming config, three epilogues
+}
+
+// The mixed last pass (Sm90GemmArgs::mixed_last_pass, src/cuda/sm90_mixed_last_pass.h): on the prefill tiles, the
+// bits of the plain kernel and every output written once, for experts whose last token tile has 1, 16, 31 or 32 rows
+// (mixed) beside ones with 33, a full or a single tile (plain); an odd unit count (a mixed tile past the last unit
+// stores nothing); 16 k-tiles (the 8-stage ring wraps twice); the static schedule, the dynamic one on the device's
+// grid and on 5 CTAs with the consumer stagger; SwiGLU with and without the quantizing epilogue, f32, and relu^2
+// (no mixed kernel: the flag is ignored). The configs without a mixed kernel ignore it too.
+TEST(Sm90GroupedGemm, MixedLastPassBitIdenticalToPlain) {
+  int mixed_configs = 0, configs = 0, comparisons = 0;
+  DevBuf<int32_t> counter(std::vector<int32_t>{0});
+  ASSERT_TRUE(counter.p);
+  for (const auto& cfg : sm90_gemm_configs()) {
+    const bool has_mixed = sm90_mixed_last_pass_available(cfg, Sm90GemmEpilogue::kSwiGLU);
+    if (cfg.warp_stream || (!has_mixed && cfg.block_t != 64)) continue;  // (bt64: one config that ignores it)
+    mixed_configs += has_mixed ? 1 : 0;
+    ++configs;
+    const int bt = cfg.block_t;
+    const std::vector<int> counts = {bt + 1, 0, bt + 32, bt + 33, 2 * bt + 16, 5, bt, 3 * bt + 31, 1, 2 * bt};
+    for (const bool gated : {true, false}) {
+      // gated: 3 units of 64 gate + 64 up rows; otherwise 5 units of 128 rows
+      const Problem p = make_problem(10, gated ? 2 * 192 : 640, 1024, gated, counts, 777 + bt);
+      for (const Sm90GemmEpilogue epi : epilogues_of(gated))
+        for (const bool quant : {false, true}) {
+          if (quant && epi == Sm90GemmEpilogue::kF32) continue;
+          for (const int variant : {0, 1, 2}) {
+            int32_t* const tc = variant == 0 ? nullptr : counter.p;
+            const int sms = variant == 2 ? 5 : 0, stagger = variant == 2 ? 3000 : 0;
+            SCOPED_TRACE(::testing::Message() << to_string(cfg) << " epi=" << epi_name(epi) << " quant=" << quant
+                                              << " schedule " << (tc ? "dynamic" : "static") << " grid " << sms);
+            GpuRun plain, mixed;
+            run_gpu(p, epi, quant, cfg, plain, 1, false, tc, sms, stagger);
+            run_gpu(p, epi, quant, cfg, mixed, 2, false, tc, sms, stagger, nullptr, false, true);
+            if (HasFatalFailure()) return;
+            EXPECT_EQ(mixed.unwritten, 0);
+            EXPECT_EQ(mixed.overwritten, 0);
+            int64_t differ = 0;
+            for (size_t i = 0; i < plain.bits.size(); ++i) differ += plain.bits[i] != mixed.bits[i];
+            EXPECT_EQ(differ, 0) << "of " << plain.bits.size() << " outputs differ with the mixed last pass";
+            ++comparisons;
+          }
+        }
+    }
+  }
+  EXPECT_EQ(mixed_configs, 2);  // bt128_s8_wg2, bt144_s8_wg2
+  EXPECT_EQ(comparisons, configs * 3 * 5);  // 3 schedules x (SwiGLU x 2, f32, relu^2 x 2)
 }
 
 // prologue_before_pdl_wait (the layer's GEMM2): the warp-streaming kernels seek their first piece and start its

@@ -1,0 +1,33 @@
+# One device call (forty-second session's build): the mixed last prefill pass (Sm90GemmArgs::mixed_last_pass,
+# opt-in NVFP4MOE_SM90_MIXED_LAST_PASS=1; docs/gemm.md "The mixed last pass", prediction there). First its GPU
+# tests (the GEMM suite's MixedLastPassBitIdenticalToPlain, the layer's MixedLastPassBitIdenticalToPlain), then
+# gemm_microbench's prefill_rows cases without and with it (every expert at R rows: the narrow last pass priced, and
+# what the mixed tile saves of it), then, if the tests passed, the layer A/B at deepseek-v3 prefill (the default
+# against the switch, the same binary, 2 repeats). Carry: bash scripts/pack_carry.sh build (gemm_microbench built).
+# Run as SHA=<sha> END_S=570 bash <this> (carry [".carry"]; needs_h200: deepseek-v3's T = 16384 stack); on an H100:
+# AB_POINTS="deepseek-v3:4096:w4a16,w4a4" (T = 16384 does not fit).
+set -u
+for b in .carry/*.tar.xz; do tar xJf $b -C .carry; done
+export LD_LIBRARY_PATH=$PWD/.carry
+W=$OUT/r; mkdir -p $W
+END=${END_S:-570}
+left() { echo $(( END - SECONDS )); }
+nvidia-smi --query-gpu=name,clocks.max.sm --format=csv,noheader | tee $W/gpu.txt
+timeout 120 .carry/cuda_test_sm90_grouped_gemm --gtest_filter='*MixedLastPass*:*EveryConfigEveryEpilogue*' \
+  > $W/gemm-mixed.log 2>&1; rc1=$?
+echo "GEMM tests: exit $rc1 [$SECONDS s]"; grep -E "^\[  (PASSED|FAILED) |FAILED  \]" $W/gemm-mixed.log
+timeout 150 .carry/cuda_test_cuda_layer --gtest_filter='*MixedLastPass*:*DynamicTileSchedule*' > $W/layer-mixed.log 2>&1
+rc2=$?
+echo "layer tests: exit $rc2 [$SECONDS s]"; grep -E "^\[  (PASSED|FAILED) |FAILED  \]" $W/layer-mixed.log
+for v in plain mixed; do
+  env $([ $v = mixed ] && echo GEMM_MICROBENCH_MIXED=1) GEMM_MICROBENCH_ONLY=prefill_rows timeout 90 \
+    .carry/gemm_microbench $W/prefill-rows-$v.jsonl > $W/prefill-rows-$v.txt 2>&1
+  echo "prefill_rows $v: exit $? [$SECONDS s]"; grep -E "ceilings|prefill_rows" $W/prefill-rows-$v.txt
+done
+if [ $rc1 = 0 ] && [ $rc2 = 0 ] && [ $(left) -gt 120 ]; then
+  VARIANTS="base:.carry/nvfp4moe mixed:.carry/nvfp4moe:NVFP4MOE_SM90_MIXED_LAST_PASS=1" \
+    POINTS="${AB_POINTS:-deepseek-v3:4096,16384:w4a16,w4a4}" REPEAT=2 NVFP4MOE_GIT_SHA=${SHA:-unknown} \
+    OUT=$W/ab POINT_TIMEOUT_S=200 timeout $(( $(left) - 15 )) bash scripts/device_variant_ab.sh | tee $W/ab.txt
+fi
+tar czf $OUT/r.tgz -C $W . && rm -rf $W
+echo "done [$SECONDS s]"
