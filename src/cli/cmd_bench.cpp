@@ -401,6 +401,13 @@ void run_on_device(const BenchOpts& o, const BenchPlan& p, json& doc) {
   if (stagger.gemm1 != 0 || stagger.gemm2 != 0)
     std::printf("bench: consumer stagger %d ns (GEMM1), %d ns (GEMM2) from NVFP4MOE_CONSUMER_STAGGER_NS\n",
                 stagger.gemm1, stagger.gemm2);
+  // The opt-in switches still being measured, recorded with the numbers (each layer reads them at creation).
+  const bool mixed_last_pass = cuda::env_opt_in("NVFP4MOE_SM90_MIXED_LAST_PASS");
+  const bool route_warp_groups = cuda::env_opt_in("NVFP4MOE_ROUTE_WARP_GROUPS");
+  doc["mixed_last_pass"] = mixed_last_pass;
+  doc["route_warp_kept_groups"] = route_warp_groups;
+  if (mixed_last_pass) std::printf("bench: the mixed last prefill pass on (NVFP4MOE_SM90_MIXED_LAST_PASS=1)\n");
+  if (route_warp_groups) std::printf("bench: the group selection by one warp on (NVFP4MOE_ROUTE_WARP_GROUPS=1)\n");
   const auto t_start = std::chrono::steady_clock::now();
   const MoeSpec& spec = p.spec;
   const int64_t H = spec.hidden, E = spec.num_experts, maxT = p.tokens.back();
