@@ -29,5 +29,12 @@ if [ $rc1 = 0 ] && [ $rc2 = 0 ] && [ $(left) -gt 120 ]; then
     POINTS="${AB_POINTS:-deepseek-v3:4096,16384:w4a16,w4a4}" REPEAT=2 NVFP4MOE_GIT_SHA=${SHA:-unknown} \
     OUT=$W/ab POINT_TIMEOUT_S=200 timeout $(( $(left) - 15 )) bash scripts/device_variant_ab.sh | tee $W/ab.txt
 fi
+# qwen3-235b T = 4096 (256 +- 16 rows: the heuristic's bt144 runs 144 + 112; on bt128 the experts of 257..288 rows end
+# with a narrow third tile, which the mixed pass takes): the default, the switch, and the switch with bt128 forced
+if [ $rc1 = 0 ] && [ $rc2 = 0 ] && [ $(left) -gt 90 ]; then
+  VARIANTS="base:.carry/nvfp4moe mixed:.carry/nvfp4moe:NVFP4MOE_SM90_MIXED_LAST_PASS=1 mixed128:.carry/nvfp4moe:NVFP4MOE_SM90_MIXED_LAST_PASS=1;NVFP4MOE_SM90_CONFIG=bt128_s8_wg2" \
+    POINTS="qwen3-235b:4096:w4a16" REPEAT=1 NVFP4MOE_GIT_SHA=${SHA:-unknown} OUT=$W/ab-q235 \
+    timeout $(( $(left) - 10 )) bash scripts/device_variant_ab.sh | tee $W/ab-q235.txt
+fi
 tar czf $OUT/r.tgz -C $W . && rm -rf $W
 echo "done [$SECONDS s]"
