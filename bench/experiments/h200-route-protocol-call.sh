@@ -17,7 +17,9 @@ left() { echo $(( END - SECONDS )); }
 nvidia-smi --query-gpu=name,clocks.max.sm --format=csv,noheader | tee $W/gpu.txt
 timeout 60 .carry/cuda_test_decode_route_kernels > $W/decode-route.log 2>&1; rc1=$?
 echo "decode route tests: exit $rc1 [$SECONDS s]"; grep -E "^\[  (PASSED|FAILED) |FAILED  \]" $W/decode-route.log
-timeout 150 .carry/cuda_test_cuda_layer --gtest_filter='-*PresetDims*' > $W/layer.log 2>&1; rc2=$?
+# (the mixed last pass's layer test runs in its own call, bench/experiments/mixed-last-pass-call.sh: an untried
+# kernel that hung would cost this suite)
+timeout 150 .carry/cuda_test_cuda_layer --gtest_filter='-*PresetDims*:*MixedLastPass*' > $W/layer.log 2>&1; rc2=$?
 echo "layer tests (no PresetDims): exit $rc2 [$SECONDS s]"
 grep -E "^\[  (PASSED|FAILED) |FAILED  \]" $W/layer.log | head -8
 timeout 60 env NVFP4MOE_ROUTE_WARP_GROUPS=1 .carry/cuda_test_cuda_layer \
