@@ -16,10 +16,14 @@ nvidia-smi --query-gpu=name,clocks.max.sm --format=csv,noheader | tee $W/gpu.txt
 timeout 120 .carry/cuda_test_sm90_grouped_gemm --gtest_filter='*MixedLastPass*:*EveryConfigEveryEpilogue*' \
   > $W/gemm-mixed.log 2>&1; rc1=$?
 echo "GEMM tests: exit $rc1 [$SECONDS s]"; grep -E "^\[  (PASSED|FAILED) |FAILED  \]" $W/gemm-mixed.log
-timeout 150 .carry/cuda_test_cuda_layer --gtest_filter='*MixedLastPass*:*DynamicTileSchedule*' > $W/layer-mixed.log 2>&1
-rc2=$?
-echo "layer tests: exit $rc2 [$SECONDS s]"; grep -E "^\[  (PASSED|FAILED) |FAILED  \]" $W/layer-mixed.log
-for v in plain mixed; do
+# (only after the GEMM test passed: a mixed kernel that hung there would hang here too)
+rc2=1
+if [ $rc1 = 0 ]; then
+  timeout 150 .carry/cuda_test_cuda_layer --gtest_filter='*MixedLastPass*:*DynamicTileSchedule*' > $W/layer-mixed.log 2>&1
+  rc2=$?
+  echo "layer tests: exit $rc2 [$SECONDS s]"; grep -E "^\[  (PASSED|FAILED) |FAILED  \]" $W/layer-mixed.log
+fi
+for v in plain $([ $rc1 = 0 ] && echo mixed); do
   env $([ $v = mixed ] && echo GEMM_MICROBENCH_MIXED=1) GEMM_MICROBENCH_ONLY=prefill_rows timeout 90 \
     .carry/gemm_microbench $W/prefill-rows-$v.jsonl > $W/prefill-rows-$v.txt 2>&1
   echo "prefill_rows $v: exit $? [$SECONDS s]"; grep -E "ceilings|prefill_rows" $W/prefill-rows-$v.txt
