@@ -9,12 +9,7 @@
 # Run as SHA=<sha> END_S=570 bash <this> (carry [".carry"]; needs_h200: deepseek-v3's prefill stack); on an H100:
 # PROTOCOL=0 END_S=420 (no protocol).
 set -u
-for b in .carry/*.tar.xz; do tar xJf $b -C .carry; done
-export LD_LIBRARY_PATH=$PWD/.carry
-W=$OUT/r; mkdir -p $W
-END=${END_S:-570}
-left() { echo $(( END - SECONDS )); }
-nvidia-smi --query-gpu=name,clocks.max.sm --format=csv,noheader | tee $W/gpu.txt
+source scripts/device_call_setup.sh  # the carry unpacked, W, left()
 timeout 60 .carry/cuda_test_decode_route_kernels > $W/decode-route.log 2>&1; rc1=$?
 echo "decode route tests: exit $rc1 [$SECONDS s]"; grep -E "^\[  (PASSED|FAILED) |FAILED  \]" $W/decode-route.log
 # (the mixed last pass's layer test runs in its own call, bench/experiments/mixed-last-pass-call.sh: an untried

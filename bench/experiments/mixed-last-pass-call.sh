@@ -7,12 +7,7 @@
 # Run as SHA=<sha> END_S=570 bash <this> (carry [".carry"]; needs_h200: deepseek-v3's T = 16384 stack); on an H100:
 # AB_POINTS="deepseek-v3:4096:w4a16,w4a4" (T = 16384 does not fit).
 set -u
-for b in .carry/*.tar.xz; do tar xJf $b -C .carry; done
-export LD_LIBRARY_PATH=$PWD/.carry
-W=$OUT/r; mkdir -p $W
-END=${END_S:-570}
-left() { echo $(( END - SECONDS )); }
-nvidia-smi --query-gpu=name,clocks.max.sm --format=csv,noheader | tee $W/gpu.txt
+source scripts/device_call_setup.sh  # the carry unpacked, W, left()
 timeout 120 .carry/cuda_test_sm90_grouped_gemm --gtest_filter='*MixedLastPass*:*EveryConfigEveryEpilogue*' \
   > $W/gemm-mixed.log 2>&1; rc1=$?
 echo "GEMM tests: exit $rc1 [$SECONDS s]"; grep -E "^\[  (PASSED|FAILED) |FAILED  \]" $W/gemm-mixed.log

@@ -1545,6 +1545,18 @@ __global__ void __launch_bounds__((WGS + 1) * 128, 1)
   }
 }
 
+// The producer warpgroup's entry in the kernels with two A descriptors (mixed last pass, chain): its registers
+// handed back, warps 1..3 done (warp 0 walks the tiles, its lane 0 issues the loads), both descriptors prefetched.
+// Returns whether this thread goes on (warp 0).
+__device__ __forceinline__ bool producer_warp_with_two_maps(const CUtensorMap* a, const CUtensorMap* b) {
+  if (threadIdx.x >= 32) return false;
+  if (threadIdx.x == 0) {
+    asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(a)) : "memory");
+    asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(b)) : "memory");
+  }
+  return true;
+}
+
 // The mixed last pass (Sm90GemmArgs::mixed_last_pass, sm90_mixed_last_pass.h): the plain tile kernel's walks, with
 // an expert's narrow last token tile (at most kMixedTailRows rows) run beside its last full one, a unit a tile, its
 // rows loaded through tmap_tail (the same A in boxes of kMixedTailRows rows). Its own kernel (the plain ones keep
@@ -1562,11 +1574,7 @@ __global__ void __launch_bounds__((WGS + 1) * 128, 1)
   uint32_t phase = 0;
   if (threadIdx.x < 128) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(Tr::kProducerRegs));
-    if (threadIdx.x >= 32) return;
-    if (threadIdx.x == 0) {
-      asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&tmap_a)) : "memory");
-      asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&tmap_tail)) : "memory");
-    }
+    if (!producer_warp_with_two_maps(&tmap_a, &tmap_tail)) return;
     produce_tiles<BT, WGS, STAGES, 1, false, false, true, true>(&tmap_a, p, blockIdx.x, s, phase, sm.a, sm.w,
                                                                 sm.full0, sm.empty0, sm.slots, ChainSync{},
                                                                 &tmap_tail);
@@ -1595,11 +1603,7 @@ __global__ void __launch_bounds__((WGS + 1) * 128, 1)
   uint32_t phase = 0;
   if (threadIdx.x < 128) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(Tr::kProducerRegs));
-    if (threadIdx.x >= 32) return;
-    if (threadIdx.x == 0) {
-      asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&tmap_a1)) : "memory");
-      asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&tmap_a2)) : "memory");
-    }
+    if (!producer_warp_with_two_maps(&tmap_a1, &tmap_a2)) return;
     const int idx = produce_tiles<BT, WGS, STAGES, WPU, SYNC, false>(&tmap_a1, p1, blockIdx.x, s, phase, sm.a,
                                                                      sm.w, sm.full0, sm.empty0, sm.slots, chain);
     produce_tiles<BT, WGS, STAGES, WPU, SYNC, true>(&tmap_a2, p2, idx, s, phase, sm.a, sm.w, sm.full0, sm.empty0,

@@ -1761,6 +1761,17 @@ TEST(CudaLayer, BatchInvariance) {
 
 // The adversarial routing tests' rows: T = 64 routes them on the warp path (route_token), T <= 8 on the block path.
 constexpr int64_t kAdversarialRouteRows = 64;
+// The adversarial tests' logits [kAdversarialRouteRows, E]: logit(t, e, x) with x = 2 N(0, 1) drawn from r per entry.
+template <class Logit>
+std::vector<float> adversarial_route_logits(int64_t E, Rng& r, Logit logit) {
+  std::vector<float> logits(kAdversarialRouteRows * E);
+  for (int64_t t = 0; t < kAdversarialRouteRows; ++t)
+    for (int64_t e = 0; e < E; ++e) {
+      const float x = 2.0f * r.normal();
+      logits[t * E + e] = logit(t, e, x);
+    }
+  return logits;
+}
 
 // The decode routing (the whole block ranks the experts: T * round_up(E, 32) <= 1024; T = 1..5, 8, in the fused
 // route + plan [+ gather] launch or inside GEMM1) and the warp-per-token routing (64 tokens: its candidates in
@@ -1823,25 +1834,20 @@ TEST(CudaLayer, RoutingAdversarialLogitsBlockAndWarpPaths) {
   for (const auto& d : dims) {
     SCOPED_TRACE(d.name);
     Harness hs(d, Mode::W4A16, kAdversarialRouteRows, 21);
-    const int64_t E = d.E, K = d.k;
-    std::vector<float> logits(kAdversarialRouteRows * E);
+    const int64_t K = d.k;
     Rng r(77);
-    for (int64_t t = 0; t < kAdversarialRouteRows; ++t) {
-      float* l = logits.data() + t * E;
-      for (int64_t e = 0; e < E; ++e) {
-        const float x = 2.0f * r.normal();
-        switch (t % 8) {
-          case 0: l[e] = x; break;
-          case 1: l[e] = 0.5f; break;                                   // one value: all ties
-          case 2: l[e] = std::round(x) * 0.5f; break;                   // few values: ties across groups
-          case 3: l[e] = (e % 3 == 0) ? 0.0f : (e % 3 == 1) ? -0.0f : std::round(x); break;
-          case 4: l[e] = (e % 5 == 0) ? -inf : (e % 11 == 3) ? inf : x; break;
-          case 5: l[e] = (e % 4 == 1) ? nan : std::round(x); break;
-          case 6: l[e] = (e < K - 2) ? x : nan; break;                  // fewer valid experts than k
-          default: l[e] = -inf; break;
-        }
+    const auto logits = adversarial_route_logits(d.E, r, [&](int64_t t, int64_t e, float x) {
+      switch (t % 8) {
+        case 0: return x;
+        case 1: return 0.5f;                                          // one value: all ties
+        case 2: return std::round(x) * 0.5f;                          // few values: ties across groups
+        case 3: return (e % 3 == 0) ? 0.0f : (e % 3 == 1) ? -0.0f : std::round(x);
+        case 4: return (e % 5 == 0) ? -inf : (e % 11 == 3) ? inf : x;
+        case 5: return (e % 4 == 1) ? nan : std::round(x);
+        case 6: return (e < K - 2) ? x : nan;                         // fewer valid experts than k
+        default: return -inf;
       }
-    }
+    });
     expect_routing_matches_cpu_on_both_paths(hs, logits);
   }
 }
@@ -1880,21 +1886,16 @@ TEST(CudaLayer, RoutingAdversarialRouterBiasBlockAndWarpPaths) {
     }
     for (int64_t e = 0; e < 3 * gsize; ++e) bias[e] = (e / gsize == 1) ? -FLT_MAX : -inf;  // groups 0 and 2 score -inf
     Harness hs(d, Mode::W4A16, kAdversarialRouteRows, 23, GemmPath::kSm90Wgmma, false, &bias);
-    std::vector<float> logits(kAdversarialRouteRows * E);
-    for (int64_t t = 0; t < kAdversarialRouteRows; ++t) {
-      float* l = logits.data() + t * E;
-      for (int64_t e = 0; e < E; ++e) {
-        const float x = 2.0f * r.normal();
-        switch (t % 6) {
-          case 0: l[e] = x; break;
-          case 1: l[e] = -inf; break;                                     // the key is the bias, bit for bit
-          case 2: l[e] = (e % 2 == 1) ? nan : x; break;                   // one key a group of two counts
-          case 3: l[e] = (e % gsize == gsize - 1) ? -inf : nan; break;    // one key a group counts
-          case 4: l[e] = (e % 3 == 0) ? 0.5f : (e % 3 == 1) ? nan : -inf; break;
-          default: l[e] = nan; break;                                     // no key counts: every id -1
-        }
+    const auto logits = adversarial_route_logits(E, r, [&](int64_t t, int64_t e, float x) {
+      switch (t % 6) {
+        case 0: return x;
+        case 1: return -inf;                                          // the key is the bias, bit for bit
+        case 2: return (e % 2 == 1) ? nan : x;                        // one key a group of two counts
+        case 3: return (e % gsize == gsize - 1) ? -inf : nan;         // one key a group counts
+        case 4: return (e % 3 == 0) ? 0.5f : (e % 3 == 1) ? nan : -inf;
+        default: return nan;                                          // no key counts: every id -1
       }
-    }
+    });
     expect_routing_matches_cpu_on_both_paths(hs, logits);
   }
 }
