@@ -38,13 +38,14 @@ struct MixedTilePlace {
   int unit;
   int tok0;
   int weight_slot;
-  int tail;  // 1: the token rows in the weight stage (the mixed tile's second warpgroup)
+  int tail;   // 1: the token rows in the weight stage (the mixed tile's second warpgroup)
+  int mixed;  // 1: a mixed tile (mixed_last_pass_tile)
 };
 NVFP4_HD MixedTilePlace mixed_tile_place(int block_t, int rows, int n_idx, int t_idx, int slot) {
   const int ttiles = (rows + block_t - 1) / block_t;
   const int m = mixed_last_pass_tile(block_t, rows, ttiles, t_idx) ? 1 : 0;
   return {2 * n_idx + m * (t_idx - (ttiles - 2)) + (1 - m) * slot, (m * (ttiles - 2 - t_idx + slot) + t_idx) * block_t,
-          (1 - m) * slot, m * slot};
+          (1 - m) * slot, m * slot, m};
 }
 
 }  // namespace nvfp4moe::cuda::sm90

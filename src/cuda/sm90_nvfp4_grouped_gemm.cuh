@@ -888,7 +888,7 @@ __device__ __forceinline__ int produce_tiles(const CUtensorMap* tmap_a, const Ge
     // (MIXED only: constants otherwise, so that the other kernels keep their code)
     [[maybe_unused]] const MixedTilePlace place = MIXED ? mixed_tile_place(BT, cur.rows, n_idx, t_idx, 0)
                                                         : MixedTilePlace{};
-    [[maybe_unused]] const bool mixed = MIXED && mixed_last_pass_tile(BT, cur.rows, cur.ttiles, t_idx);
+    [[maybe_unused]] const bool mixed = MIXED && place.mixed != 0;
     const int row0 = cur.row_begin + (MIXED ? place.tok0 : t_idx * BT);
     const uint8_t* wsrc[UPT];
 #pragma unroll

@@ -27,6 +27,8 @@ TEST(MixedLastPass, TilesCoverEveryUnitAndRowOnce) {
           const MixedTilePlace p1 = mixed_tile_place(bt, rows, n_idx, t_idx, 1);
           const bool mixed = mixed_last_pass_tile(bt, rows, ttiles, t_idx);
           any_mixed |= mixed;
+          ASSERT_EQ(p0.mixed, mixed ? 1 : 0);
+          ASSERT_EQ(p1.mixed, mixed ? 1 : 0);
           ASSERT_EQ(p0.tail, 0);
           ASSERT_EQ(p1.tail, mixed ? 1 : 0);
           if (mixed) {
